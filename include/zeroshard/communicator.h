@@ -1,0 +1,134 @@
+// The collective-communication interface the engine talks to, with one implementation per
+// transport (MPI for CPU ranks, NCCL for GPU ranks), and its per-collective traffic counters.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "zeroshard/dtype.h"
+
+namespace zeroshard {
+
+/// Which collective a counter or an error refers to.
+enum class Collective { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kBarrier };
+inline constexpr int kCollectiveCount = 5;
+const char* to_string(Collective collective) noexcept;
+
+/// Elements and bytes this rank has sent, per collective, under the convention stated in
+/// docs/architecture.md: an all-reduce of n elements counts 2n (its reduce-scatter and
+/// all-gather halves), a reduce-scatter of n input elements counts n, an all-gather producing n
+/// output elements counts n, a broadcast of n counts n. Ring factors (N-1)/N are not applied, so
+/// the counts do not depend on the algorithm the transport picks.
+struct TrafficCounters {
+  std::int64_t elements[kCollectiveCount] = {};
+  std::int64_t bytes[kCollectiveCount] = {};
+  std::int64_t calls[kCollectiveCount] = {};
+
+  std::int64_t total_elements() const noexcept;
+  std::int64_t total_bytes() const noexcept;
+};
+
+/// Completion of an asynchronous collective. Move-only; destroying a pending request waits for
+/// it, so a buffer never outlives the transfer that reads or writes it.
+class Request {
+ public:
+  class Impl {
+   public:
+    virtual ~Impl() = default;
+    /// Blocks until done; throws CommError/TimeoutError naming the rank and collective.
+    virtual void wait() = 0;
+    /// True once the transfer has completed (drives progress where the transport needs it).
+    virtual bool test() = 0;
+  };
+
+  Request() = default;
+  explicit Request(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  Request(Request&&) noexcept = default;
+  Request& operator=(Request&& other) noexcept;
+  Request(const Request&) = delete;
+  Request& operator=(const Request&) = delete;
+  ~Request();
+
+  /// Blocks until the collective has finished. A no-op on an empty or completed request.
+  void wait();
+  /// Non-blocking completion check.
+  bool test();
+  bool pending() const noexcept { return impl_ != nullptr; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Reduction applied by all_reduce and reduce_scatter.
+enum class ReduceOp { kSum, kMax };
+
+/// Collectives over the data-parallel ranks. Every rank must issue the same collectives in the
+/// same order; buffers are host pointers for the MPI backend and device pointers for NCCL.
+/// Counts may differ per rank where a vector of counts is given (shards need not be equal).
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  /// The world this process was started in: MPI under mpirun/srun (detected from the launcher's
+  /// environment), a world of one otherwise. Each call returns a new communicator over a
+  /// duplicated MPI communicator, so independent engines never mix their messages.
+  static std::unique_ptr<Communicator> from_environment();
+
+  virtual int rank() const noexcept = 0;
+  virtual int size() const noexcept = 0;
+  /// "mpi", "nccl" or "self".
+  virtual std::string backend() const = 0;
+
+  /// In place: `data` (count elements) becomes the element-wise reduction over all ranks.
+  virtual Request all_reduce_async(void* data, std::int64_t count, DType dtype, ReduceOp op) = 0;
+
+  /// `input` holds sum(counts) elements laid out rank after rank; this rank receives the reduction
+  /// of its slice (counts[rank] elements) in `output`. `output` must not overlap `input`.
+  virtual Request reduce_scatter_async(const void* input, void* output,
+                                       std::span<const std::int64_t> counts, DType dtype,
+                                       ReduceOp op) = 0;
+
+  /// In place: `data` holds sum(counts) elements laid out rank after rank; this rank's slice
+  /// (counts[rank] elements at offset sum(counts[0..rank))) is already filled and every other
+  /// rank's slice is filled on completion.
+  virtual Request all_gather_async(void* data, std::span<const std::int64_t> counts,
+                                   DType dtype) = 0;
+
+  virtual Request broadcast_async(void* data, std::int64_t count, DType dtype, int root) = 0;
+
+  virtual void barrier() = 0;
+
+  /// Blocking conveniences over the asynchronous calls.
+  void all_reduce(void* data, std::int64_t count, DType dtype, ReduceOp op = ReduceOp::kSum) {
+    all_reduce_async(data, count, dtype, op).wait();
+  }
+  void reduce_scatter(const void* input, void* output, std::span<const std::int64_t> counts,
+                      DType dtype, ReduceOp op = ReduceOp::kSum) {
+    reduce_scatter_async(input, output, counts, dtype, op).wait();
+  }
+  void all_gather(void* data, std::span<const std::int64_t> counts, DType dtype) {
+    all_gather_async(data, counts, dtype).wait();
+  }
+  void broadcast(void* data, std::int64_t count, DType dtype, int root) {
+    broadcast_async(data, count, dtype, root).wait();
+  }
+
+  /// Counters of what this rank has sent since construction or the last reset.
+  const TrafficCounters& traffic() const noexcept { return traffic_; }
+  void reset_traffic() noexcept { traffic_ = TrafficCounters{}; }
+
+ protected:
+  /// Implementations call this once per collective they start.
+  void count_traffic(Collective collective, std::int64_t elements, DType dtype) noexcept;
+
+ private:
+  TrafficCounters traffic_;
+};
+
+}  // namespace zeroshard

@@ -1,0 +1,148 @@
+// The training configuration, read from a DeepSpeed-style JSON file with DeepSpeed's key names,
+// defaults and validation rules (see docs/config.md for every key).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace zeroshard {
+
+/// Where optimizer states or parameters live when offloaded.
+enum class OffloadDevice { kNone, kCpu, kNvme };
+
+/// `zero_optimization.offload_optimizer` and `zero_optimization.offload_param`.
+struct OffloadConfig {
+  OffloadDevice device = OffloadDevice::kNone;
+  std::string nvme_path;          ///< required when device is nvme
+  std::int64_t buffer_count = 4;  ///< 4 for the optimizer, 5 for params (DeepSpeed's defaults)
+  std::int64_t buffer_size = 100000000;  ///< offload_param only: elements per swap buffer
+  std::int64_t max_in_cpu = 1000000000;  ///< offload_param only
+  bool pin_memory = true;                ///< newest DeepSpeed default
+  bool pipeline_read = false;            ///< offload_optimizer only
+  bool pipeline_write = false;           ///< offload_optimizer only
+  bool fast_init = false;                ///< offload_optimizer only
+  double ratio = 1.0;                    ///< offload_optimizer only
+};
+
+/// `zero_optimization`. Sizes are in elements, as in DeepSpeed.
+struct ZeroConfig {
+  int stage = 0;
+  bool contiguous_gradients = true;
+  bool reduce_scatter = true;
+  std::int64_t reduce_bucket_size = 500000000;
+  bool allgather_partitions = true;
+  std::int64_t allgather_bucket_size = 500000000;
+  bool overlap_comm = false;  ///< defaults to true when stage == 3, as DeepSpeed's validator does
+  bool load_from_fp32_weights = true;
+  std::int64_t sub_group_size = 1000000000;
+  std::int64_t prefetch_bucket_size = 50000000;            ///< stage3_prefetch_bucket_size
+  std::int64_t param_persistence_threshold = 100000;       ///< stage3_param_persistence_threshold
+  std::int64_t model_persistence_threshold = INT64_MAX;    ///< stage3_model_persistence_threshold
+  std::int64_t max_live_parameters = 1000000000;           ///< stage3_max_live_parameters
+  std::int64_t max_reuse_distance = 1000000000;            ///< stage3_max_reuse_distance
+  bool gather_16bit_weights_on_model_save = false;  ///< stage3_gather_16bit_weights_on_model_save
+  bool ignore_unused_parameters = true;
+  bool round_robin_gradients = false;
+  OffloadConfig offload_optimizer{};
+  OffloadConfig offload_param{.buffer_count = 5};
+};
+
+/// `fp16`, with DeepSpeed's dynamic loss-scaling knobs.
+struct Fp16Config {
+  bool enabled = false;
+  bool auto_cast = false;
+  double loss_scale = 0.0;  ///< 0 = dynamic, > 0 = static
+  int initial_scale_power = 16;
+  int loss_scale_window = 1000;
+  int hysteresis = 2;
+  bool consecutive_hysteresis = false;
+  double min_loss_scale = 1.0;
+  bool fp16_master_weights_and_grads = false;
+};
+
+/// `bf16` (legacy alias `bfloat16`).
+struct Bf16Config {
+  bool enabled = false;
+  bool immediate_grad_update = false;
+  bool check_grad_overflow = true;
+};
+
+/// `optimizer`: DeepSpeed's type name as written and its params (numbers and booleans).
+struct OptimizerConfig {
+  std::string type;  ///< empty when the config has no optimizer section
+  std::map<std::string, double> params;
+  std::map<std::string, std::vector<double>> array_params;  ///< e.g. "betas": [0.9, 0.999]
+};
+
+/// `scheduler`: one of WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest.
+struct SchedulerConfig {
+  std::string type;  ///< empty when there is no scheduler
+  std::map<std::string, double> params;
+  std::map<std::string, std::string> string_params;  ///< e.g. "warmup_type": "log"
+};
+
+/// `activation_checkpointing`.
+struct ActivationCheckpointingConfig {
+  bool partition_activations = false;
+  bool contiguous_memory_optimization = false;
+  bool cpu_checkpointing = false;
+  std::optional<std::int64_t> number_checkpoints;
+  bool synchronize_checkpoint_boundary = false;
+  bool profile = false;
+};
+
+/// `aio`: the NVMe swapper's I/O settings.
+struct AioConfig {
+  std::int64_t block_size = 1048576;
+  std::int64_t queue_depth = 8;
+  std::int64_t intra_op_parallelism = 1;  ///< old name `thread_count`
+  bool single_submit = false;
+  bool overlap_events = true;
+  bool use_gds = false;
+};
+
+/// The whole configuration. Construct it from JSON; every field has DeepSpeed's default.
+class Config {
+ public:
+  /// Parses and validates a JSON file; throws ConfigError naming the key path on any problem and
+  /// IoError when the file cannot be read. `world_size` resolves the batch-size identity
+  /// (train_batch_size = micro batch x gradient_accumulation_steps x world size).
+  static Config from_json_file(const std::string& path, int world_size = 1);
+  static Config from_json_string(const std::string& text, int world_size = 1);
+
+  /// Every key with its effective value, as JSON text (what `zeroshard-config FILE` prints).
+  std::string resolved_json(int indent = 2) const;
+
+  /// Notices for accepted keys that have no effect in zeroshard (tensorboard, wandb, ...), one
+  /// line each, for the caller to print.
+  const std::vector<std::string>& notices() const noexcept { return notices_; }
+
+  std::int64_t train_batch_size = 0;
+  std::int64_t train_micro_batch_size_per_gpu = 0;
+  std::int64_t gradient_accumulation_steps = 1;
+  double gradient_clipping = 1.0;  ///< 0 = off; newest DeepSpeed's default (docs/config.md)
+  std::int64_t steps_per_print = 10;
+  bool wall_clock_breakdown = false;
+  bool memory_breakdown = false;
+  bool prescale_gradients = false;
+  double gradient_predivide_factor = 1.0;
+  std::string communication_data_type;  ///< "", "fp32", "fp16" or "bf16"
+  std::string grad_accum_dtype;         ///< data_types.grad_accum_dtype: "", "fp32", ...
+
+  ZeroConfig zero_optimization;
+  Fp16Config fp16;
+  Bf16Config bf16;
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  ActivationCheckpointingConfig activation_checkpointing;
+  AioConfig aio;
+
+ private:
+  std::vector<std::string> notices_;
+  friend class ConfigParser;
+};
+
+}  // namespace zeroshard
