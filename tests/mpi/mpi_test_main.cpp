@@ -2,10 +2,25 @@
 // the per-test lines so the log stays readable. A failure on any rank fails the mpirun exit code.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
-#include <string>
 
 namespace {
+
+// Prints only failed assertions, tagged with the rank, for ranks other than 0.
+class FailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit FailurePrinter(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& result) override {
+    if (!result.failed()) return;
+    std::fprintf(stderr, "[rank %d] %s:%d: Failure\n%s\n", rank_,
+                 result.file_name() ? result.file_name() : "?", result.line_number(),
+                 result.summary());
+  }
+
+ private:
+  int rank_;
+};
 
 int launcher_rank() {
   for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"}) {
@@ -18,11 +33,10 @@ int launcher_rank() {
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  if (launcher_rank() != 0) {
-    // Failures on other ranks are still printed: only the success chatter is removed.
+  if (int rank = launcher_rank(); rank != 0) {
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new ::testing::EmptyTestEventListener);
+    listeners.Append(new FailurePrinter(rank));
   }
   return RUN_ALL_TESTS();
 }
