@@ -1,0 +1,216 @@
+// The Engine: a training program registers its parameters with it, writes gradients into the
+// buffers it hands out, and calls step(); the engine shards optimizer states (stage 1), gradients
+// (stage 2) and parameters (stage 3) over the data-parallel ranks.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "zeroshard/communicator.h"
+#include "zeroshard/config.h"
+#include "zeroshard/dtype.h"
+#include "zeroshard/memory_report.h"
+#include "zeroshard/optimizer.h"
+
+namespace zeroshard {
+
+namespace detail {
+class EngineState;
+class TrackedBuffer;
+}  // namespace detail
+
+/// Identifies a module: the unit stage 3 gathers and releases (a layer's parameters).
+using ModuleId = int;
+
+/// How a parameter is registered.
+struct ParamOptions {
+  /// Index returned by Engine::add_param_group; 0 is the default group.
+  int group = 0;
+  /// Frozen parameters (false) get no gradient buffer and no optimizer state and are never
+  /// updated; they are kept whole on every rank.
+  bool trainable = true;
+  /// Module the parameter belongs to; empty means the name up to its last '.' ("fc1.weight" ->
+  /// "fc1"). A module's parameters must be registered one after another.
+  std::string module;
+};
+
+/// A parameter group's overrides of the update rule's learning rate and weight decay. With a
+/// scheduler, a group's lr scales with the schedule (lr_group = schedule * group.lr / base lr).
+struct ParamGroupOptions {
+  std::string name;
+  std::optional<double> lr;
+  std::optional<double> weight_decay;
+};
+
+/// A handle to one registered parameter. Cheap to copy; valid while its engine lives.
+class Parameter {
+ public:
+  Parameter() = default;
+
+  const std::string& name() const;
+  const std::vector<std::int64_t>& shape() const;
+  std::int64_t numel() const;
+  bool trainable() const;
+  /// Element type of data() and grad(): fp32, or fp16/bf16 under mixed precision.
+  DType dtype() const;
+  ModuleId module() const;
+
+  /// The parameter's values, numel() elements, for the model's forward and backward. At stage 3
+  /// the parameter's module must be gathered; otherwise this throws UsageError. data() and grad()
+  /// require fp32 (UsageError otherwise); raw_data() and raw_grad() work for every dtype.
+  float* data() const;
+  void* raw_data() const;
+  /// Where the model's backward adds (+=) this parameter's gradient; zero at the start of every
+  /// accumulation window. Call Engine::grad_ready(*this) once it is complete. Frozen parameters
+  /// have none (UsageError).
+  float* grad() const;
+  void* raw_grad() const;
+
+  /// Sets the parameter's values: every rank passes the whole tensor (numel() fp32 values, e.g.
+  /// from the same seeded initialiser) and keeps what it owns. Also sets the fp32 master copy.
+  void copy_from(std::span<const float> values) const;
+
+ private:
+  friend class Engine;
+  friend class detail::EngineState;
+  Parameter(detail::EngineState* state, int index) : state_(state), index_(index) {}
+  detail::EngineState* state_ = nullptr;
+  int index_ = -1;
+};
+
+/// Host memory for the model's activations, charged to the memory report's "activations".
+class ActivationBuffer {
+ public:
+  ActivationBuffer();
+  ActivationBuffer(ActivationBuffer&&) noexcept;
+  ActivationBuffer& operator=(ActivationBuffer&&) noexcept;
+  ~ActivationBuffer();
+  float* data() const noexcept;
+  std::size_t bytes() const noexcept;
+
+ private:
+  friend class Engine;
+  std::unique_ptr<detail::TrackedBuffer> buffer_;
+};
+
+/// What the last call of Engine::step() did.
+struct StepResult {
+  /// An optimizer update ran (false inside an accumulation window and on a skipped step).
+  bool updated = false;
+  /// fp16 overflow: inf/NaN in some rank's gradients; the update was skipped on every rank.
+  bool skipped = false;
+  /// Global L2 norm of the unscaled gradients before clipping (0 when not computed).
+  double grad_norm = 0.0;
+  /// Learning rate used by the update (the default group's).
+  double lr = 0.0;
+};
+
+/// Shards a model's optimizer over the ranks of a communicator. Movable, not copyable.
+class Engine {
+ public:
+  /// `rule` may be null: the config's `optimizer` section then chooses it.
+  Engine(Config config, std::unique_ptr<Communicator> communicator,
+         std::unique_ptr<UpdateRule> rule = nullptr);
+  Engine(Engine&&) noexcept;
+  Engine& operator=(Engine&&) noexcept;
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+  ~Engine();
+
+  /// Adds a parameter group and returns its index for ParamOptions::group.
+  int add_param_group(const ParamGroupOptions& options);
+  /// Registers a parameter; all registration happens before finalize().
+  Parameter register_parameter(const std::string& name, std::vector<std::int64_t> shape,
+                               const ParamOptions& options = {});
+  /// Lays out and allocates every buffer. Called implicitly by the first use of a buffer.
+  void finalize();
+
+  std::vector<Parameter> parameters() const;
+  Parameter parameter(std::string_view name) const;
+  /// The module with this name; throws UsageError listing the known modules when there is none.
+  ModuleId module(std::string_view name) const;
+
+  /// Stage 3: all-gathers the module's parameters (and starts prefetching the modules that
+  /// follow it in the recorded order). Stages 0-2: a no-op. Every rank must make the same calls.
+  void gather(ModuleId module);
+  /// Stage 3: the module's gathered copy may be freed (kept while its next use is within
+  /// stage3_max_reuse_distance). Stages 0-2: a no-op.
+  void release(ModuleId module);
+
+  /// Keeps a module gathered for the guard's lifetime.
+  class GatheredModule {
+   public:
+    GatheredModule(Engine& engine, ModuleId module) : engine_(&engine), module_(module) {
+      engine.gather(module);
+    }
+    GatheredModule(GatheredModule&& other) noexcept
+        : engine_(std::exchange(other.engine_, nullptr)), module_(other.module_) {}
+    GatheredModule& operator=(GatheredModule&&) = delete;
+    GatheredModule(const GatheredModule&) = delete;
+    GatheredModule& operator=(const GatheredModule&) = delete;
+    ~GatheredModule() {
+      if (engine_ != nullptr) engine_->release(module_);
+    }
+
+   private:
+    Engine* engine_;
+    ModuleId module_;
+  };
+  GatheredModule gathered(ModuleId module) { return GatheredModule(*this, module); }
+
+  /// The parameter's gradient is complete for this micro-step; its bucket's reduction may start.
+  void grad_ready(Parameter parameter);
+  /// Ends a micro-step. At a gradient-accumulation boundary it finishes the reductions, unscales,
+  /// checks for overflow, clips, runs the update rule on this rank's shard and redistributes the
+  /// parameters; in between it only reduces (stages 2-3). Gradients are zeroed afterwards.
+  StepResult step();
+  /// Zeroes this accumulation window's gradients (step() already does after an update).
+  void zero_grad();
+  /// True when the next step() ends a gradient-accumulation window.
+  bool is_gradient_accumulation_boundary() const;
+
+  /// Optimizer updates done so far (skipped steps do not count).
+  std::int64_t global_step() const;
+  /// The learning rate the next update will use (from the scheduler, unless set).
+  double lr() const;
+  /// Overrides the learning rate (the scheduler, if any, no longer drives it).
+  void set_lr(double lr);
+  /// The factor the model multiplies its loss by before backward (1 unless fp16).
+  double loss_scale() const;
+  /// Global gradient norm of the last update (0 before the first).
+  double global_grad_norm() const;
+
+  const Config& config() const;
+  Communicator& communicator();
+  const UpdateRule& update_rule() const;
+  int rank() const;
+  int world_size() const;
+  int stage() const;
+  /// fp32, or the 16-bit type under fp16/bf16.
+  DType model_dtype() const;
+
+  /// Trainable elements P (without alignment padding) and the padded flat size.
+  std::int64_t trainable_numel() const;
+  std::int64_t padded_numel() const;
+  /// This rank's shard of the padded flat buffer: [begin, end).
+  std::int64_t shard_begin() const;
+  std::int64_t shard_end() const;
+
+  /// Host memory for activations, counted in the memory report.
+  ActivationBuffer allocate_activations(std::size_t bytes);
+  MemoryReport memory_report() const;
+
+  /// Collective: the fp32 master values of every trainable parameter, whole and in registration
+  /// order without padding, on every rank (for checks and exports, not for the training loop).
+  std::vector<float> consolidated_parameters();
+
+ private:
+  std::unique_ptr<detail::EngineState> state_;
+};
+
+}  // namespace zeroshard

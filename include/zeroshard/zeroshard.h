@@ -1,0 +1,10 @@
+// Umbrella header: everything a training program needs from zeroshard.
+#pragma once
+
+#include "zeroshard/communicator.h"
+#include "zeroshard/config.h"
+#include "zeroshard/dtype.h"
+#include "zeroshard/engine.h"
+#include "zeroshard/error.h"
+#include "zeroshard/memory_report.h"
+#include "zeroshard/optimizer.h"

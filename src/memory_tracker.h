@@ -1,0 +1,64 @@
+// The accounting allocator: every buffer the engine owns is a TrackedBuffer, so the memory
+// report is exact rather than estimated.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+
+#include "zeroshard/memory_report.h"
+
+namespace zeroshard::detail {
+
+/// Counts bytes per (location, category), current and peak. One per engine; thread-safe.
+class MemoryTracker {
+ public:
+  void add(MemoryLocation location, MemoryCategory category, std::int64_t bytes);
+  void remove(MemoryLocation location, MemoryCategory category, std::int64_t bytes);
+  MemoryReport report(int rank, int world_size) const;
+  std::int64_t current(MemoryCategory category,
+                       MemoryLocation location = MemoryLocation::kHost) const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::array<std::array<MemoryUsage, kMemoryCategoryCount>, kMemoryLocationCount> usage_{};
+  std::array<std::int64_t, kMemoryLocationCount> total_current_{};
+  std::array<std::int64_t, kMemoryLocationCount> total_peak_{};
+};
+
+/// Alignment of every host buffer: a cache line, and a multiple of any SIMD width we use.
+inline constexpr std::size_t kBufferAlignment = 64;
+
+/// A zero-initialised, aligned host allocation charged to one category. Move-only.
+class TrackedBuffer {
+ public:
+  TrackedBuffer() = default;
+  TrackedBuffer(MemoryTracker& tracker, MemoryCategory category, std::size_t bytes);
+  TrackedBuffer(TrackedBuffer&& other) noexcept;
+  TrackedBuffer& operator=(TrackedBuffer&& other) noexcept;
+  TrackedBuffer(const TrackedBuffer&) = delete;
+  TrackedBuffer& operator=(const TrackedBuffer&) = delete;
+  ~TrackedBuffer();
+
+  void* data() const noexcept { return data_; }
+  template <class T>
+  T* as() const noexcept {
+    return static_cast<T*>(data_);
+  }
+  std::size_t bytes() const noexcept { return bytes_; }
+  bool empty() const noexcept { return data_ == nullptr; }
+  /// Frees the memory now; the buffer becomes empty.
+  void reset() noexcept;
+
+ private:
+  MemoryTracker* tracker_ = nullptr;
+  MemoryCategory category_ = MemoryCategory::kParameters;
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+/// Peak resident set size of this process in bytes (VmHWM from /proc/self/status), 0 if unknown.
+std::int64_t process_peak_rss_bytes();
+
+}  // namespace zeroshard::detail
