@@ -47,7 +47,7 @@ struct ZeroConfig {
   bool ignore_unused_parameters = true;
   bool round_robin_gradients = false;
   OffloadConfig offload_optimizer{};
-  OffloadConfig offload_param{.buffer_count = 5};
+  OffloadConfig offload_param{.nvme_path = {}, .buffer_count = 5};
 };
 
 /// `fp16`, with DeepSpeed's dynamic loss-scaling knobs.
