@@ -6,6 +6,7 @@
 #include <cstring>
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define ZEROSHARD_X86_SIMD 1
 #endif
@@ -196,6 +197,16 @@ __attribute__((target("avx2,avx512f,avx512bf16"))) void float_to_bfloat16_avx512
   float_to_bfloat16_avx2(in + i, out + i, count - i);
 }
 
+// Clang before 16 does not know "f16c" in __builtin_cpu_supports; CPUID leaf 1 says it for every
+// compiler. The caller checks "avx" as well, which includes the OS saving the YMM registers.
+bool cpu_has_f16c() {
+  unsigned eax = 0;
+  unsigned ebx = 0;
+  unsigned ecx = 0;
+  unsigned edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
+
 #endif  // ZEROSHARD_X86_SIMD
 
 struct Kernels {
@@ -212,7 +223,7 @@ Kernels pick_kernels() noexcept {
 #ifdef ZEROSHARD_X86_SIMD
   // __builtin_cpu_supports also checks that the OS saves the AVX / AVX-512 registers.
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c")) {
+  if (__builtin_cpu_supports("avx") && cpu_has_f16c()) {
     kernels.float_to_half = float_to_half_f16c;
     kernels.half_to_float = half_to_float_f16c;
     kernels.half_isa = "f16c";
