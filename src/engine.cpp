@@ -119,9 +119,12 @@ void EngineState::finalize() {
   }
   frozen_ = TrackedBuffer(tracker_, MemoryCategory::kParameters, frozen_total * dsize_);
   if (separate_master) {
-    // 16-bit gradients are widened to fp32 one chunk at a time, never for the whole shard.
+    // 16-bit gradients are widened to fp32 one chunk at a time, never for the whole shard. The
+    // chunk is a working buffer of at most 256 KiB, not a copy of the gradients, so it is
+    // counted with the other bounded buffers under communication: the model-state categories
+    // then hold exactly the ZeRO paper's bytes.
     const std::int64_t chunk = std::min<std::int64_t>(owned, std::int64_t{1} << 16);
-    scratch_ = TrackedBuffer(tracker_, MemoryCategory::kGradients, chunk * sizeof(float));
+    scratch_ = TrackedBuffer(tracker_, MemoryCategory::kCommunication, chunk * sizeof(float));
   }
   plan_buckets();
   finalized_ = true;

@@ -143,7 +143,7 @@ class EngineState {
   DType grad_shard_dtype_ = DType::kFloat32;
   std::vector<TrackedBuffer> states_;
   TrackedBuffer frozen_;
-  TrackedBuffer scratch_;  ///< fp32 working chunk for 16-bit gradients
+  TrackedBuffer scratch_;  ///< fp32 working chunk for 16-bit gradients (communication bytes)
 
   // Buckets.
   std::vector<Bucket> buckets_;  ///< in launch order (last registered parameters first)

@@ -9,7 +9,9 @@
 namespace zeroshard {
 
 /// What a buffer holds. Master weights are the fp32 copy kept beside 16-bit parameters; with fp32
-/// training the parameters are the master weights and this category stays empty.
+/// training the parameters are the master weights and this category stays empty. Communication
+/// also holds the engine's other bounded working buffers (the fp32 chunk 16-bit gradients are
+/// widened in), so that the first four categories are exactly the model states.
 enum class MemoryCategory {
   kParameters,
   kGradients,
