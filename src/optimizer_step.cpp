@@ -111,18 +111,28 @@ StepResult EngineState::step() {
       ++iteration_;
       return result;
     }
+    // Every rank names the same parameter: the first one, in registration order, that holds a
+    // non-finite value in some rank's shard. A float carries the index exactly below 2^24
+    // parameters; this extra all-reduce runs only on the way to the error.
+    int culprit = scan.first_nonfinite_param;
+    if (stage_ != 0) {
+      const auto count = static_cast<float>(params_.size());
+      float key = culprit >= 0 ? count - static_cast<float>(culprit) : 0.0f;
+      comm_->all_reduce(&key, 1, DType::kFloat32, ReduceOp::kMax);
+      culprit = key > 0.0f ? static_cast<int>(count - key) : -1;
+    }
     std::ostringstream os;
     os << "non-finite gradient (inf or NaN) ";
-    if (scan.first_nonfinite_param >= 0) {
-      os << "in parameter '" << params_[scan.first_nonfinite_param].name << "' on rank "
-         << rank_;
+    if (culprit >= 0) {
+      os << "in parameter '" << params_[culprit].name << "'";
     } else {
-      os << "on another rank";
+      os << "(the sum of squares of the gradients overflowed fp32)";
     }
+    // The check runs after the reduction, so any rank's backward may have produced the value.
     os << " at step " << global_step_ + 1
-       << "; the update was not applied (parameters and optimizer states are unchanged). Check "
-          "the model's backward and the learning rate, or train with fp16 dynamic loss scaling "
-          "to skip such steps";
+       << " (found after summing the ranks' gradients); the update was not applied (parameters "
+          "and optimizer states are unchanged). Check the model's backward and the learning "
+          "rate, or train with fp16 dynamic loss scaling to skip such steps";
     throw UsageError(os.str());
   }
   const double norm = std::sqrt(squares_total);
