@@ -1,5 +1,6 @@
 // The built-in update rules against plain double-precision references written from the PyTorch
-// docs' algorithms, plus their validation.
+// docs' algorithms, plus their validation and the config-to-rule mapping.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,11 +12,14 @@
 #include <string>
 #include <vector>
 
+#include "zeroshard/config.h"
 #include "zeroshard/error.h"
 #include "zeroshard/optimizer.h"
 
 namespace zeroshard {
 namespace {
+
+using ::testing::HasSubstr;
 
 // Not a multiple of 8 (nor of any vector width), so every slice has a scalar remainder.
 constexpr std::int64_t kNumel = 1003;
@@ -382,6 +386,124 @@ TEST(UpdateRuleOptions, RejectNaN) {
   AdamWOptions adamw;
   adamw.lr = std::nan("");
   EXPECT_THROW(make_adamw(adamw), ConfigError);
+}
+
+// --- make_update_rule ---------------------------------------------------------------------------
+
+Config config_with_optimizer(const std::string& type) {
+  Config config;
+  config.optimizer.type = type;
+  return config;
+}
+
+TEST(MakeUpdateRule, MapsAdamToAdamWUnlessAdamWModeIsFalse) {
+  EXPECT_EQ(make_update_rule(config_with_optimizer("Adam"))->name(), "adamw");
+  Config config = config_with_optimizer("adam");
+  config.optimizer.params["adam_w_mode"] = 0.0;
+  EXPECT_EQ(make_update_rule(config)->name(), "adam");
+  // As in DeepSpeed, the name AdamW forces decoupled decay.
+  config.optimizer.type = "adamw";
+  EXPECT_EQ(make_update_rule(config)->name(), "adamw");
+}
+
+TEST(MakeUpdateRule, AcceptsDeepSpeedNamesInAnyCase) {
+  EXPECT_EQ(make_update_rule(config_with_optimizer("AdamW"))->name(), "adamw");
+  EXPECT_EQ(make_update_rule(config_with_optimizer("SGD"))->name(), "sgd");
+  EXPECT_EQ(make_update_rule(config_with_optimizer("Lion"))->name(), "lion");
+  EXPECT_EQ(make_update_rule(config_with_optimizer("adagrad"))->name(), "adagrad");
+}
+
+TEST(MakeUpdateRule, UsesDeepSpeedDefaults) {
+  // FusedAdam's weight_decay defaults to 0; torch.optim.AdamW's (torch_adam) to 0.01.
+  EXPECT_EQ(make_update_rule(config_with_optimizer("adamw"))->default_weight_decay(), 0.0);
+  Config torch_adam = config_with_optimizer("adamw");
+  torch_adam.optimizer.params["torch_adam"] = 1.0;
+  EXPECT_EQ(make_update_rule(torch_adam)->default_weight_decay(), 0.01);
+  // FusedLion's lr defaults to 1e-3.
+  EXPECT_EQ(make_update_rule(config_with_optimizer("lion"))->default_lr(), 1e-3);
+}
+
+TEST(MakeUpdateRule, PassesParamsToTheRule) {
+  Config config = config_with_optimizer("AdamW");
+  config.optimizer.params["lr"] = 0.02;
+  config.optimizer.params["weight_decay"] = 0.05;
+  config.optimizer.params["eps"] = 1e-6;
+  config.optimizer.params["amsgrad"] = 1.0;
+  config.optimizer.array_params["betas"] = {0.8, 0.9};
+  const auto from_config = make_update_rule(config);
+  EXPECT_EQ(from_config->default_lr(), 0.02);
+  EXPECT_EQ(from_config->default_weight_decay(), 0.05);
+  AdamWOptions options;
+  options.lr = 0.02;
+  options.weight_decay = 0.05;
+  options.eps = 1e-6;
+  options.amsgrad = true;
+  options.beta1 = 0.8;
+  options.beta2 = 0.9;
+  const auto built = make_adamw(options);
+  ASSERT_EQ(from_config->state_count(), built->state_count());
+  // Step 2 from non-zero moments, so that beta1, beta2 and eps all show in the result.
+  const StepContext context = context_at(2, 0.02, 0.05);
+  Fp32Tensor a({0.5f}, built->state_count());
+  Fp32Tensor b({0.5f}, built->state_count());
+  a.states[0][0] = b.states[0][0] = 0.1f;
+  a.states[1][0] = b.states[1][0] = 0.01f;
+  a.apply(*from_config, {0.3f}, 0, 1, context);
+  b.apply(*built, {0.3f}, 0, 1, context);
+  EXPECT_EQ(a.param, b.param);
+  EXPECT_EQ(a.states, b.states);
+
+  Config sgd = config_with_optimizer("sgd");
+  sgd.optimizer.params["momentum"] = 0.9;
+  EXPECT_EQ(make_update_rule(sgd)->state_count(), 1);
+}
+
+TEST(MakeUpdateRule, RejectsAnUnknownParamListingTheAllowedOnes) {
+  Config config = config_with_optimizer("adamw");
+  config.optimizer.params["momentum"] = 0.9;
+  try {
+    make_update_rule(config);
+    ADD_FAILURE() << "no ConfigError";
+  } catch (const ConfigError& error) {
+    EXPECT_EQ(error.key_path(), "optimizer.params.momentum");
+    EXPECT_THAT(error.what(), HasSubstr("allowed: lr, betas, eps, weight_decay"));
+  }
+}
+
+TEST(MakeUpdateRule, RejectsBadValues) {
+  Config config = config_with_optimizer("adam");
+  config.optimizer.params["bias_correction"] = 0.0;
+  expect_config_error([&] { make_update_rule(config); }, "optimizer.params.bias_correction",
+                      "false is not implemented; zeroshard's Adam always corrects the bias");
+  config = config_with_optimizer("adam");
+  config.optimizer.array_params["betas"] = {0.9};
+  expect_config_error([&] { make_update_rule(config); }, "optimizer.params.betas",
+                      "expected an array of two numbers, got 1");
+  config = config_with_optimizer("adam");
+  config.optimizer.params["lr"] = -1;
+  expect_config_error([&] { make_update_rule(config); }, "optimizer.params.lr",
+                      "Invalid learning rate: -1");
+  config = config_with_optimizer("sgd");
+  config.optimizer.params["nesterov"] = 2;
+  expect_config_error([&] { make_update_rule(config); }, "optimizer.params.nesterov",
+                      "expected true or false, got 2");
+}
+
+TEST(MakeUpdateRule, RejectsAMissingOrUnknownType) {
+  try {
+    make_update_rule(Config{});
+    ADD_FAILURE() << "no ConfigError";
+  } catch (const ConfigError& error) {
+    EXPECT_EQ(error.key_path(), "optimizer");
+    EXPECT_THAT(error.what(), HasSubstr("pass an update rule in code"));
+  }
+  try {
+    make_update_rule(config_with_optimizer("Lamb"));
+    ADD_FAILURE() << "no ConfigError";
+  } catch (const ConfigError& error) {
+    EXPECT_EQ(error.key_path(), "optimizer.type");
+    EXPECT_THAT(error.what(), HasSubstr("adam, adamw, sgd, lion, adagrad"));
+  }
 }
 
 }  // namespace
