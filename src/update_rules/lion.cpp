@@ -45,6 +45,7 @@ class LionRule final : public UpdateRule {
   int state_count() const override { return 1; }
   double default_lr() const override { return options_.lr; }
   double default_weight_decay() const override { return options_.weight_decay; }
+  std::optional<double> beta1() const override { return options_.beta1; }
 
   void apply(const ShardSlice& slice, const StepContext& context) const override {
     detail::check_apply_arguments(slice, context, state_count(), name());
