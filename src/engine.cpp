@@ -41,9 +41,45 @@ EngineState::EngineState(Config config, std::unique_ptr<Communicator> communicat
   }
   if (config_.bf16.enabled) dtype_ = DType::kBFloat16;
   dsize_ = size_of(dtype_);
+  resolve_gradient_dtypes();
   ParamGroupOptions default_group;
   default_group.name = "default";
   groups_.push_back({default_group});
+}
+
+void EngineState::resolve_gradient_dtypes() {
+  const std::string model = to_string(dtype_);
+  // DeepSpeed's communication_data_type: 16-bit gradients are reduced in their own type unless
+  // fp32 is asked for, which rounds the sum once instead of once per partial sum.
+  const std::string& comm = config_.communication_data_type;
+  comm_dtype_ = comm == "fp32" ? DType::kFloat32 : dtype_;
+  if (!comm.empty() && comm != "fp32" && comm != model) {
+    throw ConfigError("communication_data_type",
+                      "got " + comm + " with " + model +
+                          " parameters; zeroshard reduces gradients in the parameters' type (" +
+                          model + ", the default) or in fp32");
+  }
+  const std::string& accum = config_.grad_accum_dtype;
+  if (accum.empty() || accum == model) {
+    grad_shard_dtype_ = dtype_;
+    return;
+  }
+  if (accum != "fp32") {
+    throw ConfigError("data_types.grad_accum_dtype", "got " + accum + " with " + model +
+                                                         " parameters; expected " + model +
+                                                         " (the default) or fp32");
+  }
+  // At stages 0-1 the model's backward accumulates into the engine's whole gradient buffer,
+  // which is in the parameters' type; only the stage 2-3 gradient shard can be kept in fp32.
+  if (stage_ <= 1) {
+    throw ConfigError("data_types.grad_accum_dtype",
+                      "got fp32 with " + model + " parameters at zero_optimization.stage " +
+                          std::to_string(stage_) + "; at stages 0-1 gradients accumulate in " +
+                          model +
+                          " buffers the model writes. Use stage 2 or 3 for an fp32 gradient "
+                          "shard, or leave the key unset");
+  }
+  grad_shard_dtype_ = DType::kFloat32;
 }
 
 void EngineState::finalize() {
@@ -105,7 +141,6 @@ void EngineState::finalize() {
   if (stage_ <= 1) {
     grads_full_ = TrackedBuffer(tracker_, MemoryCategory::kGradients, padded * dsize_);
   } else {
-    grad_shard_dtype_ = config_.grad_accum_dtype == "fp32" ? DType::kFloat32 : dtype_;
     grad_shard_ =
         TrackedBuffer(tracker_, MemoryCategory::kGradients, shard * size_of(grad_shard_dtype_));
   }

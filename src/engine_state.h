@@ -66,7 +66,8 @@ struct Bucket {
   Request request;
 };
 
-/// A reusable communication buffer: input area (stages 2-3) then the receive area.
+/// A reusable communication buffer: input area (stages 2-3), the fp32 send area (16-bit
+/// gradients reduced in fp32), then the receive area.
 struct Slot {
   TrackedBuffer buffer;
   bool busy = false;
@@ -78,6 +79,8 @@ class EngineState {
               std::unique_ptr<UpdateRule> rule);
 
   // --- engine.cpp: registration, layout, buffers, accessors ---
+  /// Checks communication_data_type and data_types.grad_accum_dtype against the model's type.
+  void resolve_gradient_dtypes();
   void finalize();
   void require_finalized() {
     if (!finalized_) finalize();
@@ -141,15 +144,19 @@ class EngineState {
   TrackedBuffer master_;        ///< 16-bit training: fp32 master (full at stage 0, else shard)
   TrackedBuffer grads_full_;    ///< stages 0-1: every gradient, model dtype
   TrackedBuffer grad_shard_;    ///< stages 2-3: this rank's reduced gradient shard
-  DType grad_shard_dtype_ = DType::kFloat32;
+  DType grad_shard_dtype_ = DType::kFloat32;  ///< stages 2-3: the shard's accumulation type
+  DType comm_dtype_ = DType::kFloat32;        ///< what gradient reductions send
   std::vector<TrackedBuffer> states_;
   TrackedBuffer frozen_;
   TrackedBuffer scratch_;  ///< fp32 working chunk for 16-bit gradients (communication bytes)
 
   // Buckets.
   std::vector<Bucket> buckets_;  ///< in launch order (last registered parameters first)
-  std::int64_t slot_input_elements_ = 0;
-  std::int64_t slot_recv_elements_ = 0;
+  std::int64_t slot_input_elements_ = 0;  ///< model dtype
+  std::int64_t slot_send_elements_ = 0;   ///< fp32, when 16-bit gradients are sent widened
+  std::int64_t slot_recv_elements_ = 0;   ///< communication dtype
+  char* slot_send(int slot);
+  char* slot_recv(int slot);
   std::vector<Slot> slots_;
   std::deque<int> in_flight_;
   std::size_t next_launch_ = 0;

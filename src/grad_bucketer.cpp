@@ -68,7 +68,18 @@ void EngineState::plan_buckets() {
     widest_recv = std::max(widest_recv, counts[rank_]);
   }
   if (stage_ >= 2) slot_input_elements_ = widest;
+  if (comm_dtype_ != dtype_) slot_send_elements_ = widest;
   if (stage_ >= 1 && config_.zero_optimization.reduce_scatter) slot_recv_elements_ = widest_recv;
+}
+
+// The input area holds a multiple of 16 elements (buckets start and end on tensor boundaries), so
+// the fp32 areas after it stay 4-byte aligned.
+char* EngineState::slot_send(int slot) {
+  return slots_[slot].buffer.as<char>() + slot_input_elements_ * dsize_;
+}
+
+char* EngineState::slot_recv(int slot) {
+  return slot_send(slot) + slot_send_elements_ * sizeof(float);
 }
 
 int EngineState::acquire_slot() {
@@ -83,7 +94,8 @@ int EngineState::acquire_slot() {
     if (in_flight_.empty()) break;
     complete_oldest();
   }
-  const std::int64_t bytes = (slot_input_elements_ + slot_recv_elements_) * dsize_;
+  const std::int64_t bytes = slot_input_elements_ * dsize_ + slot_send_elements_ * sizeof(float) +
+                             slot_recv_elements_ * size_of(comm_dtype_);
   slots_.push_back({TrackedBuffer(tracker_, MemoryCategory::kCommunication, bytes), true});
   return static_cast<int>(slots_.size()) - 1;
 }
@@ -137,13 +149,21 @@ void EngineState::launch(int b) {
     if (bucket.slot < 0) bucket.slot = acquire_slot();
     input = slots_[bucket.slot].buffer.data();
   }
+  if (comm_dtype_ != dtype_) {
+    // communication_data_type fp32: the 16-bit gradients travel widened, so the reduction adds
+    // in fp32 and the sum is rounded at most once, when it is stored.
+    if (bucket.slot < 0) bucket.slot = acquire_slot();
+    float* send = reinterpret_cast<float*>(slot_send(bucket.slot));
+    convert_to_float(input, dtype_, send, length);
+    input = send;
+  }
   if (scatter) {
-    if (stage_ == 1) bucket.slot = acquire_slot();
-    char* recv = slots_[bucket.slot].buffer.as<char>() + slot_input_elements_ * dsize_;
+    if (bucket.slot < 0) bucket.slot = acquire_slot();
     const auto counts = layout_.rank_counts(bucket.begin, bucket.end);
-    bucket.request = comm_->reduce_scatter_async(input, recv, counts, dtype_, ReduceOp::kSum);
+    bucket.request = comm_->reduce_scatter_async(input, slot_recv(bucket.slot), counts, comm_dtype_,
+                                                 ReduceOp::kSum);
   } else {
-    bucket.request = comm_->all_reduce_async(input, length, dtype_, ReduceOp::kSum);
+    bucket.request = comm_->all_reduce_async(input, length, comm_dtype_, ReduceOp::kSum);
   }
   in_flight_.push_back(b);
   reduce_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -158,22 +178,40 @@ void EngineState::complete_oldest() {
   const auto start = std::chrono::steady_clock::now();
   bucket.request.wait();
   reduce_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (stage_ == 0) return;
+  const bool widened = comm_dtype_ != dtype_;
+  const bool scatter = stage_ >= 1 && config_.zero_optimization.reduce_scatter;
+  // Stage 0 keeps the whole reduced gradients in grads_full_: a sum reduced in fp32 is stored
+  // back rounded, once.
+  if (stage_ == 0 && widened) {
+    convert_from_float(reinterpret_cast<const float*>(slot_send(bucket.slot)),
+                       grads_full_.as<char>() + bucket.begin * dsize_, dtype_,
+                       bucket.end - bucket.begin);
+  }
   const std::int64_t shard_lo = layout_.shard_begin(rank_);
   const std::int64_t lo = std::max(bucket.begin, shard_lo);
   const std::int64_t hi = std::min(bucket.end, layout_.shard_end(rank_));
-  const bool scatter = config_.zero_optimization.reduce_scatter;
-  if (hi > lo) {
-    const char* slot_base = bucket.slot >= 0 ? slots_[bucket.slot].buffer.as<char>() : nullptr;
-    const char* reduced = scatter ? slot_base + slot_input_elements_ * dsize_
-                          : stage_ == 1
-                              ? grads_full_.as<char>() + lo * dsize_
-                              : slot_base + (lo - bucket.begin) * dsize_;
+  if (stage_ >= 1 && hi > lo) {
+    // This rank's part of the sum: the receive area, or its slice of what was all-reduced.
+    const char* reduced = nullptr;
+    if (scatter) {
+      reduced = slot_recv(bucket.slot);
+    } else if (widened) {
+      reduced = slot_send(bucket.slot) + (lo - bucket.begin) * sizeof(float);
+    } else if (stage_ == 1) {
+      reduced = grads_full_.as<char>() + lo * dsize_;
+    } else {
+      reduced = slots_[bucket.slot].buffer.as<char>() + (lo - bucket.begin) * dsize_;
+    }
     if (stage_ == 1) {
-      if (scatter) std::memcpy(grads_full_.as<char>() + lo * dsize_, reduced, (hi - lo) * dsize_);
+      char* dst = grads_full_.as<char>() + lo * dsize_;
+      if (widened) {
+        convert_from_float(reinterpret_cast<const float*>(reduced), dst, dtype_, hi - lo);
+      } else if (scatter) {
+        std::memcpy(dst, reduced, (hi - lo) * dsize_);
+      }
     } else {
       void* dst = grad_shard_.as<char>() + (lo - shard_lo) * size_of(grad_shard_dtype_);
-      add_into(dst, grad_shard_dtype_, reduced, dtype_, hi - lo, scratch_.as<float>(),
+      add_into(dst, grad_shard_dtype_, reduced, comm_dtype_, hi - lo, scratch_.as<float>(),
                static_cast<std::int64_t>(scratch_.bytes() / sizeof(float)));
     }
   }
