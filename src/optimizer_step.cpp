@@ -57,23 +57,23 @@ StepResult EngineState::step() {
       1.0 / (static_cast<double>(world_) * config_.gradient_accumulation_steps * loss_scale_);
   const std::int64_t chunk = scratch_.empty() ? 0 : scratch_.bytes() / sizeof(float);
 
-  // Pass 1: fp32 gradients are unscaled in place; 16-bit ones are only inspected here and
-  // widened again in pass 2, so the shard is never held twice in fp32.
+  // Pass 1 only inspects the gradients: the norm needs every rank's part before the clip
+  // coefficient is known, and pass 2 then unscales and clips with one fp32 factor, one rounding,
+  // whatever the gradients' type. 16-bit gradients are widened chunk by chunk in both passes, so
+  // the shard is never held twice in fp32.
   GradScan scan;
   for (const TensorPiece& piece : pieces) {
     const int param = tensor_param_[piece.tensor];
     const std::int64_t before = scan.nonfinite;
     if (grad_dtype == DType::kFloat32) {
-      float* g = reinterpret_cast<float*>(grad_at(piece.flat_offset));
-      const float factor = static_cast<float>(unscale);
+      const float* g = reinterpret_cast<const float*>(grad_at(piece.flat_offset));
       double squares = 0.0;
       std::int64_t bad = 0;
 #pragma omp simd reduction(+ : squares, bad)
       for (std::int64_t i = 0; i < piece.size; ++i) {
-        const float v = g[i] * factor;
-        g[i] = v;
+        const double v = g[i] * unscale;
         bad += std::isfinite(v) ? 0 : 1;
-        squares += static_cast<double>(v) * v;
+        squares += v * v;
       }
       scan.sum_of_squares += squares;
       scan.nonfinite += bad;
@@ -173,18 +173,17 @@ StepResult EngineState::step() {
     slice.states = state_pointers;
     rule_->apply(slice, context);
   };
+  const float factor = static_cast<float>(unscale * clip);
   for (const TensorPiece& piece : pieces) {
     if (grad_dtype == DType::kFloat32) {
       float* g = reinterpret_cast<float*>(grad_at(piece.flat_offset));
-      if (clip != 1.0) {
-        const float c = static_cast<float>(clip);
+      if (factor != 1.0f) {
 #pragma omp simd
-        for (std::int64_t i = 0; i < piece.size; ++i) g[i] *= c;
+        for (std::int64_t i = 0; i < piece.size; ++i) g[i] *= factor;
       }
       apply(piece, 0, piece.size, g);
     } else {
       float* w = scratch_.as<float>();
-      const float factor = static_cast<float>(unscale * clip);
       for (std::int64_t done = 0; done < piece.size; done += chunk) {
         const std::int64_t n = std::min(chunk, piece.size - done);
         convert_to_float(grad_at(piece.flat_offset + done), grad_dtype, w, n);
