@@ -103,8 +103,7 @@ TEST_P(EngineEquivalence, ShardedParametersEqualOneUnshardedRankAfterTenSteps) {
 }
 
 INSTANTIATE_TEST_SUITE_P(StagesAndRules, EngineEquivalence,
-                         ::testing::Combine(::testing::Values(0, 1, 2, 3),
-                                            ::testing::Range(0, 5)),
+                         ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Range(0, 5)),
                          [](const auto& info) {
                            return "stage" + std::to_string(std::get<0>(info.param)) + "_" +
                                   rule_cases()[std::get<1>(info.param)].name;
