@@ -47,6 +47,11 @@ EngineState::EngineState(Config config, std::unique_ptr<Communicator> communicat
   groups_.push_back({default_group});
 }
 
+EngineState::~EngineState() {
+  for (Bucket& bucket : buckets_) bucket.request = Request();
+  for (ModuleInfo& module : modules_) module.pending = Request();
+}
+
 void EngineState::check_supported_combination() const {
   const std::string model = to_string(dtype_);
   const std::string& comm = config_.communication_data_type;

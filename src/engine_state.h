@@ -76,6 +76,8 @@ class EngineState {
  public:
   EngineState(Config config, std::unique_ptr<Communicator> communicator,
               std::unique_ptr<UpdateRule> rule);
+  /// Waits for every transfer still in flight before any buffer it touches is freed.
+  ~EngineState();
 
   // --- engine.cpp: registration, layout, buffers, accessors ---
   void finalize();
