@@ -79,6 +79,10 @@ char* element_at(void* data, std::int64_t index, DType dtype) {
   return static_cast<char*>(data) + index * static_cast<std::int64_t>(size_of(dtype));
 }
 
+const char* element_at(const void* data, std::int64_t index, DType dtype) {
+  return static_cast<const char*>(data) + index * static_cast<std::int64_t>(size_of(dtype));
+}
+
 /// The offset of each rank's slice; validates the counts against the world size.
 std::vector<std::int64_t> slice_offsets(std::span<const std::int64_t> counts, int world,
                                         const char* what) {
@@ -321,7 +325,7 @@ Request NcclCommunicator::reduce_scatter_async(const void* input, void* output,
     NcclGroup group;
     for (int root = 0; root < state_->world; ++root) {
       if (counts[root] == 0) continue;
-      ZEROSHARD_NCCL_CHECK(ncclReduce(element_at(const_cast<void*>(input), offsets[root], dtype),
+      ZEROSHARD_NCCL_CHECK(ncclReduce(element_at(input, offsets[root], dtype),
                                       root == state_->rank ? output : nullptr,
                                       static_cast<std::size_t>(counts[root]), nccl_type(dtype),
                                       nccl_op(op), root, state_->comm, state_->stream.get()));
@@ -388,7 +392,19 @@ void NcclCommunicator::barrier() {
   finish(Collective::kBarrier).wait();
 }
 
-std::size_t nccl_unique_id_bytes() noexcept { return sizeof(ncclUniqueId); }
+std::vector<std::byte> new_nccl_unique_id() {
+  ncclUniqueId id;
+  ZEROSHARD_NCCL_CHECK(ncclGetUniqueId(&id));
+  std::vector<std::byte> bytes(sizeof id);
+  std::memcpy(bytes.data(), &id, sizeof id);
+  return bytes;
+}
+
+int nccl_version() {
+  int version = 0;
+  ZEROSHARD_NCCL_CHECK(ncclGetVersion(&version));
+  return version;
+}
 
 std::unique_ptr<NcclCommunicator> make_nccl_communicator(
     int rank, int world, const BroadcastFromRank0& broadcast_from_rank0) {
@@ -396,10 +412,10 @@ std::unique_ptr<NcclCommunicator> make_nccl_communicator(
                         "NCCL communicator: rank " << rank << " is not in a world of " << world);
   detail::set_rank_for_messages(rank);
   const int device = select_device_for_local_rank();
-  ncclUniqueId id{};
-  if (rank == 0) ZEROSHARD_NCCL_CHECK(ncclGetUniqueId(&id));
-  broadcast_from_rank0(&id, sizeof id);
-  return std::make_unique<NcclCommunicator>(rank, world, device, &id);
+  std::vector<std::byte> id(sizeof(ncclUniqueId));
+  if (rank == 0) id = new_nccl_unique_id();
+  broadcast_from_rank0(id.data(), id.size());
+  return std::make_unique<NcclCommunicator>(rank, world, device, id.data());
 }
 
 std::unique_ptr<NcclCommunicator> make_nccl_communicator_from_environment() {

@@ -11,6 +11,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "zeroshard/communicator.h"
 
@@ -28,15 +29,16 @@ using BroadcastFromRank0 = std::function<void(void* bytes, std::size_t count)>;
 ///   for any stream.
 /// - Uneven counts: when every rank's count is equal, reduce_scatter and all_gather are one
 ///   ncclReduceScatter / ncclAllGather. Otherwise they are one NCCL group of ncclReduce (resp.
-///   ncclBroadcast) calls, one per rank's slice: no padding and no staging copy, at the same bytes
-///   per rank as the ring collectives but with less of NCCL's tuning. Pad shards to equal sizes
-///   where speed matters.
+///   ncclBroadcast) calls, one per rank's slice: no padding and no staging copy, at about the
+///   same bytes per rank as the ring collectives but with less of NCCL's tuning. Pad shards to
+///   equal sizes where speed matters.
 /// - Failure: each wait polls for NCCL's asynchronous errors; after ZEROSHARD_COLLECTIVE_TIMEOUT_S
 ///   seconds (default 600) without completion the communicator is aborted and TimeoutError names
 ///   the rank and the collective. An aborted communicator refuses further collectives.
 /// Not thread-safe: one thread issues the collectives, as NCCL requires.
 class NcclCommunicator final : public Communicator {
  public:
+  /// The NCCL handle, stream and failure state, shared with pending requests; defined in the .cpp.
   struct State;
 
   /// Joins the `world` ranks that use the same `unique_id` (ncclUniqueId bytes) on `device`.
@@ -72,8 +74,11 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t compute_stream_ = cudaStreamLegacy;
 };
 
-/// Bytes of an ncclUniqueId.
-std::size_t nccl_unique_id_bytes() noexcept;
+/// The bytes of a new ncclUniqueId: rank 0 creates one, every other rank receives a copy.
+std::vector<std::byte> new_nccl_unique_id();
+
+/// The loaded NCCL library's version code, e.g. 22809 for 2.28.9.
+int nccl_version();
 
 /// Rank 0 creates the unique id, `broadcast_from_rank0` hands it to the others, and every rank
 /// joins on the device select_device_for_local_rank() picks.
