@@ -37,9 +37,10 @@ class Generator {
   std::uint64_t state_;
 };
 
-// Centres this far apart (in units of the noise) overlap enough that the task is not solved in
-// a few steps, and little enough that the loss visibly falls within twenty.
-constexpr double kCentreSpread = 0.35;
+// Centre coordinates have this standard deviation, in units of the noise: with 64 inputs the
+// default MLP goes from ln(10) = 2.30 to about 0.3 in 30 AdamW steps at lr 1e-3, a curve that is
+// visibly falling without being solved in the first few steps.
+constexpr double kCentreSpread = 0.5;
 
 }  // namespace
 
