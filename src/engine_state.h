@@ -7,14 +7,17 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "loss_scaler.h"
 #include "memory_tracker.h"
 #include "shard_layout.h"
 #include "zeroshard/communicator.h"
 #include "zeroshard/config.h"
 #include "zeroshard/engine.h"
+#include "zeroshard/lr_scheduler.h"
 #include "zeroshard/optimizer.h"
 
 namespace zeroshard::detail {
@@ -108,9 +111,10 @@ class EngineState {
   void zero_grad();
   void all_gather_parameters();
   void print_progress(const StepResult& result);
-  // --- loss scaling (engine.cpp): fp16 overflow and clean-step bookkeeping ---
+  // fp16 loss scaling: the scaler hears of every boundary step, skipped or not.
   void on_overflow();
   void on_clean_step();
+  std::optional<LossScaler> scaler_;
 
   // Configuration and collaborators.
   Config config_;
@@ -177,7 +181,10 @@ class EngineState {
   double update_seconds_ = 0.0;
   double gather_seconds_ = 0.0;
 
-  double current_lr() const;
+  /// The schedule's values for the next update (or the override / the rule's own lr).
+  ScheduledValues scheduled() const;
+  double current_lr() const { return scheduled().lr; }
+  std::unique_ptr<LrScheduler> scheduler_;
 };
 
 }  // namespace zeroshard::detail
