@@ -47,6 +47,11 @@ EngineState::EngineState(Config config, std::unique_ptr<Communicator> communicat
   groups_.push_back({default_group});
 }
 
+EngineState::~EngineState() {
+  for (Bucket& bucket : buckets_) bucket.request = Request();
+  for (ModuleInfo& module : modules_) module.pending = Request();
+}
+
 void EngineState::resolve_gradient_dtypes() {
   const std::string model = to_string(dtype_);
   // DeepSpeed's communication_data_type: 16-bit gradients are reduced in their own type unless
@@ -159,7 +164,8 @@ void EngineState::finalize() {
     // chunk is a working buffer of at most 256 KiB, not a copy of the gradients, so it is
     // counted with the other bounded buffers under communication: the model-state categories
     // then hold exactly the ZeRO paper's bytes.
-    const std::int64_t chunk = std::min<std::int64_t>(owned, std::int64_t{1} << 16);
+    const std::int64_t chunk = std::max<std::int64_t>(
+        2, std::min({owned, config_.zero_optimization.sub_group_size, std::int64_t{1} << 16}));
     scratch_ = TrackedBuffer(tracker_, MemoryCategory::kCommunication, chunk * sizeof(float));
   }
   plan_buckets();
@@ -327,9 +333,7 @@ ActivationBuffer::ActivationBuffer() = default;
 ActivationBuffer::ActivationBuffer(ActivationBuffer&&) noexcept = default;
 ActivationBuffer& ActivationBuffer::operator=(ActivationBuffer&&) noexcept = default;
 ActivationBuffer::~ActivationBuffer() = default;
-float* ActivationBuffer::data() const noexcept {
-  return buffer_ ? buffer_->as<float>() : nullptr;
-}
+float* ActivationBuffer::data() const noexcept { return buffer_ ? buffer_->as<float>() : nullptr; }
 std::size_t ActivationBuffer::bytes() const noexcept { return buffer_ ? buffer_->bytes() : 0; }
 
 // --- Engine --------------------------------------------------------------------------------------

@@ -39,7 +39,34 @@ void add_into(void* dst, DType dst_dtype, const void* src, DType src_dtype, std:
   }
 }
 
+void scale_in_place(void* data, DType dtype, std::int64_t count, float factor, float* scratch,
+                    std::int64_t scratch_count) {
+  if (dtype == DType::kFloat32) {
+    float* d = static_cast<float*>(data);
+#pragma omp simd
+    for (std::int64_t i = 0; i < count; ++i) d[i] *= factor;
+    return;
+  }
+  for (std::int64_t done = 0; done < count; done += scratch_count) {
+    const std::int64_t n = std::min(scratch_count, count - done);
+    char* at = static_cast<char*>(data) + done * size_of(dtype);
+    convert_to_float(at, dtype, scratch, n);
+    for (std::int64_t i = 0; i < n; ++i) scratch[i] *= factor;
+    convert_from_float(scratch, at, dtype, n);
+  }
+}
+
 }  // namespace
+
+double EngineState::pre_reduction_factor() const {
+  // DeepSpeed's allreduce_bucket: prescale_gradients divides by the world size before the
+  // reduction; otherwise gradient_predivide_factor is divided out before and the rest after.
+  return config_.prescale_gradients ? 1.0 / world_ : 1.0 / config_.gradient_predivide_factor;
+}
+
+double EngineState::post_reduction_factor() const {
+  return config_.prescale_gradients ? 1.0 : config_.gradient_predivide_factor / world_;
+}
 
 void EngineState::plan_buckets() {
   const std::int64_t limit = config_.zero_optimization.reduce_bucket_size;
@@ -104,16 +131,15 @@ void* EngineState::bucket_grad_pointer(int index) {
   const ParamInfo& p = params_[index];
   Bucket& bucket = buckets_[p.bucket];
   if (bucket.slot < 0) bucket.slot = acquire_slot();
-  return slots_[bucket.slot].buffer.as<char>() +
-         (layout_.offset(p.tensor) - bucket.begin) * dsize_;
+  return slots_[bucket.slot].buffer.as<char>() + (layout_.offset(p.tensor) - bucket.begin) * dsize_;
 }
 
 void EngineState::mark_grad_ready(int index) {
   require_finalized();
   ParamInfo& p = params_[index];
   ZEROSHARD_CHECK_USAGE(p.trainable, "grad_ready('" << p.name << "'): the parameter is frozen");
-  ZEROSHARD_CHECK_USAGE(!p.grad_ready, "grad_ready('" << p.name
-                                                      << "') called twice in one micro-step");
+  ZEROSHARD_CHECK_USAGE(!p.grad_ready,
+                        "grad_ready('" << p.name << "') called twice in one micro-step");
   p.grad_ready = true;
   ++buckets_[p.bucket].ready;
   launch_ready_buckets();
@@ -157,6 +183,11 @@ void EngineState::launch(int b) {
     convert_to_float(input, dtype_, send, length);
     input = send;
   }
+  // After the widening, as DeepSpeed divides the tensor already cast to the communication type.
+  if (const double factor = pre_reduction_factor(); factor != 1.0) {
+    scale_in_place(input, comm_dtype_, length, static_cast<float>(factor), scratch_.as<float>(),
+                   static_cast<std::int64_t>(scratch_.bytes() / sizeof(float)));
+  }
   if (scatter) {
     if (bucket.slot < 0) bucket.slot = acquire_slot();
     const auto counts = layout_.rank_counts(bucket.begin, bucket.end);
@@ -166,7 +197,8 @@ void EngineState::launch(int b) {
     bucket.request = comm_->all_reduce_async(input, length, comm_dtype_, ReduceOp::kSum);
   }
   in_flight_.push_back(b);
-  reduce_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  reduce_seconds_ +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   // Without overlap_comm each reduction finishes before backward goes on (DeepSpeed's meaning).
   if (!config_.zero_optimization.overlap_comm) complete_oldest();
 }
@@ -177,7 +209,8 @@ void EngineState::complete_oldest() {
   Bucket& bucket = buckets_[b];
   const auto start = std::chrono::steady_clock::now();
   bucket.request.wait();
-  reduce_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  reduce_seconds_ +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const bool widened = comm_dtype_ != dtype_;
   const bool scatter = stage_ >= 1 && config_.zero_optimization.reduce_scatter;
   // Stage 0 keeps the whole reduced gradients in grads_full_: a sum reduced in fp32 is stored
