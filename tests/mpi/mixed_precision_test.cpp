@@ -427,6 +427,46 @@ TEST_P(Fp32Communication, RoundsTheSumOnceSoAnyGradientsMatchTheReference) {
 INSTANTIATE_TEST_SUITE_P(StagesAndPrecisions, Fp32Communication, ::testing::ValuesIn(mixed_cases()),
                          [](const auto& info) { return case_name(info.param); });
 
+class GradientPredivide : public ::testing::TestWithParam<std::tuple<MixedCase, bool>> {};
+
+TEST_P(GradientPredivide, APowerOfTwoFactorChangesNothing) {
+  const int stage = std::get<0>(std::get<0>(GetParam()));
+  const Precision precision = std::get<1>(std::get<0>(GetParam()));
+  const bool fp32_communication = std::get<1>(GetParam());
+  const DType dtype = model_dtype_of(precision);
+  Config config = mixed_config(stage, precision);
+  if (fp32_communication) config.communication_data_type = "fp32";
+  // Halving before the reduction and making up for it after are exact in every type, so the
+  // run must equal the reference without the factor, whether the division acts on the 16-bit
+  // gradients or on their fp32 widening.
+  config.gradient_predivide_factor = 2.0;
+  Engine engine(config, Communicator::from_environment(), sgd());
+  const auto tensors = uneven_toy_tensors();
+  const auto handles = register_toy(engine, tensors);
+  const auto reference_rule = sgd();
+  MixedReference reference(tensors, *reference_rule, engine.world_size(), dtype,
+                           !(fp32_communication && precision == Precision::kBf16Fp32Accum));
+  const GradientFn gradient = exact_sum_gradient(dtype);
+  for (std::int64_t step = 0; step < 5; ++step) {
+    const double scale = engine.loss_scale();
+    micro_step(engine, tensors, handles, step, gradient);
+    ASSERT_TRUE(engine.step().updated);
+    reference.step(step, gradient, scale, 0.0);
+  }
+  EXPECT_EQ(
+      worst_relative_difference(engine.consolidated_parameters(), reference.trainable_values()),
+      0.0)
+      << case_name(std::get<0>(GetParam())) << " world " << engine.world_size();
+}
+
+INSTANTIATE_TEST_SUITE_P(StagesAndPrecisions, GradientPredivide,
+                         ::testing::Combine(::testing::ValuesIn(all_precision_cases()),
+                                            ::testing::Bool()),
+                         [](const auto& info) {
+                           return case_name(std::get<0>(info.param)) +
+                                  (std::get<1>(info.param) ? "_fp32comm" : "");
+                         });
+
 TEST(MixedPrecisionConfig, RejectsGradientTypesTheEngineCannotHonour) {
   auto key_of_error = [](int stage, bool bf16, const std::string& comm,
                          const std::string& accum) -> std::string {
