@@ -571,6 +571,33 @@ TEST_P(Fp16Overflow, LowersTheScaleOnlyAfterHysteresisOverflows) {
   EXPECT_EQ(engine.global_step(), 2);
 }
 
+TEST_P(Fp16Overflow, RaisesTheScaleAfterAWindowOfCleanStepsWithoutChangingTheResult) {
+  const int stage = GetParam();
+  Config config = mixed_config(stage, Precision::kFp16);
+  config.fp16.loss_scale_window = 2;
+  Engine engine(config, Communicator::from_environment(), sgd());
+  const auto tensors = uneven_toy_tensors();
+  const auto handles = register_toy(engine, tensors);
+  const auto reference_rule = sgd();
+  MixedReference reference(tensors, *reference_rule, engine.world_size(), DType::kFloat16);
+  const GradientFn gradient = exact_sum_gradient(DType::kFloat16);
+  // DeepSpeed doubles once (cur_iter - last_overflow_iter - 1) is a positive multiple of the
+  // window: after the 3rd and the 5th clean step here.
+  const std::vector<double> expected_scales = {256, 256, 512, 512, 1024};
+  for (std::int64_t step = 0; step < 5; ++step) {
+    const double scale = engine.loss_scale();
+    micro_step(engine, tensors, handles, step, gradient);
+    ASSERT_TRUE(engine.step().updated);
+    reference.step(step, gradient, scale, 0.0);
+    EXPECT_EQ(engine.loss_scale(), expected_scales[step]) << "step " << step;
+  }
+  // Scales are powers of two and the scaled gradients stay far below fp16's range, so the
+  // changing scale must not change a bit of the result.
+  EXPECT_EQ(
+      worst_relative_difference(engine.consolidated_parameters(), reference.trainable_values()),
+      0.0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Stages, Fp16Overflow, ::testing::Values(0, 1, 2, 3),
                          [](const auto& info) { return "stage" + std::to_string(info.param); });
 
