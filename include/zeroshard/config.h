@@ -46,8 +46,15 @@ struct ZeroConfig {
   bool gather_16bit_weights_on_model_save = false;  ///< stage3_gather_16bit_weights_on_model_save
   bool ignore_unused_parameters = true;
   bool round_robin_gradients = false;
-  OffloadConfig offload_optimizer{};
-  OffloadConfig offload_param{.buffer_count = 5};
+  OffloadConfig offload_optimizer;
+  OffloadConfig offload_param = param_offload_defaults();
+
+  /// DeepSpeed's offload_param defaults differ from offload_optimizer's in buffer_count only.
+  static OffloadConfig param_offload_defaults() {
+    OffloadConfig defaults;
+    defaults.buffer_count = 5;
+    return defaults;
+  }
 };
 
 /// `fp16`, with DeepSpeed's dynamic loss-scaling knobs.

@@ -1,0 +1,449 @@
+// The engine's public surface: registration, the flat layout and the buffers each stage owns,
+// parameter handles, and the forwarding from Engine to its state.
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+#include <utility>
+
+#include "check.h"
+#include "engine_state.h"
+#include "half_conversion.h"
+
+namespace zeroshard {
+namespace detail {
+
+namespace {
+
+// Tensors start on 16-element boundaries: 64 bytes of fp32, one cache line and one AVX-512
+// vector, so every tensor's slice of a shard starts aligned.
+constexpr std::int64_t kTensorAlignment = 16;
+
+std::string default_module_name(const std::string& name) {
+  const auto dot = name.rfind('.');
+  return dot == std::string::npos ? name : name.substr(0, dot);
+}
+
+}  // namespace
+
+EngineState::EngineState(Config config, std::unique_ptr<Communicator> communicator,
+                         std::unique_ptr<UpdateRule> rule)
+    : config_(std::move(config)), comm_(std::move(communicator)), rule_(std::move(rule)) {
+  ZEROSHARD_CHECK_USAGE(comm_ != nullptr, "Engine needs a communicator");
+  if (!rule_) rule_ = make_update_rule(config_);
+  rank_ = comm_->rank();
+  world_ = comm_->size();
+  stage_ = config_.zero_optimization.stage;
+  if (config_.fp16.enabled) dtype_ = DType::kFloat16;
+  if (config_.bf16.enabled) dtype_ = DType::kBFloat16;
+  dsize_ = size_of(dtype_);
+  ParamGroupOptions default_group;
+  default_group.name = "default";
+  groups_.push_back({default_group});
+}
+
+void EngineState::finalize() {
+  if (finalized_) return;
+  std::vector<std::int64_t> numels;
+  for (ParamInfo& p : params_) {
+    if (!p.trainable) continue;
+    p.tensor = static_cast<int>(numels.size());
+    numels.push_back(p.numel);
+    tensor_param_.push_back(static_cast<int>(&p - params_.data()));
+  }
+  layout_ = ShardLayout(numels, world_, kTensorAlignment);
+  const std::int64_t padded = layout_.padded_total();
+  const std::int64_t shard = layout_.shard_size();
+
+  // Stage 3 keeps small parameters whole (stage3_param_persistence_threshold), up to
+  // stage3_model_persistence_threshold elements in all, as DeepSpeed does.
+  if (stage_ == 3) {
+    std::int64_t persistent_total = 0;
+    for (ParamInfo& p : params_) {
+      if (!p.trainable) continue;
+      const auto& z = config_.zero_optimization;
+      if (p.numel < z.param_persistence_threshold &&
+          persistent_total + p.numel <= z.model_persistence_threshold) {
+        p.persistent = true;
+        persistent_total += p.numel;
+      }
+    }
+  }
+  for (ModuleInfo& m : modules_) {
+    bool any_trainable = false;
+    for (int index : m.params) {
+      const ParamInfo& p = params_[index];
+      if (!p.trainable) continue;
+      const std::int64_t lo = layout_.offset(p.tensor);
+      const std::int64_t hi = lo + p.numel;
+      m.flat_begin = any_trainable ? std::min(m.flat_begin, lo) : lo;
+      m.flat_end = any_trainable ? std::max(m.flat_end, hi) : hi;
+      any_trainable = true;
+      if (stage_ == 3 && !p.persistent) m.sharded = true;
+    }
+  }
+
+  const bool separate_master = dtype_ != DType::kFloat32;
+  const std::int64_t owned = stage_ == 0 ? padded : shard;
+  if (stage_ == 3) {
+    param_shard_ = TrackedBuffer(tracker_, MemoryCategory::kParameters, shard * dsize_);
+    for (ParamInfo& p : params_) {
+      if (p.persistent) {
+        p.persistent_copy = TrackedBuffer(tracker_, MemoryCategory::kParameters, p.numel * dsize_);
+      }
+    }
+  } else {
+    params_full_ = TrackedBuffer(tracker_, MemoryCategory::kParameters, padded * dsize_);
+  }
+  if (separate_master) {
+    master_ = TrackedBuffer(tracker_, MemoryCategory::kMasterWeights, owned * sizeof(float));
+  }
+  if (stage_ <= 1) {
+    grads_full_ = TrackedBuffer(tracker_, MemoryCategory::kGradients, padded * dsize_);
+  } else {
+    grad_shard_dtype_ = config_.grad_accum_dtype == "fp32" ? DType::kFloat32 : dtype_;
+    grad_shard_ =
+        TrackedBuffer(tracker_, MemoryCategory::kGradients, shard * size_of(grad_shard_dtype_));
+  }
+  for (int s = 0; s < rule_->state_count(); ++s) {
+    states_.emplace_back(tracker_, MemoryCategory::kOptimizerStates, owned * sizeof(float));
+  }
+  std::int64_t frozen_total = 0;
+  for (ParamInfo& p : params_) {
+    if (p.trainable) continue;
+    p.frozen_offset = frozen_total;
+    frozen_total += p.numel;
+  }
+  frozen_ = TrackedBuffer(tracker_, MemoryCategory::kParameters, frozen_total * dsize_);
+  if (separate_master) {
+    // 16-bit gradients are widened to fp32 one chunk at a time, never for the whole shard.
+    const std::int64_t chunk = std::min<std::int64_t>(owned, std::int64_t{1} << 16);
+    scratch_ = TrackedBuffer(tracker_, MemoryCategory::kGradients, chunk * sizeof(float));
+  }
+  plan_buckets();
+  finalized_ = true;
+}
+
+std::int64_t EngineState::update_begin() const {
+  return stage_ == 0 ? 0 : layout_.shard_begin(rank_);
+}
+std::int64_t EngineState::update_end() const {
+  return stage_ == 0 ? layout_.padded_total() : layout_.shard_end(rank_);
+}
+
+float* EngineState::master_at(std::int64_t flat) {
+  if (dtype_ != DType::kFloat32) return master_.as<float>() + (flat - update_begin());
+  return static_cast<float*>(model_param_at(flat));
+}
+
+float* EngineState::state_at(int state, std::int64_t flat) {
+  return states_[state].as<float>() + (flat - update_begin());
+}
+
+void* EngineState::model_param_at(std::int64_t flat) {
+  if (stage_ == 3) {
+    return param_shard_.as<char>() + (flat - layout_.shard_begin(rank_)) * dsize_;
+  }
+  return params_full_.as<char>() + flat * dsize_;
+}
+
+void* EngineState::param_data(int index) {
+  require_finalized();
+  ParamInfo& p = params_[index];
+  if (!p.trainable) return frozen_.as<char>() + p.frozen_offset * dsize_;
+  if (stage_ != 3) return params_full_.as<char>() + layout_.offset(p.tensor) * dsize_;
+  if (p.persistent) return p.persistent_copy.data();
+  ModuleInfo& m = modules_[p.module];
+  ZEROSHARD_CHECK_USAGE(m.users > 0 && m.residency == ModuleResidency::kAvailable,
+                        "parameter '" << p.name << "' of module '" << m.name
+                                      << "' is not gathered: at ZeRO stage 3 call "
+                                         "engine.gather(module) (or hold a GatheredModule) "
+                                         "before reading or writing it");
+  return m.gathered.as<char>() + (layout_.offset(p.tensor) - m.flat_begin) * dsize_;
+}
+
+void* EngineState::param_grad(int index) {
+  require_finalized();
+  ParamInfo& p = params_[index];
+  ZEROSHARD_CHECK_USAGE(p.trainable, "parameter '" << p.name
+                                                   << "' is frozen (trainable = false) and has "
+                                                      "no gradient buffer");
+  ZEROSHARD_CHECK_USAGE(!p.grad_ready, "the gradient of '"
+                                           << p.name
+                                           << "' was already handed over with grad_ready() in "
+                                              "this micro-step; write it before calling it");
+  if (stage_ <= 1) return grads_full_.as<char>() + layout_.offset(p.tensor) * dsize_;
+  return bucket_grad_pointer(index);
+}
+
+void EngineState::copy_param_from(int index, const float* values) {
+  require_finalized();
+  ParamInfo& p = params_[index];
+  if (!p.trainable) {
+    convert_from_float(values, frozen_.as<char>() + p.frozen_offset * dsize_, dtype_, p.numel);
+    return;
+  }
+  const std::int64_t lo = layout_.offset(p.tensor);
+  const std::int64_t hi = lo + p.numel;
+  if (stage_ != 3) {
+    convert_from_float(values, params_full_.as<char>() + lo * dsize_, dtype_, p.numel);
+  } else {
+    const std::int64_t a = std::max(lo, layout_.shard_begin(rank_));
+    const std::int64_t b = std::min(hi, layout_.shard_end(rank_));
+    if (b > a) convert_from_float(values + (a - lo), model_param_at(a), dtype_, b - a);
+    if (p.persistent) convert_from_float(values, p.persistent_copy.data(), dtype_, p.numel);
+    ModuleInfo& m = modules_[p.module];
+    if (m.residency == ModuleResidency::kAvailable) {
+      convert_from_float(values, m.gathered.as<char>() + (lo - m.flat_begin) * dsize_, dtype_,
+                         p.numel);
+    }
+  }
+  if (dtype_ != DType::kFloat32) {
+    const std::int64_t a = std::max(lo, update_begin());
+    const std::int64_t b = std::min(hi, update_end());
+    if (b > a) std::memcpy(master_at(a), values + (a - lo), (b - a) * sizeof(float));
+  }
+}
+
+std::vector<float> EngineState::consolidated_parameters() {
+  require_finalized();
+  std::vector<float> flat(layout_.padded_total());
+  const std::int64_t lo = update_begin();
+  std::memcpy(flat.data() + lo, master_at(lo), (update_end() - lo) * sizeof(float));
+  if (stage_ != 0) {
+    const std::vector<std::int64_t> counts = layout_.rank_counts(0, layout_.padded_total());
+    comm_->all_gather(flat.data(), counts, DType::kFloat32);
+  }
+  std::vector<float> values;
+  values.reserve(layout_.unpadded_total());
+  for (int t = 0; t < layout_.tensor_count(); ++t) {
+    values.insert(values.end(), flat.begin() + layout_.offset(t),
+                  flat.begin() + layout_.offset(t) + layout_.numel(t));
+  }
+  return values;
+}
+
+double EngineState::current_lr() const {
+  return lr_override_ >= 0.0 ? lr_override_ : rule_->default_lr();
+}
+
+}  // namespace detail
+
+// --- Parameter -----------------------------------------------------------------------------------
+
+namespace {
+detail::ParamInfo& info(detail::EngineState* state, int index) {
+  ZEROSHARD_CHECK_USAGE(state != nullptr, "use of an empty Parameter handle");
+  return state->params_[index];
+}
+}  // namespace
+
+const std::string& Parameter::name() const { return info(state_, index_).name; }
+const std::vector<std::int64_t>& Parameter::shape() const { return info(state_, index_).shape; }
+std::int64_t Parameter::numel() const { return info(state_, index_).numel; }
+bool Parameter::trainable() const { return info(state_, index_).trainable; }
+DType Parameter::dtype() const {
+  info(state_, index_);
+  return state_->dtype_;
+}
+ModuleId Parameter::module() const { return info(state_, index_).module; }
+
+float* Parameter::data() const {
+  ZEROSHARD_CHECK_USAGE(dtype() == DType::kFloat32,
+                        "Parameter::data() of '" << name() << "' needs fp32, but the model is "
+                                                 << to_string(dtype()) << "; use raw_data()");
+  return static_cast<float*>(raw_data());
+}
+void* Parameter::raw_data() const {
+  info(state_, index_);
+  return state_->param_data(index_);
+}
+float* Parameter::grad() const {
+  ZEROSHARD_CHECK_USAGE(dtype() == DType::kFloat32,
+                        "Parameter::grad() of '" << name() << "' needs fp32, but the model is "
+                                                 << to_string(dtype()) << "; use raw_grad()");
+  return static_cast<float*>(raw_grad());
+}
+void* Parameter::raw_grad() const {
+  info(state_, index_);
+  return state_->param_grad(index_);
+}
+void Parameter::copy_from(std::span<const float> values) const {
+  ZEROSHARD_CHECK_USAGE(static_cast<std::int64_t>(values.size()) == numel(),
+                        "Parameter::copy_from('" << name() << "'): got " << values.size()
+                                                 << " values, the parameter has " << numel());
+  state_->copy_param_from(index_, values.data());
+}
+
+// --- ActivationBuffer ----------------------------------------------------------------------------
+
+ActivationBuffer::ActivationBuffer() = default;
+ActivationBuffer::ActivationBuffer(ActivationBuffer&&) noexcept = default;
+ActivationBuffer& ActivationBuffer::operator=(ActivationBuffer&&) noexcept = default;
+ActivationBuffer::~ActivationBuffer() = default;
+float* ActivationBuffer::data() const noexcept {
+  return buffer_ ? buffer_->as<float>() : nullptr;
+}
+std::size_t ActivationBuffer::bytes() const noexcept { return buffer_ ? buffer_->bytes() : 0; }
+
+// --- Engine --------------------------------------------------------------------------------------
+
+Engine::Engine(Config config, std::unique_ptr<Communicator> communicator,
+               std::unique_ptr<UpdateRule> rule)
+    : state_(std::make_unique<detail::EngineState>(std::move(config), std::move(communicator),
+                                                   std::move(rule))) {}
+Engine::Engine(Engine&&) noexcept = default;
+Engine& Engine::operator=(Engine&&) noexcept = default;
+Engine::~Engine() = default;
+
+int Engine::add_param_group(const ParamGroupOptions& options) {
+  ZEROSHARD_CHECK_USAGE(!state_->finalized_, "add_param_group('" << options.name
+                                                                 << "') after the engine was "
+                                                                    "finalized");
+  if (options.lr) {
+    ZEROSHARD_CHECK_USAGE(*options.lr >= 0.0, "Invalid learning rate: " << *options.lr);
+  }
+  if (options.weight_decay) {
+    ZEROSHARD_CHECK_USAGE(*options.weight_decay >= 0.0,
+                          "Invalid weight_decay value: " << *options.weight_decay);
+  }
+  state_->groups_.push_back({options});
+  return static_cast<int>(state_->groups_.size()) - 1;
+}
+
+Parameter Engine::register_parameter(const std::string& name, std::vector<std::int64_t> shape,
+                                     const ParamOptions& options) {
+  auto& s = *state_;
+  ZEROSHARD_CHECK_USAGE(!s.finalized_, "register_parameter('"
+                                           << name
+                                           << "') after the engine was finalized (the first "
+                                              "data(), grad(), gather() or step() finalizes it): "
+                                              "register every parameter first");
+  ZEROSHARD_CHECK_USAGE(!name.empty(), "a parameter needs a name");
+  for (const auto& p : s.params_) {
+    ZEROSHARD_CHECK_USAGE(p.name != name, "parameter '" << name << "' is registered twice");
+  }
+  ZEROSHARD_CHECK_USAGE(options.group >= 0 && options.group < static_cast<int>(s.groups_.size()),
+                        "parameter '" << name << "': group " << options.group
+                                      << " does not exist (add_param_group first)");
+  std::int64_t numel = 1;
+  for (std::int64_t d : shape) {
+    ZEROSHARD_CHECK_USAGE(d >= 0, "parameter '" << name << "': negative dimension " << d);
+    numel *= d;
+  }
+  const std::string module_name =
+      options.module.empty() ? detail::default_module_name(name) : options.module;
+  ModuleId module = -1;
+  for (std::size_t m = 0; m < s.modules_.size(); ++m) {
+    if (s.modules_[m].name == module_name) module = static_cast<ModuleId>(m);
+  }
+  if (module < 0) {
+    detail::ModuleInfo info;
+    info.name = module_name;
+    s.modules_.push_back(std::move(info));
+    module = static_cast<ModuleId>(s.modules_.size()) - 1;
+  } else {
+    // Stage 3 gathers a module as one contiguous range of the flat buffer.
+    ZEROSHARD_CHECK_USAGE(s.params_.back().module == module,
+                          "parameter '" << name << "' joins module '" << module_name
+                                        << "' after parameters of another module: register a "
+                                           "module's parameters one after another");
+  }
+  detail::ParamInfo p;
+  p.name = name;
+  p.shape = std::move(shape);
+  p.numel = numel;
+  p.trainable = options.trainable;
+  p.group = options.group;
+  p.module = module;
+  s.params_.push_back(std::move(p));
+  const int index = static_cast<int>(s.params_.size()) - 1;
+  s.modules_[module].params.push_back(index);
+  return Parameter(state_.get(), index);
+}
+
+void Engine::finalize() { state_->finalize(); }
+
+std::vector<Parameter> Engine::parameters() const {
+  std::vector<Parameter> result;
+  for (std::size_t i = 0; i < state_->params_.size(); ++i) {
+    result.push_back(Parameter(state_.get(), static_cast<int>(i)));
+  }
+  return result;
+}
+
+Parameter Engine::parameter(std::string_view name) const {
+  for (std::size_t i = 0; i < state_->params_.size(); ++i) {
+    if (state_->params_[i].name == name) return Parameter(state_.get(), static_cast<int>(i));
+  }
+  throw UsageError("no parameter named '" + std::string(name) + "' is registered");
+}
+
+ModuleId Engine::module(std::string_view name) const {
+  std::ostringstream known;
+  for (std::size_t m = 0; m < state_->modules_.size(); ++m) {
+    if (state_->modules_[m].name == name) return static_cast<ModuleId>(m);
+    known << (m ? ", " : "") << "'" << state_->modules_[m].name << "'";
+  }
+  throw UsageError("no module named '" + std::string(name) + "'; known modules: " + known.str());
+}
+
+void Engine::gather(ModuleId module) { state_->gather(module); }
+void Engine::release(ModuleId module) { state_->release(module); }
+
+void Engine::grad_ready(Parameter parameter) {
+  ZEROSHARD_CHECK_USAGE(parameter.state_ == state_.get(),
+                        "grad_ready() with a parameter of another engine");
+  state_->mark_grad_ready(parameter.index_);
+}
+
+StepResult Engine::step() { return state_->step(); }
+void Engine::zero_grad() { state_->zero_grad(); }
+bool Engine::is_gradient_accumulation_boundary() const {
+  return state_->micro_step_ + 1 >= state_->config_.gradient_accumulation_steps;
+}
+std::int64_t Engine::global_step() const { return state_->global_step_; }
+double Engine::lr() const { return state_->current_lr(); }
+void Engine::set_lr(double lr) {
+  ZEROSHARD_CHECK_USAGE(lr >= 0.0, "Invalid learning rate: " << lr);
+  state_->lr_override_ = lr;
+}
+double Engine::loss_scale() const { return state_->loss_scale_; }
+double Engine::global_grad_norm() const { return state_->last_grad_norm_; }
+const Config& Engine::config() const { return state_->config_; }
+Communicator& Engine::communicator() { return *state_->comm_; }
+const UpdateRule& Engine::update_rule() const { return *state_->rule_; }
+int Engine::rank() const { return state_->rank_; }
+int Engine::world_size() const { return state_->world_; }
+int Engine::stage() const { return state_->stage_; }
+DType Engine::model_dtype() const { return state_->dtype_; }
+std::int64_t Engine::trainable_numel() const {
+  state_->require_finalized();
+  return state_->layout_.unpadded_total();
+}
+std::int64_t Engine::padded_numel() const {
+  state_->require_finalized();
+  return state_->layout_.padded_total();
+}
+std::int64_t Engine::shard_begin() const {
+  state_->require_finalized();
+  return state_->layout_.shard_begin(state_->rank_);
+}
+std::int64_t Engine::shard_end() const {
+  state_->require_finalized();
+  return state_->layout_.shard_end(state_->rank_);
+}
+
+ActivationBuffer Engine::allocate_activations(std::size_t bytes) {
+  ActivationBuffer buffer;
+  buffer.buffer_ = std::make_unique<detail::TrackedBuffer>(state_->tracker_,
+                                                           MemoryCategory::kActivations, bytes);
+  return buffer;
+}
+
+MemoryReport Engine::memory_report() const {
+  return state_->tracker_.report(state_->rank_, state_->world_);
+}
+
+std::vector<float> Engine::consolidated_parameters() { return state_->consolidated_parameters(); }
+
+}  // namespace zeroshard

@@ -1,0 +1,172 @@
+// A small multi-module model for the distributed engine tests: gradients are a deterministic
+// function of the (gathered) parameters, the rank and the step, quantised to multiples of 2^-10
+// so that sums over ranks are exact and sharded runs can be compared with one unsharded rank.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zeroshard/zeroshard.h"
+
+namespace zeroshard::testing {
+
+struct ToyTensor {
+  std::string name;
+  std::int64_t numel;
+  bool trainable = true;
+};
+
+/// Registration order = module order; the frozen tensor sits between two trainable modules.
+inline std::vector<ToyTensor> uneven_toy_tensors() {
+  return {{"a.weight", 91}, {"a.bias", 7},  {"frozen.table", 15, false},
+          {"b.weight", 77}, {"b.bias", 11}, {"c.weight", 33},
+          {"c.bias", 3}};
+}
+
+inline float initial_value(int tensor, std::int64_t i) {
+  return static_cast<float>(std::sin(0.37 * (tensor + 1) + 0.011 * static_cast<double>(i))) * 0.5f;
+}
+
+/// Exactly representable: a multiple of 2^-10 with magnitude at most 4.
+inline float quantise(double x) {
+  x = std::fmax(-4.0, std::fmin(4.0, x));
+  return static_cast<float>(std::nearbyint(x * 1024.0) / 1024.0);
+}
+
+/// d loss / d param for one rank at one step: depends on the parameter value so that stage 3's
+/// gathers are exercised, and on the rank so that the reduction matters.
+inline float toy_gradient(float param, int tensor, std::int64_t i, int rank, std::int64_t step) {
+  const double data =
+      std::cos(0.5 * rank + 0.13 * static_cast<double>(step) + 0.07 * tensor + 0.003 * i);
+  return quantise(0.75 * param + data);
+}
+
+/// Registers the tensors with `engine` (every trainable tensor goes to `group` when given for
+/// module "b") and initialises them.
+inline std::vector<Parameter> register_toy(Engine& engine, const std::vector<ToyTensor>& tensors,
+                                           int b_group = 0) {
+  std::vector<Parameter> handles;
+  for (const ToyTensor& t : tensors) {
+    ParamOptions options;
+    options.trainable = t.trainable;
+    if (t.name.rfind("b.", 0) == 0) options.group = b_group;
+    handles.push_back(engine.register_parameter(t.name, {t.numel}, options));
+  }
+  for (std::size_t k = 0; k < tensors.size(); ++k) {
+    std::vector<float> values(tensors[k].numel);
+    for (std::int64_t i = 0; i < tensors[k].numel; ++i) {
+      values[i] = initial_value(static_cast<int>(k), i);
+    }
+    handles[k].copy_from(values);
+  }
+  return handles;
+}
+
+/// One training micro-step the way a model does it: forward gathers every module in order,
+/// backward gathers them again in reverse and hands each gradient over.
+inline void toy_micro_step(Engine& engine, const std::vector<ToyTensor>& tensors,
+                           const std::vector<Parameter>& handles, std::int64_t step) {
+  std::vector<ModuleId> order;
+  for (const Parameter& p : handles) {
+    if (order.empty() || order.back() != p.module()) order.push_back(p.module());
+  }
+  for (ModuleId m : order) {
+    auto guard = engine.gathered(m);
+  }
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    auto guard = engine.gathered(*it);
+    for (std::size_t k = tensors.size(); k-- > 0;) {
+      if (handles[k].module() != *it || !tensors[k].trainable) continue;
+      const float* w = handles[k].data();
+      float* g = handles[k].grad();
+      for (std::int64_t i = 0; i < tensors[k].numel; ++i) {
+        g[i] += toy_gradient(w[i], static_cast<int>(k), i, engine.rank(), step);
+      }
+      engine.grad_ready(handles[k]);
+    }
+  }
+}
+
+/// The unsharded reference: one process, whole tensors, the same rule, the gradient of every
+/// rank summed exactly and multiplied by the same factor the engine uses.
+class ToyReference {
+ public:
+  ToyReference(const std::vector<ToyTensor>& tensors, const UpdateRule& rule, int world_size)
+      : tensors_(tensors), rule_(rule), world_(world_size) {
+    for (std::size_t k = 0; k < tensors.size(); ++k) {
+      std::vector<float> values(tensors[k].numel);
+      for (std::int64_t i = 0; i < tensors[k].numel; ++i) {
+        values[i] = initial_value(static_cast<int>(k), i);
+      }
+      params_.push_back(values);
+      states_.emplace_back(rule.state_count(), std::vector<float>(tensors[k].numel, 0.0f));
+    }
+  }
+
+  /// `lr_of(k)` gives tensor k's learning rate.
+  void step(std::int64_t step, const std::function<double(std::size_t)>& lr_of,
+            double weight_decay) {
+    const float factor = static_cast<float>(1.0 / world_);
+    for (std::size_t k = 0; k < tensors_.size(); ++k) {
+      if (!tensors_[k].trainable) continue;
+      std::vector<float> grad(tensors_[k].numel, 0.0f);
+      for (std::int64_t i = 0; i < tensors_[k].numel; ++i) {
+        for (int r = 0; r < world_; ++r) {
+          grad[i] += toy_gradient(params_[k][i], static_cast<int>(k), i, r, step);
+        }
+        grad[i] *= factor;
+      }
+      std::vector<float*> states;
+      for (auto& s : states_[k]) states.push_back(s.data());
+      ShardSlice slice;
+      slice.param_name = tensors_[k].name;
+      slice.param_numel = tensors_[k].numel;
+      slice.size = tensors_[k].numel;
+      slice.param = params_[k].data();
+      slice.grad = grad.data();
+      slice.states = states;
+      StepContext context;
+      context.step = step + 1;
+      context.lr = lr_of(k);
+      context.weight_decay = weight_decay;
+      rule_.apply(slice, context);
+    }
+  }
+
+  /// Trainable values, whole and in registration order, as Engine::consolidated_parameters().
+  std::vector<float> trainable_values() const {
+    std::vector<float> values;
+    for (std::size_t k = 0; k < tensors_.size(); ++k) {
+      if (tensors_[k].trainable) values.insert(values.end(), params_[k].begin(), params_[k].end());
+    }
+    return values;
+  }
+
+ private:
+  std::vector<ToyTensor> tensors_;
+  const UpdateRule& rule_;
+  int world_;
+  std::vector<std::vector<float>> params_;
+  std::vector<std::vector<std::vector<float>>> states_;
+};
+
+/// A config for `stage` with small buckets so that several buckets and gathers happen.
+inline Config toy_config(int stage) {
+  Config config;
+  config.train_micro_batch_size_per_gpu = 1;
+  config.gradient_clipping = 0.0;
+  config.steps_per_print = 0;
+  config.zero_optimization.stage = stage;
+  config.zero_optimization.reduce_bucket_size = 100;
+  config.zero_optimization.allgather_bucket_size = 64;
+  config.zero_optimization.overlap_comm = true;
+  config.zero_optimization.prefetch_bucket_size = 120;
+  config.zero_optimization.param_persistence_threshold = 10;
+  return config;
+}
+
+}  // namespace zeroshard::testing
