@@ -6,6 +6,7 @@
 #include <cctype>
 #include <string>
 
+#include "shard_layout.h"
 #include "zeroshard/error.h"
 
 namespace zeroshard {
@@ -60,6 +61,10 @@ int optimizer_state_arrays(const std::string& optimizer) {
 
 namespace {
 
+// The engine starts every tensor on a multiple of 16 elements (engine.cpp, kTensorAlignment);
+// the benchmark's test compares the two, so a change there shows up as a failing ratio.
+constexpr std::int64_t kTensorAlignment = 16;
+
 MemoryTier tier_of(OffloadDevice device) {
   switch (device) {
     case OffloadDevice::kNone:
@@ -75,17 +80,24 @@ MemoryTier tier_of(OffloadDevice device) {
 /// The quantities every rule is written in.
 struct Terms {
   const EstimateInput& in;
-  std::int64_t padded;  ///< P after padding
-  std::int64_t shard;   ///< P/N, this rank's share of the padded flat buffer
-  std::int64_t d;       ///< bytes per model-precision element
-  std::int64_t k;       ///< fp32 optimizer state arrays
+  std::int64_t padded;      ///< P after the engine's padding
+  std::int64_t shard;       ///< padded / N
+  std::int64_t largest;     ///< elements of the largest tensor
+  std::int64_t persistent;  ///< stage 3: elements kept whole
+  std::int64_t d;           ///< bytes per model-precision element
+  std::int64_t k;           ///< fp32 optimizer state arrays
   int stage;
   bool optimizer_offloaded;
 
   /// Elements a per-element buffer has at this stage: whole below `sharded_from`, a shard after.
   std::int64_t elements(int sharded_from) const { return stage >= sharded_from ? shard : padded; }
-  std::int64_t largest_tensor() const {
-    return in.largest_tensor > 0 ? in.largest_tensor : std::min(in.params, in.reduce_bucket_size);
+  /// Elements of the flat buffer this rank updates: all of it at stage 0, its shard otherwise.
+  std::int64_t updated() const { return elements(1); }
+  /// A bucket closes before it exceeds reduce_bucket_size, except that one tensor larger than
+  /// that is a bucket of its own, widened by alignment and the final padding.
+  std::int64_t widest_bucket() const {
+    const std::int64_t slack = kTensorAlignment * in.ranks - 1;
+    return std::min(padded, std::max(in.reduce_bucket_size, largest + slack));
   }
 };
 
@@ -99,43 +111,58 @@ MemoryTier on_device(const Terms&) { return MemoryTier::kDevice; }
 MemoryTier on_host(const Terms&) { return MemoryTier::kHost; }
 MemoryTier where_optimizer_lives(const Terms& t) { return tier_of(t.in.offload_optimizer); }
 MemoryTier where_params_live(const Terms& t) { return tier_of(t.in.offload_param); }
+MemoryTier where_update_runs(const Terms& t) {
+  return t.optimizer_offloaded ? MemoryTier::kHost : MemoryTier::kDevice;
+}
 
-// The rows below are the engine's allocations (src/engine*.cpp) and DeepSpeed's offload
-// semantics. Adding a knob means adding a row, never touching the others.
+// One row per buffer the engine allocates (src/engine.cpp finalize(), src/grad_bucketer.cpp),
+// plus DeepSpeed's offload placement. A new knob is a new row; no row looks at another.
 constexpr Rule kRules[] = {
     // Model-precision parameters: whole below stage 3, this rank's shard at stage 3, where
     // offload_param puts them.
     {MemoryCategory::kParameters, [](const Terms& t) { return t.d * t.elements(3); },
      where_params_live},
-    // Stage 3 keeps tensors below the persistence threshold whole on every rank, on the device.
+    // Stage 3 also keeps tensors below the persistence threshold whole on every rank.
     {MemoryCategory::kParameters,
-     [](const Terms& t) { return t.stage == 3 ? t.d * t.in.persistent_params : 0; }, on_device},
-    // Model-precision gradients: whole below stage 2, a shard from stage 2, unless the offloaded
-    // update keeps the reduced shard on the host instead (next row).
-    {MemoryCategory::kGradients,
-     [](const Terms& t) { return t.optimizer_offloaded && t.stage >= 2 ? 0 : t.d * t.elements(2); },
+     [](const Terms& t) { return t.stage == 3 ? t.d * t.persistent : 0; }, on_device},
+    // Frozen parameters: whole on every rank at every stage.
+    {MemoryCategory::kParameters, [](const Terms& t) { return t.d * t.in.frozen_params; },
      on_device},
-    // Offloaded update: it reads an fp32 gradient partition beside the master weights.
+    // Gradients: whole below stage 2 (model precision); from stage 2 a reduced shard, fp32 under
+    // grad_accum_dtype fp32; with an offloaded update that shard lives beside it, in fp32.
+    {MemoryCategory::kGradients,
+     [](const Terms& t) -> std::int64_t {
+       if (t.stage < 2) return t.d * t.padded;
+       if (t.optimizer_offloaded) return 0;
+       return (t.in.fp32_grad_accumulation ? 4 : t.d) * t.shard;
+     },
+     on_device},
     {MemoryCategory::kGradients,
      [](const Terms& t) { return t.optimizer_offloaded ? 4 * t.shard : 0; }, where_optimizer_lives},
-    // fp32 master weights: needed with 16-bit parameters, and as the host copy the offloaded
-    // update runs on; sharded from stage 1.
+    // 16-bit gradients are widened to fp32 one chunk at a time for the update.
+    {MemoryCategory::kGradients,
+     [](const Terms& t) {
+       return t.d == 4 ? 0 : 4 * std::min(t.updated(), kGradientScratchElements);
+     },
+     where_update_runs},
+    // fp32 master weights: needed beside 16-bit parameters, and as the copy an offloaded update
+    // runs on; sharded from stage 1.
     {MemoryCategory::kMasterWeights,
-     [](const Terms& t) { return t.d != 4 || t.optimizer_offloaded ? 4 * t.elements(1) : 0; },
+     [](const Terms& t) { return t.d != 4 || t.optimizer_offloaded ? 4 * t.updated() : 0; },
      where_optimizer_lives},
-    {MemoryCategory::kOptimizerStates, [](const Terms& t) { return 4 * t.k * t.elements(1); },
+    {MemoryCategory::kOptimizerStates, [](const Terms& t) { return 4 * t.k * t.updated(); },
      where_optimizer_lives},
-    // Communication buffers (docs/architecture.md): stage 0 reduces in place; stage 1 receives
-    // reduce-scatter results in at most two buckets; stages 2-3 fill two gradient buckets (one
-    // filling, one in flight), each as large as a bucket or the largest tensor, plus the
-    // receive area for their reduced shards.
+    // Communication slots, at most two (one bucket reducing while the next fills): stage 0
+    // all-reduces the gradients in place; from stage 1 each slot has a receive area for this
+    // rank's share of a bucket, and from stage 2 also the bucket itself, as gradients go
+    // straight into it.
     {MemoryCategory::kCommunication,
      [](const Terms& t) -> std::int64_t {
-       if (t.stage == 0) return 0;
-       const std::int64_t bucket = std::min(t.in.reduce_bucket_size, t.padded);
-       if (t.stage == 1) return t.d * 2 * bucket;
-       const std::int64_t slot = std::max(bucket, t.largest_tensor());
-       return t.d * 2 * (slot + (slot + t.in.ranks - 1) / t.in.ranks);
+       const std::int64_t bucket = t.widest_bucket();
+       const std::int64_t input = t.stage >= 2 ? bucket : 0;
+       const std::int64_t receive =
+           t.stage >= 1 && t.in.reduce_scatter ? std::min(bucket, t.shard) : 0;
+       return 2 * t.d * (input + receive);
      },
      on_device},
     // NVMe optimizer offload: pinned host swap buffers, one sub-group tile of fp32 each.
@@ -156,12 +183,17 @@ constexpr Rule kRules[] = {
 };
 
 void check_input(const EstimateInput& in) {
-  if (in.params < 0) {
-    throw ConfigError("params", "got " + std::to_string(in.params) + ", expected >= 0");
-  }
-  if (in.ranks < 1) {
-    throw ConfigError("ranks", "got " + std::to_string(in.ranks) + ", expected >= 1");
-  }
+  const auto positive = [](const char* key, std::int64_t value, std::int64_t low) {
+    if (value < low) {
+      throw ConfigError(key,
+                        "got " + std::to_string(value) + ", expected >= " + std::to_string(low));
+    }
+  };
+  positive("params", in.params, 0);
+  positive("frozen_params", in.frozen_params, 0);
+  positive("ranks", in.ranks, 1);
+  positive("zero_optimization.reduce_bucket_size", in.reduce_bucket_size, 1);
+  for (std::int64_t numel : in.tensors) positive("tensors", numel, 0);
   if (in.nodes < 1 || in.ranks % in.nodes != 0) {
     throw ConfigError("nodes", "got " + std::to_string(in.nodes) +
                                    ", expected a divisor of the rank count " +
@@ -170,11 +202,6 @@ void check_input(const EstimateInput& in) {
   if (in.stage < 0 || in.stage > 3) {
     throw ConfigError("zero_optimization.stage",
                       "got " + std::to_string(in.stage) + ", expected 0..3");
-  }
-  if (in.padded_params != 0 && in.padded_params < in.params) {
-    throw ConfigError("padded_params", "got " + std::to_string(in.padded_params) +
-                                           ", expected 0 or >= params " +
-                                           std::to_string(in.params));
   }
 }
 
@@ -192,6 +219,18 @@ std::string offload_restriction(const EstimateInput& in) {
   return {};
 }
 
+/// Stage 3's choice of persistent tensors, in registration order, as the engine makes it.
+std::int64_t persistent_elements(const EstimateInput& in) {
+  if (in.tensors.empty()) return in.persistent_params;
+  std::int64_t total = 0;
+  for (std::int64_t numel : in.tensors) {
+    if (numel < in.param_persistence_threshold && total + numel <= in.model_persistence_threshold) {
+      total += numel;
+    }
+  }
+  return total;
+}
+
 }  // namespace
 
 MemoryEstimate estimate(const EstimateInput& input) {
@@ -203,13 +242,21 @@ MemoryEstimate estimate(const EstimateInput& input) {
     result.valid = false;
     return result;
   }
-  const std::int64_t n = input.ranks;
-  const std::int64_t padded =
-      input.padded_params != 0 ? input.padded_params : (input.params + n - 1) / n * n;
+  const std::vector<std::int64_t> one_tensor = {input.params};
+  const std::vector<std::int64_t>& tensors = input.tensors.empty() ? one_tensor : input.tensors;
+  const detail::ShardLayout layout(tensors, input.ranks, kTensorAlignment);
+  std::int64_t largest = 0;
+  if (input.tensors.empty()) {
+    largest = input.largest_tensor;  // 0: none larger than a bucket
+  } else {
+    largest = *std::max_element(tensors.begin(), tensors.end());
+  }
   const Terms terms{
       .in = input,
-      .padded = padded,
-      .shard = (padded + n - 1) / n,
+      .padded = layout.padded_total(),
+      .shard = layout.shard_size(),
+      .largest = largest,
+      .persistent = input.stage == 3 ? persistent_elements(input) : 0,
       .d = static_cast<std::int64_t>(size_of(input.precision)),
       .k = input.optimizer_state_arrays >= 0 ? input.optimizer_state_arrays
                                              : optimizer_state_arrays(input.optimizer),
@@ -220,17 +267,23 @@ MemoryEstimate estimate(const EstimateInput& input) {
     result.bytes[static_cast<int>(rule.tier(terms))][static_cast<int>(rule.category)] +=
         rule.bytes(terms);
   }
+  result.padded_params = terms.padded;
+  result.shard_params = terms.shard;
+  result.traffic_bytes_per_step = (input.stage == 3 ? 3 : 2) * terms.padded * terms.d;
   if (input.stage == 3) {
-    const std::int64_t gathered =
-        input.gathered_params > 0 ? input.gathered_params : terms.largest_tensor();
+    const std::int64_t gathered = std::min(terms.padded, input.max_live_parameters);
     result.transient_device_bytes = terms.d * gathered;
-    result.notes.push_back("gathers a module of " + std::to_string(gathered) +
-                           " elements at a time (transient, in the device peak)");
+    result.notes.push_back("gathered modules: at most stage3_max_live_parameters = " +
+                           std::to_string(input.max_live_parameters) +
+                           " elements at once, in the peak only");
   }
-  if (input.offload_optimizer != OffloadDevice::kNone ||
-      input.offload_param != OffloadDevice::kNone) {
+  if (input.tensors.empty() && input.largest_tensor == 0) {
     result.notes.push_back(
-        "offload follows DeepSpeed's semantics; the engine does not implement it yet");
+        "no tensor is assumed larger than a bucket (give the largest with --largest-tensor)");
+  }
+  if (terms.optimizer_offloaded || input.offload_param != OffloadDevice::kNone) {
+    result.notes.push_back(
+        "offload follows DeepSpeed's placement; the engine does not implement it yet");
   }
   return result;
 }
@@ -244,23 +297,25 @@ EstimateInput estimate_input_from_config(const Config& config, std::int64_t para
   in.precision = config.fp16.enabled   ? DType::kFloat16
                  : config.bf16.enabled ? DType::kBFloat16
                                        : DType::kFloat32;
+  in.fp32_grad_accumulation = config.grad_accum_dtype == "fp32";
   if (!config.optimizer.type.empty()) {
     in.optimizer = config.optimizer.type;
     const auto& p = config.optimizer.params;
-    const auto amsgrad = p.find("amsgrad");
-    const auto momentum = p.find("momentum");
+    const auto flag = [&p](const char* key) {
+      const auto it = p.find(key);
+      return it != p.end() && it->second != 0.0;
+    };
     in.optimizer_state_arrays = optimizer_state_arrays(in.optimizer);
-    if (amsgrad != p.end() && amsgrad->second != 0.0 && in.optimizer_state_arrays == 2) {
-      in.optimizer_state_arrays = 3;
-    }
-    if (momentum != p.end() && momentum->second != 0.0 && in.optimizer_state_arrays == 0) {
-      in.optimizer_state_arrays = 1;
-    }
+    if (in.optimizer_state_arrays == 2 && flag("amsgrad")) in.optimizer_state_arrays = 3;
+    if (in.optimizer_state_arrays == 0 && flag("momentum")) in.optimizer_state_arrays = 1;
   }
   in.offload_optimizer = zero.offload_optimizer.device;
   in.offload_param = zero.offload_param.device;
   in.reduce_bucket_size = zero.reduce_bucket_size;
-  in.allgather_bucket_size = zero.allgather_bucket_size;
+  in.reduce_scatter = zero.reduce_scatter;
+  in.param_persistence_threshold = zero.param_persistence_threshold;
+  in.model_persistence_threshold = zero.model_persistence_threshold;
+  in.max_live_parameters = zero.max_live_parameters;
   in.optimizer_buffer_count = zero.offload_optimizer.buffer_count;
   in.sub_group_size = zero.sub_group_size;
   in.param_buffer_count = zero.offload_param.buffer_count;
@@ -278,14 +333,14 @@ MemoryEstimate estimate_from_config(const Config& config, std::int64_t params, i
 
 std::int64_t largest_model(std::int64_t device_bytes_per_rank, const EstimateInput& base) {
   EstimateInput in = base;
-  in.padded_params = 0;
+  in.tensors.clear();
   const auto fits = [&](std::int64_t params) {
     in.params = params;
     const MemoryEstimate e = estimate(in);
     return e.valid && e.device_peak() <= device_bytes_per_rank;
   };
   if (!fits(0)) return 0;
-  // Device bytes grow monotonically with P, so bracket the answer by doubling, then bisect.
+  // Device bytes never shrink as P grows, so bracket the answer by doubling, then bisect.
   std::int64_t low = 0;
   std::int64_t high = 1;
   while (fits(high)) {

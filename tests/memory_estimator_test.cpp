@@ -34,21 +34,30 @@ TEST(MemoryEstimator, ReproducesZeroPaperFigureOne) {
   }
 }
 
+// 16 x 840 x 100 elements: the engine's alignment (16 elements per rank) divides it for every N
+// in 1..8, so there is no padding and P/N is exact.
+constexpr std::int64_t kUnpaddedP = 16 * 840 * 100;
+
 TEST(MemoryEstimator, MixedPrecisionAdamFollowsThePaperFormulas) {
+  // The one addition to the paper: the engine widens 16-bit gradients in a 64Ki-element fp32
+  // scratch, charged to gradients.
+  const std::int64_t scratch = 4 * kGradientScratchElements;
+  const std::int64_t p = kUnpaddedP;
   for (DType precision : {DType::kFloat16, DType::kBFloat16}) {
     for (int n = 1; n <= 8; ++n) {
-      const std::int64_t p = 840 * 1000;  // divisible by 1..8, so P/N is exact
-      EXPECT_EQ(estimate(input(p, n, 0, precision)).model_state_bytes(), 16 * p);
-      EXPECT_EQ(estimate(input(p, n, 1, precision)).model_state_bytes(), 4 * p + 12 * p / n);
-      EXPECT_EQ(estimate(input(p, n, 2, precision)).model_state_bytes(), 2 * p + 14 * p / n);
-      EXPECT_EQ(estimate(input(p, n, 3, precision)).model_state_bytes(), 16 * p / n);
+      EXPECT_EQ(estimate(input(p, n, 0, precision)).model_state_bytes(), 16 * p + scratch);
+      EXPECT_EQ(estimate(input(p, n, 1, precision)).model_state_bytes(),
+                4 * p + 12 * p / n + scratch);
+      EXPECT_EQ(estimate(input(p, n, 2, precision)).model_state_bytes(),
+                2 * p + 14 * p / n + scratch);
+      EXPECT_EQ(estimate(input(p, n, 3, precision)).model_state_bytes(), 16 * p / n + scratch);
     }
   }
 }
 
 TEST(MemoryEstimator, Fp32AdamFollowsTheFormulas) {
+  const std::int64_t p = kUnpaddedP;
   for (int n = 1; n <= 8; ++n) {
-    const std::int64_t p = 840 * 1000;
     EXPECT_EQ(estimate(input(p, n, 0, DType::kFloat32)).model_state_bytes(), 16 * p);
     EXPECT_EQ(estimate(input(p, n, 1, DType::kFloat32)).model_state_bytes(), 8 * p + 8 * p / n);
     EXPECT_EQ(estimate(input(p, n, 2, DType::kFloat32)).model_state_bytes(), 4 * p + 12 * p / n);
@@ -58,7 +67,7 @@ TEST(MemoryEstimator, Fp32AdamFollowsTheFormulas) {
 }
 
 TEST(MemoryEstimator, OptimizerSetsTheStateArrays) {
-  const std::int64_t p = 1000;
+  const std::int64_t p = 1024;
   EXPECT_EQ(estimate(input(p, 1, 0, DType::kFloat32, "sgd")).model_state_bytes(), 8 * p);
   EXPECT_EQ(estimate(input(p, 1, 0, DType::kFloat32, "Lion")).model_state_bytes(), 12 * p);
   EXPECT_EQ(estimate(input(p, 1, 0, DType::kFloat32, "adagrad")).model_state_bytes(), 12 * p);
@@ -67,13 +76,51 @@ TEST(MemoryEstimator, OptimizerSetsTheStateArrays) {
   EXPECT_EQ(estimate(amsgrad).model_state_bytes(), 20 * p);
 }
 
-TEST(MemoryEstimator, PadsToAMultipleOfTheRanks) {
-  // 10 elements on 4 ranks: the flat buffer is padded to 12 and each shard holds 3.
+TEST(MemoryEstimator, FollowsTheEnginesAlignedLayout) {
+  // 10 elements on 4 ranks: padded to 16 x 4 = 64 so that every shard (16) stays aligned.
   const MemoryEstimate e = estimate(input(10, 4, 3, DType::kFloat32));
-  EXPECT_EQ(e.model_state_bytes(), 16 * 3);
-  EstimateInput padded = input(10, 4, 3, DType::kFloat32);
-  padded.padded_params = 64;
-  EXPECT_EQ(estimate(padded).model_state_bytes(), 16 * 16);
+  EXPECT_EQ(e.padded_params, 64);
+  EXPECT_EQ(e.shard_params, 16);
+  EXPECT_EQ(e.model_state_bytes(), 16 * 16);
+  // Tensors of 20, 5 and 40 start at 0, 32 and 48: 88 elements, padded to 96 on 2 ranks.
+  EstimateInput tensors = input(0, 2, 0, DType::kFloat32);
+  tensors.tensors = {20, 5, 40};
+  EXPECT_EQ(estimate(tensors).padded_params, 96);
+  EXPECT_EQ(estimate(tensors).model_state_bytes(), 16 * 96);
+}
+
+TEST(MemoryEstimator, StageThreeKeepsSmallTensorsWhole) {
+  EstimateInput in = input(0, 4, 3, DType::kFloat32);
+  in.tensors = {4096, 64, 4096, 64};
+  in.param_persistence_threshold = 100;
+  const MemoryEstimate e = estimate(in);
+  EXPECT_EQ(e.at(MemoryCategory::kParameters), 4 * (e.shard_params + 128));
+  in.model_persistence_threshold = 64;  // room for the first small tensor only
+  EXPECT_EQ(estimate(in).at(MemoryCategory::kParameters), 4 * (e.shard_params + 64));
+}
+
+TEST(MemoryEstimator, BoundsTheBucketSlots) {
+  EstimateInput in = input(1'048'576, 4, 2, DType::kFloat16);
+  in.reduce_bucket_size = 100'000;
+  // Two slots, each a bucket of 100000 elements plus the receive area for this rank's share.
+  EXPECT_EQ(estimate(in).at(MemoryCategory::kCommunication), 2 * 2 * (100'000 + 100'000));
+  in.stage = 1;
+  EXPECT_EQ(estimate(in).at(MemoryCategory::kCommunication), 2 * 2 * 100'000);
+  in.reduce_scatter = false;
+  EXPECT_EQ(estimate(in).at(MemoryCategory::kCommunication), 0);
+  // A tensor larger than the bucket is a bucket of its own.
+  in.stage = 3;
+  in.reduce_scatter = true;
+  in.largest_tensor = 500'000;
+  // The receive area never exceeds this rank's shard (1048576 / 4).
+  EXPECT_EQ(estimate(in).at(MemoryCategory::kCommunication), 2 * 2 * (500'000 + 63 + 262'144));
+}
+
+TEST(MemoryEstimator, SendsTwoPPerStepAndThreePAtStageThree) {
+  for (int stage = 0; stage <= 3; ++stage) {
+    const MemoryEstimate e = estimate(input(kUnpaddedP, 4, stage, DType::kBFloat16));
+    EXPECT_EQ(e.traffic_bytes_per_step, (stage == 3 ? 3 : 2) * kUnpaddedP * 2);
+  }
 }
 
 TEST(MemoryEstimator, CountsBucketsFromStageOne) {
@@ -97,7 +144,9 @@ TEST(MemoryEstimator, OffloadMovesMasterWeightsStatesAndGradientShardToTheHost) 
   EXPECT_EQ(e.model_state_bytes(MemoryTier::kDevice), 2 * p);
   EXPECT_EQ(e.at(MemoryCategory::kMasterWeights, MemoryTier::kHost), 4 * p / 4);
   EXPECT_EQ(e.at(MemoryCategory::kOptimizerStates, MemoryTier::kHost), 8 * p / 4);
-  EXPECT_EQ(e.at(MemoryCategory::kGradients, MemoryTier::kHost), 4 * p / 4);
+  // The fp32 gradient shard, and the scratch the update widens 16-bit gradients in.
+  EXPECT_EQ(e.at(MemoryCategory::kGradients, MemoryTier::kHost),
+            4 * p / 4 + 4 * kGradientScratchElements);
   EXPECT_EQ(e.total(MemoryTier::kNvme), 0);
 }
 
@@ -161,14 +210,17 @@ TEST(MemoryEstimator, LargestModelRoundTrips) {
 
 TEST(MemoryEstimator, LargestModelOfThePaperExampleIsAboutSevenPointFiveBillion) {
   // 1.9 GB per rank at stage 3 on 64 ranks holds 16P/N for P a little over 7.5B, less the small
-  // buckets and the gathered tensor.
+  // buckets and the gathered parameters (bounded by stage3_max_live_parameters).
   EstimateInput in = input(0, 64, 3, DType::kFloat16);
   in.reduce_bucket_size = 1'000'000;
   in.largest_tensor = 1'000'000;
+  in.max_live_parameters = 1'000'000;
   const std::int64_t p = largest_model(1'900'000'000, in);
   EXPECT_GT(p, 7'500'000'000);
   EXPECT_LT(p, 7'600'000'000);
-  EXPECT_EQ(largest_model(1000, 1, 0, DType::kFloat16, "adam"), 62);
+  // 48 elements: 16 x 48 bytes of model states and 4 x 48 of scratch, 960 bytes; the next
+  // aligned size, 64, needs 1280.
+  EXPECT_EQ(largest_model(1000, 1, 0, DType::kFloat16, "adam"), 48);
   EXPECT_EQ(largest_model(10, 1, 0, DType::kFloat16, "adam"), 0);
 }
 
@@ -179,13 +231,17 @@ TEST(MemoryEstimator, ReadsAConfig) {
   config.optimizer.type = "SGD";
   config.optimizer.params["momentum"] = 0.9;
   config.zero_optimization.reduce_bucket_size = 1000;
-  const EstimateInput in = estimate_input_from_config(config, 4000, 4);
+  config.grad_accum_dtype = "fp32";
+  const EstimateInput in = estimate_input_from_config(config, 4096, 4);
   EXPECT_EQ(in.stage, 2);
   EXPECT_EQ(in.precision, DType::kBFloat16);
   EXPECT_EQ(in.optimizer_state_arrays, 1);
   EXPECT_EQ(in.reduce_bucket_size, 1000);
-  EXPECT_EQ(estimate_from_config(config, 4000, 4).model_state_bytes(),
-            2 * 4000 + (2 + 4 + 4) * 1000);
+  EXPECT_TRUE(in.fp32_grad_accumulation);
+  // bf16 parameters whole; per element of the 1024-element shard: fp32 gradient, fp32 scratch,
+  // fp32 master weight and one fp32 momentum.
+  EXPECT_EQ(estimate_from_config(config, 4096, 4).model_state_bytes(),
+            2 * 4096 + (4 + 4 + 4 + 4) * 1024);
 }
 
 }  // namespace
