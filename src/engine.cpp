@@ -33,7 +33,11 @@ EngineState::EngineState(Config config, std::unique_ptr<Communicator> communicat
   rank_ = comm_->rank();
   world_ = comm_->size();
   stage_ = config_.zero_optimization.stage;
-  if (config_.fp16.enabled) dtype_ = DType::kFloat16;
+  if (config_.fp16.enabled) {
+    dtype_ = DType::kFloat16;
+    scaler_.emplace(config_.fp16);
+    loss_scale_ = scaler_->scale();
+  }
   if (config_.bf16.enabled) dtype_ = DType::kBFloat16;
   dsize_ = size_of(dtype_);
   ParamGroupOptions default_group;

@@ -7,9 +7,11 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "loss_scaler.h"
 #include "memory_tracker.h"
 #include "shard_layout.h"
 #include "zeroshard/communicator.h"
@@ -108,9 +110,10 @@ class EngineState {
   void zero_grad();
   void all_gather_parameters();
   void print_progress(const StepResult& result);
-  // --- loss scaling (engine.cpp): fp16 overflow and clean-step bookkeeping ---
+  // fp16 loss scaling: the scaler hears of every boundary step, skipped or not.
   void on_overflow();
   void on_clean_step();
+  std::optional<LossScaler> scaler_;
 
   // Configuration and collaborators.
   Config config_;

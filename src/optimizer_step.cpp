@@ -235,6 +235,23 @@ void EngineState::all_gather_parameters() {
   for (Request& r : requests) r.wait();
 }
 
+void EngineState::on_overflow() {
+  scaler_->update(true);
+  loss_scale_ = scaler_->scale();
+  if (rank_ == 0) {
+    std::printf("[zeroshard] OVERFLOW at step %lld: update skipped on every rank, loss scale now "
+                "%g\n",
+                static_cast<long long>(global_step_ + 1), loss_scale_);
+    std::fflush(stdout);
+  }
+}
+
+void EngineState::on_clean_step() {
+  if (!scaler_) return;
+  scaler_->update(false);
+  loss_scale_ = scaler_->scale();
+}
+
 void EngineState::zero_grad() {
   require_finalized();
   if (!grads_full_.empty()) std::memset(grads_full_.data(), 0, grads_full_.bytes());

@@ -20,8 +20,9 @@ const char* to_string(Collective collective) noexcept;
 /// Elements and bytes this rank has sent, per collective, under the convention stated in
 /// docs/architecture.md: an all-reduce of n elements counts 2n (its reduce-scatter and
 /// all-gather halves), a reduce-scatter of n input elements counts n, an all-gather producing n
-/// output elements counts n, a broadcast of n counts n. Ring factors (N-1)/N are not applied, so
-/// the counts do not depend on the algorithm the transport picks.
+/// output elements counts n, a broadcast of n counts n, a barrier counts a call and no elements.
+/// Ring factors (N-1)/N are not applied, so the counts do not depend on the algorithm the
+/// transport picks.
 struct TrafficCounters {
   std::int64_t elements[kCollectiveCount] = {};
   std::int64_t bytes[kCollectiveCount] = {};
@@ -31,8 +32,14 @@ struct TrafficCounters {
   std::int64_t total_bytes() const noexcept;
 };
 
-/// Completion of an asynchronous collective. Move-only; destroying a pending request waits for
-/// it, so a buffer never outlives the transfer that reads or writes it.
+/// Completion of an asynchronous collective. Move-only; destroying a pending request, or assigning
+/// over it, waits for it, so a buffer never outlives the transfer that reads or writes it. Errors
+/// met by that implicit wait are written to stderr, since a destructor cannot throw.
+///
+/// When wait() or test() throws (a timeout, a transport error) the request stays pending: wait()
+/// may be called again to keep waiting for a slow peer. Destroying a failed request abandons the
+/// transfer instead of waiting again, so an error never turns into a hang; the transport may then
+/// still touch the buffers, so treat the communicator as broken and end the job.
 class Request {
  public:
   class Impl {
@@ -54,12 +61,14 @@ class Request {
 
   /// Blocks until the collective has finished. A no-op on an empty or completed request.
   void wait();
-  /// Non-blocking completion check.
+  /// Non-blocking completion check; true for an empty or completed request.
   bool test();
   bool pending() const noexcept { return impl_ != nullptr; }
 
  private:
   std::unique_ptr<Impl> impl_;
+  // Set when wait() or test() threw: destruction then abandons the transfer instead of waiting.
+  bool failed_ = false;
 };
 
 /// Reduction applied by all_reduce and reduce_scatter.

@@ -1,0 +1,26 @@
+// Argument checks shared by every communicator backend, so each collective rejects the same
+// misuse with the same message whatever the transport.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "zeroshard/communicator.h"
+
+namespace zeroshard::detail {
+
+/// Checks a count of elements is not negative and a buffer is given when it is positive.
+void check_buffer(Collective collective, const void* data, std::int64_t count);
+
+/// Checks `counts` has one non-negative entry per rank; returns their sum.
+std::int64_t checked_total(Collective collective, std::span<const std::int64_t> counts,
+                           int world_size);
+
+/// Checks a broadcast root names a rank of the world.
+void check_root(int root, int world_size);
+
+/// Checks the `input` and `output` byte ranges of a reduce-scatter do not overlap.
+void check_no_overlap(const void* input, std::int64_t input_bytes, const void* output,
+                      std::int64_t output_bytes);
+
+}  // namespace zeroshard::detail

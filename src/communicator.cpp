@@ -1,0 +1,125 @@
+// The transport-independent half of the communicator: requests, traffic counters, collective
+// names, and the choice of backend from the launcher's environment.
+#include "zeroshard/communicator.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <utility>
+
+#include "check.h"
+#include "mpi_communicator.h"
+#include "self_communicator.h"
+
+namespace zeroshard {
+namespace {
+
+// The implicit wait of a destructor or a move assignment: it cannot throw, so errors go to
+// stderr. A request that already failed is not waited on again (the Impl's destructor abandons
+// it), so an error never becomes a hang.
+void finish_quietly(std::unique_ptr<Request::Impl> impl, bool failed) noexcept {
+  if (!impl || failed) return;
+  try {
+    impl->wait();
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "zeroshard [rank %d]: error while waiting for a dropped request: %s\n",
+                 detail::rank_for_messages(), error.what());
+  }
+}
+
+bool launched_by_mpi_launcher() {
+  const auto is_set = [](const char* name) { return std::getenv(name) != nullptr; };
+  return is_set("OMPI_COMM_WORLD_SIZE") || is_set("PMI_SIZE") || is_set("PMIX_RANK") ||
+         (is_set("SLURM_NTASKS") && is_set("SLURM_PROCID"));
+}
+
+}  // namespace
+
+const char* to_string(Collective collective) noexcept {
+  switch (collective) {
+    case Collective::kAllReduce:
+      return "all-reduce";
+    case Collective::kReduceScatter:
+      return "reduce-scatter";
+    case Collective::kAllGather:
+      return "all-gather";
+    case Collective::kBroadcast:
+      return "broadcast";
+    case Collective::kBarrier:
+      return "barrier";
+  }
+  return "unknown collective";
+}
+
+std::int64_t TrafficCounters::total_elements() const noexcept {
+  std::int64_t total = 0;
+  for (std::int64_t value : elements) total += value;
+  return total;
+}
+
+std::int64_t TrafficCounters::total_bytes() const noexcept {
+  std::int64_t total = 0;
+  for (std::int64_t value : bytes) total += value;
+  return total;
+}
+
+Request& Request::operator=(Request&& other) noexcept {
+  if (this != &other) {
+    finish_quietly(std::move(impl_), failed_);
+    impl_ = std::move(other.impl_);
+    failed_ = std::exchange(other.failed_, false);
+  }
+  return *this;
+}
+
+Request::~Request() { finish_quietly(std::move(impl_), failed_); }
+
+void Request::wait() {
+  if (!impl_) return;
+  try {
+    impl_->wait();
+  } catch (...) {
+    failed_ = true;
+    throw;
+  }
+  impl_.reset();
+  failed_ = false;
+}
+
+bool Request::test() {
+  if (!impl_) return true;
+  bool done = false;
+  try {
+    done = impl_->test();
+  } catch (...) {
+    failed_ = true;
+    throw;
+  }
+  if (done) {
+    impl_.reset();
+    failed_ = false;
+  }
+  return done;
+}
+
+void Communicator::count_traffic(Collective collective, std::int64_t elements,
+                                 DType dtype) noexcept {
+  const auto index = static_cast<std::size_t>(collective);
+  traffic_.elements[index] += elements;
+  traffic_.bytes[index] += elements * static_cast<std::int64_t>(size_of(dtype));
+  traffic_.calls[index] += 1;
+}
+
+std::unique_ptr<Communicator> Communicator::from_environment() {
+  std::unique_ptr<Communicator> communicator;
+  if (launched_by_mpi_launcher()) {
+    communicator =
+        detail::make_mpi_communicator({.timeout = detail::collective_timeout_from_environment()});
+  } else {
+    communicator = detail::make_self_communicator();
+  }
+  detail::set_rank_for_messages(communicator->rank());
+  return communicator;
+}
+
+}  // namespace zeroshard

@@ -1,0 +1,34 @@
+// The MPI backend of Communicator: non-blocking MPI collectives on a duplicate of
+// MPI_COMM_WORLD, waited on with a deadline so that a dead peer becomes an error, not a hang.
+#pragma once
+
+#include <chrono>
+#include <climits>
+#include <cstdint>
+#include <memory>
+
+#include "zeroshard/communicator.h"
+
+namespace zeroshard::detail {
+
+/// How long a collective may take when ZEROSHARD_COLLECTIVE_TIMEOUT_S is not set.
+inline constexpr std::chrono::seconds kDefaultCollectiveTimeout{600};
+
+struct MpiCommunicatorOptions {
+  /// How long Request::wait(), barrier() and the communicator's creation wait for the other ranks
+  /// before throwing TimeoutError. Counted from the start of the wait, not of the collective.
+  std::chrono::duration<double> timeout = kDefaultCollectiveTimeout;
+  /// The most elements handed to one MPI call: MPI counts and displacements are int, so larger
+  /// collectives are split into several calls. Tests lower it to exercise the split.
+  std::int64_t max_elements_per_call = INT_MAX;
+};
+
+/// ZEROSHARD_COLLECTIVE_TIMEOUT_S (seconds, fractions allowed), or kDefaultCollectiveTimeout when
+/// it is unset; throws ConfigError when it is not a positive number.
+std::chrono::duration<double> collective_timeout_from_environment();
+
+/// A communicator over a new duplicate of MPI_COMM_WORLD, initialising MPI on first use. It is a
+/// collective call: every rank of the world must make it.
+std::unique_ptr<Communicator> make_mpi_communicator(const MpiCommunicatorOptions& options);
+
+}  // namespace zeroshard::detail

@@ -1,0 +1,225 @@
+// The communicator without a launcher (a world of one, no MPI), request semantics with a fake
+// transport, traffic counters, names, and the collective timeout setting.
+#include "zeroshard/communicator.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <memory>
+#include <vector>
+
+#include "mpi_communicator.h"
+#include "zeroshard/error.h"
+
+namespace zeroshard {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::unique_ptr<Communicator> communicator_without_launcher() {
+  for (const char* name :
+       {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "SLURM_NTASKS", "SLURM_PROCID"}) {
+    unsetenv(name);
+  }
+  return Communicator::from_environment();
+}
+
+std::size_t at(Collective collective) { return static_cast<std::size_t>(collective); }
+
+TEST(SelfCommunicator, IsAWorldOfOneWithoutALauncher) {
+  const auto comm = communicator_without_launcher();
+  EXPECT_EQ(comm->backend(), "self");
+  EXPECT_EQ(comm->rank(), 0);
+  EXPECT_EQ(comm->size(), 1);
+}
+
+TEST(SelfCommunicator, AllReduceIsTheIdentityAndCountsTwiceItsElements) {
+  const auto comm = communicator_without_launcher();
+  std::vector<float> data = {1.5f, -2.0f, 3.25f};
+  comm->all_reduce(data.data(), 3, DType::kFloat32, ReduceOp::kSum);
+  comm->all_reduce(data.data(), 3, DType::kFloat32, ReduceOp::kMax);
+  EXPECT_EQ(data, (std::vector<float>{1.5f, -2.0f, 3.25f}));
+  EXPECT_EQ(comm->traffic().elements[at(Collective::kAllReduce)], 12);
+  EXPECT_EQ(comm->traffic().bytes[at(Collective::kAllReduce)], 48);
+  EXPECT_EQ(comm->traffic().calls[at(Collective::kAllReduce)], 2);
+}
+
+TEST(SelfCommunicator, AllGatherLeavesDataAsItIsAndCountsIt) {
+  const auto comm = communicator_without_launcher();
+  std::vector<std::uint16_t> data = {1, 2, 3, 4};
+  const std::vector<std::int64_t> counts = {4};
+  Request request = comm->all_gather_async(data.data(), counts, DType::kBFloat16);
+  EXPECT_FALSE(request.pending());
+  request.wait();
+  EXPECT_EQ(data, (std::vector<std::uint16_t>{1, 2, 3, 4}));
+  EXPECT_EQ(comm->traffic().elements[at(Collective::kAllGather)], 4);
+  EXPECT_EQ(comm->traffic().bytes[at(Collective::kAllGather)], 8);
+}
+
+TEST(SelfCommunicator, ReduceScatterCopiesTheWholeInputToTheOutput) {
+  const auto comm = communicator_without_launcher();
+  const std::vector<float> input = {1, 2, 3};
+  std::vector<float> output(3);
+  const std::vector<std::int64_t> counts = {3};
+  comm->reduce_scatter(input.data(), output.data(), counts, DType::kFloat32);
+  EXPECT_EQ(output, input);
+  EXPECT_EQ(comm->traffic().elements[at(Collective::kReduceScatter)], 3);
+}
+
+TEST(SelfCommunicator, BroadcastAndBarrierAreCounted) {
+  const auto comm = communicator_without_launcher();
+  std::vector<float> data(5, 1.0f);
+  comm->broadcast(data.data(), 5, DType::kFloat32, 0);
+  comm->barrier();
+  EXPECT_EQ(comm->traffic().elements[at(Collective::kBroadcast)], 5);
+  EXPECT_EQ(comm->traffic().calls[at(Collective::kBarrier)], 1);
+  EXPECT_EQ(comm->traffic().total_elements(), 5);
+  EXPECT_EQ(comm->traffic().total_bytes(), 20);
+  comm->reset_traffic();
+  EXPECT_EQ(comm->traffic().total_bytes(), 0);
+}
+
+TEST(SelfCommunicator, RejectsArgumentsThatDoNotFitAWorldOfOne) {
+  const auto comm = communicator_without_launcher();
+  std::vector<float> data(4);
+  const std::vector<std::int64_t> two_counts = {2, 2};
+  EXPECT_THROW(comm->all_gather(data.data(), two_counts, DType::kFloat32), UsageError);
+  EXPECT_THROW(comm->broadcast(data.data(), 4, DType::kFloat32, 1), UsageError);
+  EXPECT_THROW(comm->all_reduce(nullptr, 4, DType::kFloat32), UsageError);
+  EXPECT_THROW(comm->all_reduce(data.data(), -1, DType::kFloat32), UsageError);
+  const std::vector<std::int64_t> counts = {4};
+  EXPECT_THROW(comm->reduce_scatter(data.data(), data.data() + 2, counts, DType::kFloat32),
+               UsageError);
+  EXPECT_EQ(comm->traffic().total_elements(), 0);
+}
+
+// Records how a Request drives its transport.
+struct FakeTransport {
+  int waits = 0;
+  int tests = 0;
+  bool done = false;
+  bool fail = false;
+  bool destroyed = false;
+};
+
+class FakeImpl final : public Request::Impl {
+ public:
+  explicit FakeImpl(FakeTransport& transport) : transport_(transport) {}
+  ~FakeImpl() override { transport_.destroyed = true; }
+  void wait() override {
+    ++transport_.waits;
+    if (transport_.fail) throw TimeoutError("fake timeout");
+    transport_.done = true;
+  }
+  bool test() override {
+    ++transport_.tests;
+    return transport_.done;
+  }
+
+ private:
+  FakeTransport& transport_;
+};
+
+Request fake_request(FakeTransport& transport) {
+  return Request(std::make_unique<FakeImpl>(transport));
+}
+
+TEST(Request, EmptyRequestIsComplete) {
+  Request request;
+  EXPECT_FALSE(request.pending());
+  EXPECT_TRUE(request.test());
+  request.wait();
+}
+
+TEST(Request, DestroyingAPendingRequestWaitsForIt) {
+  FakeTransport transport;
+  { Request request = fake_request(transport); }
+  EXPECT_EQ(transport.waits, 1);
+  EXPECT_TRUE(transport.destroyed);
+}
+
+TEST(Request, MoveAssignmentWaitsForTheRequestItReplaces) {
+  FakeTransport old_transport;
+  FakeTransport new_transport;
+  Request request = fake_request(old_transport);
+  request = fake_request(new_transport);
+  EXPECT_EQ(old_transport.waits, 1);
+  EXPECT_TRUE(old_transport.destroyed);
+  EXPECT_EQ(new_transport.waits, 0);
+  EXPECT_TRUE(request.pending());
+}
+
+TEST(Request, TestCompletesTheRequestOnceTheTransportIsDone) {
+  FakeTransport transport;
+  Request request = fake_request(transport);
+  EXPECT_FALSE(request.test());
+  EXPECT_TRUE(request.pending());
+  transport.done = true;
+  EXPECT_TRUE(request.test());
+  EXPECT_FALSE(request.pending());
+  EXPECT_TRUE(transport.destroyed);
+}
+
+TEST(Request, FailedWaitLeavesItPendingForARetry) {
+  FakeTransport transport;
+  transport.fail = true;
+  Request request = fake_request(transport);
+  EXPECT_THROW(request.wait(), TimeoutError);
+  EXPECT_TRUE(request.pending());
+  transport.fail = false;
+  request.wait();
+  EXPECT_FALSE(request.pending());
+  EXPECT_EQ(transport.waits, 2);
+}
+
+TEST(Request, DestroyingAFailedRequestDoesNotWaitAgain) {
+  FakeTransport transport;
+  transport.fail = true;
+  {
+    Request request = fake_request(transport);
+    EXPECT_THROW(request.wait(), TimeoutError);
+  }
+  EXPECT_EQ(transport.waits, 1);
+  EXPECT_TRUE(transport.destroyed);
+}
+
+TEST(Request, ErrorInTheImplicitWaitIsSwallowed) {
+  FakeTransport transport;
+  transport.fail = true;
+  { Request request = fake_request(transport); }
+  EXPECT_EQ(transport.waits, 1);
+  EXPECT_TRUE(transport.destroyed);
+}
+
+TEST(Names, DTypesAndCollectives) {
+  EXPECT_STREQ(to_string(DType::kFloat32), "fp32");
+  EXPECT_STREQ(to_string(DType::kFloat16), "fp16");
+  EXPECT_STREQ(to_string(DType::kBFloat16), "bf16");
+  EXPECT_STREQ(to_string(Collective::kAllReduce), "all-reduce");
+  EXPECT_STREQ(to_string(Collective::kReduceScatter), "reduce-scatter");
+  EXPECT_STREQ(to_string(Collective::kAllGather), "all-gather");
+  EXPECT_STREQ(to_string(Collective::kBroadcast), "broadcast");
+  EXPECT_STREQ(to_string(Collective::kBarrier), "barrier");
+}
+
+TEST(CollectiveTimeout, ComesFromTheEnvironmentWithA600SecondDefault) {
+  unsetenv("ZEROSHARD_COLLECTIVE_TIMEOUT_S");
+  EXPECT_EQ(detail::collective_timeout_from_environment().count(), 600.0);
+  setenv("ZEROSHARD_COLLECTIVE_TIMEOUT_S", "2.5", 1);
+  EXPECT_EQ(detail::collective_timeout_from_environment().count(), 2.5);
+  for (const char* bad : {"", "abc", "0", "-3", "10s"}) {
+    setenv("ZEROSHARD_COLLECTIVE_TIMEOUT_S", bad, 1);
+    try {
+      detail::collective_timeout_from_environment();
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const ConfigError& error) {
+      EXPECT_EQ(error.key_path(), "ZEROSHARD_COLLECTIVE_TIMEOUT_S");
+      EXPECT_THAT(error.what(), HasSubstr("expected a positive number of seconds"));
+    }
+  }
+  unsetenv("ZEROSHARD_COLLECTIVE_TIMEOUT_S");
+}
+
+}  // namespace
+}  // namespace zeroshard

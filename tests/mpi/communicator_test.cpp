@@ -1,0 +1,309 @@
+// The MPI communicator under 1..4 ranks: results of every collective (fp32, fp16, bf16, uneven and
+// empty slices, collectives split into several MPI calls), traffic counts, requests, timeouts.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "half_conversion.h"
+#include "mpi_communicator.h"
+#include "zeroshard/communicator.h"
+#include "zeroshard/error.h"
+
+namespace zeroshard {
+namespace {
+
+using ::testing::HasSubstr;
+
+int launcher_world_size() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}) {
+    if (const char* value = std::getenv(name)) return std::atoi(value);
+  }
+  return -1;
+}
+
+std::vector<std::int64_t> offsets_of(const std::vector<std::int64_t>& counts) {
+  std::vector<std::int64_t> offsets(counts.size());
+  std::exclusive_scan(counts.begin(), counts.end(), offsets.begin(), std::int64_t{0});
+  return offsets;
+}
+
+// Uneven slices where every odd rank owns nothing, so empty slices are always exercised at np>=2.
+std::vector<std::int64_t> uneven_counts(int size) {
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) counts[static_cast<std::size_t>(r)] = r % 2 == 1 ? 0 : 2 * r + 5;
+  return counts;
+}
+
+// Every collective test runs twice: with MPI's own int limit (one MPI call per collective) and
+// with a limit of 3 elements per call, which forces the split path used beyond INT_MAX.
+class MpiCollective : public ::testing::TestWithParam<std::int64_t> {
+ protected:
+  void SetUp() override {
+    comm_ = detail::make_mpi_communicator({.max_elements_per_call = GetParam()});
+    rank_ = comm_->rank();
+    size_ = comm_->size();
+  }
+
+  std::unique_ptr<Communicator> comm_;
+  int rank_ = 0;
+  int size_ = 0;
+};
+
+TEST_P(MpiCollective, AllReduceSumsFp32) {
+  std::vector<float> data(10);
+  for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<float>(rank_ + 1 + i);
+  comm_->all_reduce(data.data(), static_cast<std::int64_t>(data.size()), DType::kFloat32);
+  for (std::size_t i = 0; i < data.size(); ++i) {
+    EXPECT_EQ(data[i], static_cast<float>(size_ * (size_ + 1) / 2 + size_ * i)) << "element " << i;
+  }
+}
+
+TEST_P(MpiCollective, AllReduceTakesMaxFp32) {
+  const auto value = [](int rank, std::size_t i) {
+    return static_cast<float>((rank * 7 + static_cast<int>(i) * 3) % 11) - 5.0f;
+  };
+  std::vector<float> data(9);
+  for (std::size_t i = 0; i < data.size(); ++i) data[i] = value(rank_, i);
+  comm_->all_reduce(data.data(), static_cast<std::int64_t>(data.size()), DType::kFloat32,
+                    ReduceOp::kMax);
+  for (std::size_t i = 0; i < data.size(); ++i) {
+    float expected = value(0, i);
+    for (int r = 1; r < size_; ++r) expected = std::max(expected, value(r, i));
+    EXPECT_EQ(data[i], expected) << "element " << i;
+  }
+}
+
+TEST_P(MpiCollective, ReduceScatterGivesEachRankItsReducedSlice) {
+  const std::vector<std::int64_t> counts = uneven_counts(size_);
+  const std::vector<std::int64_t> offsets = offsets_of(counts);
+  const std::int64_t total = std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
+  std::vector<float> input(static_cast<std::size_t>(total));
+  for (std::size_t j = 0; j < input.size(); ++j) input[j] = static_cast<float>(rank_ * 1000 + j);
+  const auto mine = static_cast<std::size_t>(rank_);
+  std::vector<float> output(static_cast<std::size_t>(counts[mine]), -1.0f);
+
+  comm_->reduce_scatter(input.data(), output.data(), counts, DType::kFloat32);
+
+  for (std::size_t k = 0; k < output.size(); ++k) {
+    const auto j = static_cast<float>(offsets[mine] + static_cast<std::int64_t>(k));
+    EXPECT_EQ(output[k], 1000.0f * static_cast<float>(size_ * (size_ - 1) / 2) + size_ * j)
+        << "element " << k;
+  }
+}
+
+TEST_P(MpiCollective, AllGatherFillsEveryRanksSliceInPlace) {
+  const std::vector<std::int64_t> counts = uneven_counts(size_);
+  const std::vector<std::int64_t> offsets = offsets_of(counts);
+  const std::int64_t total = std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
+  std::vector<float> data(static_cast<std::size_t>(total), -1.0f);
+  const auto mine = static_cast<std::size_t>(rank_);
+  for (std::int64_t k = 0; k < counts[mine]; ++k) {
+    data[static_cast<std::size_t>(offsets[mine] + k)] = static_cast<float>(rank_ * 100 + k);
+  }
+
+  comm_->all_gather(data.data(), counts, DType::kFloat32);
+
+  for (int r = 0; r < size_; ++r) {
+    const auto owner = static_cast<std::size_t>(r);
+    for (std::int64_t k = 0; k < counts[owner]; ++k) {
+      EXPECT_EQ(data[static_cast<std::size_t>(offsets[owner] + k)], static_cast<float>(r * 100 + k))
+          << "rank " << r << "'s element " << k;
+    }
+  }
+}
+
+TEST_P(MpiCollective, BroadcastsFromTheLastRank) {
+  const int root = size_ - 1;
+  std::vector<float> data(8, -1.0f);
+  if (rank_ == root) std::iota(data.begin(), data.end(), 0.5f);
+  comm_->broadcast(data.data(), static_cast<std::int64_t>(data.size()), DType::kFloat32, root);
+  for (std::size_t i = 0; i < data.size(); ++i) EXPECT_EQ(data[i], 0.5f + i) << "element " << i;
+}
+
+TEST_P(MpiCollective, OverlapsTwoCollectivesWithLocalWork) {
+  std::vector<float> summed(7, static_cast<float>(rank_ + 1));
+  const std::vector<std::int64_t> counts(static_cast<std::size_t>(size_), 4);
+  std::vector<float> gathered(static_cast<std::size_t>(4 * size_), -1.0f);
+  std::fill_n(gathered.begin() + 4 * rank_, 4, static_cast<float>(rank_));
+
+  Request sum = comm_->all_reduce_async(summed.data(), 7, DType::kFloat32, ReduceOp::kSum);
+  Request gather = comm_->all_gather_async(gathered.data(), counts, DType::kFloat32);
+  double local = 0;
+  for (int i = 1; i <= 100000; ++i) local += 1.0 / i;
+  gather.wait();
+  sum.wait();
+
+  EXPECT_GT(local, 12.0);
+  EXPECT_FALSE(sum.pending());
+  EXPECT_FALSE(gather.pending());
+  for (float value : summed) EXPECT_EQ(value, static_cast<float>(size_ * (size_ + 1) / 2));
+  for (std::size_t i = 0; i < gathered.size(); ++i) {
+    EXPECT_EQ(gathered[i], static_cast<float>(i / 4)) << "element " << i;
+  }
+}
+
+// Quarter steps up to a few tens fit both fp16 (11-bit) and bf16 (8-bit) significands, as do
+// all their partial sums, so any summation order gives the exact result.
+void expect_exact_16bit_sum(Communicator& comm, DType dtype) {
+  constexpr std::size_t kCount = 11;
+  std::vector<float> values(kCount);
+  for (std::size_t i = 0; i < kCount; ++i) {
+    values[i] = 0.25f * static_cast<float>(i % 8) + static_cast<float>(comm.rank()) - 1.0f;
+  }
+  std::vector<std::uint16_t> data(kCount);
+  detail::convert_from_float(values.data(), data.data(), dtype, kCount);
+
+  comm.all_reduce(data.data(), kCount, dtype);
+
+  std::vector<float> result(kCount);
+  detail::convert_to_float(data.data(), dtype, result.data(), kCount);
+  const int n = comm.size();
+  for (std::size_t i = 0; i < kCount; ++i) {
+    const float expected =
+        n * (0.25f * static_cast<float>(i % 8) - 1.0f) + static_cast<float>(n * (n - 1) / 2);
+    EXPECT_EQ(result[i], expected) << to_string(dtype) << " element " << i;
+  }
+}
+
+TEST_P(MpiCollective, SumsFp16Exactly) { expect_exact_16bit_sum(*comm_, DType::kFloat16); }
+TEST_P(MpiCollective, SumsBf16Exactly) { expect_exact_16bit_sum(*comm_, DType::kBFloat16); }
+
+TEST_P(MpiCollective, TakesMaxOf16BitValuesAndReduceScattersThem) {
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    std::vector<float> values(static_cast<std::size_t>(2 * size_));
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      values[i] = static_cast<float>((rank_ + static_cast<int>(i)) % size_) - 0.5f;
+    }
+    std::vector<std::uint16_t> data(values.size());
+    detail::convert_from_float(values.data(), data.data(), dtype, std::ssize(values));
+    const std::vector<std::int64_t> counts(static_cast<std::size_t>(size_), 2);
+    std::vector<std::uint16_t> slice(2);
+
+    comm_->reduce_scatter(data.data(), slice.data(), counts, dtype, ReduceOp::kMax);
+
+    // Every position sees every value 0..size-1 once over the ranks.
+    for (std::uint16_t bits : slice) {
+      float got = 0;
+      detail::convert_to_float(&bits, dtype, &got, 1);
+      EXPECT_EQ(got, static_cast<float>(size_ - 1) - 0.5f) << to_string(dtype);
+    }
+  }
+}
+
+TEST_P(MpiCollective, CountsTrafficByTheConvention) {
+  const std::vector<std::int64_t> counts = uneven_counts(size_);
+  const std::int64_t total = std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
+  // Large enough for the all-reduce of 6 even where the slices add up to less (np 1 and 2).
+  std::vector<std::uint16_t> buffer(static_cast<std::size_t>(std::max<std::int64_t>(total, 6)));
+  std::vector<std::uint16_t> slice(
+      static_cast<std::size_t>(counts[static_cast<std::size_t>(rank_)]));
+
+  comm_->all_reduce(buffer.data(), 6, DType::kBFloat16);
+  comm_->all_reduce(buffer.data(), 4, DType::kFloat16);
+  comm_->reduce_scatter(buffer.data(), slice.data(), counts, DType::kFloat16);
+  comm_->all_gather(buffer.data(), counts, DType::kBFloat16);
+  comm_->broadcast(buffer.data(), 5, DType::kFloat16, 0);
+  comm_->barrier();
+
+  const TrafficCounters& traffic = comm_->traffic();
+  const auto at = [](Collective c) { return static_cast<std::size_t>(c); };
+  EXPECT_EQ(traffic.elements[at(Collective::kAllReduce)], 2 * 6 + 2 * 4);
+  EXPECT_EQ(traffic.calls[at(Collective::kAllReduce)], 2);
+  EXPECT_EQ(traffic.elements[at(Collective::kReduceScatter)], total);
+  EXPECT_EQ(traffic.elements[at(Collective::kAllGather)], total);
+  EXPECT_EQ(traffic.elements[at(Collective::kBroadcast)], 5);
+  EXPECT_EQ(traffic.elements[at(Collective::kBarrier)], 0);
+  EXPECT_EQ(traffic.calls[at(Collective::kBarrier)], 1);
+  EXPECT_EQ(traffic.total_elements(), 20 + 2 * total + 5);
+  EXPECT_EQ(traffic.total_bytes(), 2 * traffic.total_elements());
+
+  comm_->reset_traffic();
+  EXPECT_EQ(comm_->traffic().total_elements(), 0);
+}
+
+TEST_P(MpiCollective, DroppedRequestCompletesBeforeItsDestructorReturns) {
+  std::vector<float> data(6, 1.0f);
+  { Request dropped = comm_->all_reduce_async(data.data(), 6, DType::kFloat32, ReduceOp::kSum); }
+  for (float value : data) EXPECT_EQ(value, static_cast<float>(size_));
+
+  std::vector<float> first(5, 1.0f);
+  std::vector<float> second(5, 2.0f);
+  Request request = comm_->all_reduce_async(first.data(), 5, DType::kFloat32, ReduceOp::kSum);
+  request = comm_->all_reduce_async(second.data(), 5, DType::kFloat32, ReduceOp::kSum);
+  // The assignment waited for the first reduction before taking over the second.
+  for (float value : first) EXPECT_EQ(value, static_cast<float>(size_));
+  request.wait();
+  for (float value : second) EXPECT_EQ(value, static_cast<float>(2 * size_));
+}
+
+TEST_P(MpiCollective, RejectsCountsThatDoNotMatchTheWorld) {
+  std::vector<float> data(8);
+  const std::vector<std::int64_t> too_many(static_cast<std::size_t>(size_ + 1), 1);
+  EXPECT_THROW(comm_->all_gather(data.data(), too_many, DType::kFloat32), UsageError);
+  EXPECT_THROW(comm_->broadcast(data.data(), 8, DType::kFloat32, size_), UsageError);
+  EXPECT_EQ(comm_->traffic().total_elements(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(OneMpiCallOrSplit, MpiCollective, ::testing::Values(INT_MAX, 3),
+                         [](const ::testing::TestParamInfo<std::int64_t>& info) {
+                           return info.param == INT_MAX ? std::string("OneCall")
+                                                        : std::string("SplitInto3ElementCalls");
+                         });
+
+TEST(MpiCommunicator, FromEnvironmentIsMpiOverTheLaunchersWorld) {
+  const std::unique_ptr<Communicator> comm = Communicator::from_environment();
+  EXPECT_EQ(comm->backend(), "mpi");
+  EXPECT_EQ(comm->size(), launcher_world_size());
+  EXPECT_GE(comm->rank(), 0);
+  EXPECT_LT(comm->rank(), comm->size());
+}
+
+TEST(MpiCommunicator, WaitOnADeadPeerTimesOutNamingRankCollectiveAndCount) {
+  // Rank 0 waits with a short deadline for a broadcast that rank 1 joins only after rank 0 gave
+  // up; the request then stays pending and a second wait completes it.
+  using std::chrono::duration;
+  const auto world = detail::make_mpi_communicator({});
+  if (world->size() < 2) GTEST_SKIP() << "needs a second rank to play the dead peer";
+  const int rank = world->rank();
+  const auto comm = detail::make_mpi_communicator(
+      {.timeout = rank == 0 ? duration<double>(0.2) : duration<double>(60)});
+  std::vector<float> data(5, rank == 1 ? 7.0f : 0.0f);
+
+  if (rank == 0) {
+    Request request = comm->broadcast_async(data.data(), 5, DType::kFloat32, 1);
+    try {
+      request.wait();
+      ADD_FAILURE() << "the broadcast finished although its root had not joined";
+    } catch (const TimeoutError& error) {
+      EXPECT_EQ(error.code(), ErrorCode::kTimeout);
+      EXPECT_THAT(error.what(), HasSubstr("broadcast of 5 fp32 elements on rank 0 of"));
+      EXPECT_THAT(error.what(), HasSubstr("ZEROSHARD_COLLECTIVE_TIMEOUT_S"));
+    }
+    EXPECT_TRUE(request.pending());
+    world->barrier();
+    for (int attempt = 0; request.pending(); ++attempt) {
+      ASSERT_LT(attempt, 300) << "the broadcast never completed after its root joined";
+      try {
+        request.wait();
+      } catch (const TimeoutError&) {
+        // Not there yet under load: wait again, as a caller tolerating a slow peer would.
+      }
+    }
+  } else {
+    world->barrier();
+    comm->broadcast(data.data(), 5, DType::kFloat32, 1);
+  }
+  for (float value : data) EXPECT_EQ(value, 7.0f);
+}
+
+}  // namespace
+}  // namespace zeroshard
