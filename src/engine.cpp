@@ -30,6 +30,7 @@ EngineState::EngineState(Config config, std::unique_ptr<Communicator> communicat
     : config_(std::move(config)), comm_(std::move(communicator)), rule_(std::move(rule)) {
   ZEROSHARD_CHECK_USAGE(comm_ != nullptr, "Engine needs a communicator");
   if (!rule_) rule_ = make_update_rule(config_);
+  scheduler_ = make_lr_scheduler(config_.scheduler, rule_->default_lr(), rule_->beta1());
   rank_ = comm_->rank();
   world_ = comm_->size();
   stage_ = config_.zero_optimization.stage;
@@ -226,8 +227,12 @@ std::vector<float> EngineState::consolidated_parameters() {
   return values;
 }
 
-double EngineState::current_lr() const {
-  return lr_override_ >= 0.0 ? lr_override_ : rule_->default_lr();
+ScheduledValues EngineState::scheduled() const {
+  if (lr_override_ >= 0.0) return {lr_override_, std::nullopt};
+  // DeepSpeed steps its scheduler after each applied update, so update k (0-based) runs with
+  // last_batch_iteration k - 1.
+  if (scheduler_) return scheduler_->at(global_step_ - 1);
+  return {rule_->default_lr(), std::nullopt};
 }
 
 }  // namespace detail

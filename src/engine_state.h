@@ -17,6 +17,7 @@
 #include "zeroshard/communicator.h"
 #include "zeroshard/config.h"
 #include "zeroshard/engine.h"
+#include "zeroshard/lr_scheduler.h"
 #include "zeroshard/optimizer.h"
 
 namespace zeroshard::detail {
@@ -180,7 +181,10 @@ class EngineState {
   double update_seconds_ = 0.0;
   double gather_seconds_ = 0.0;
 
-  double current_lr() const;
+  /// The schedule's values for the next update (or the override / the rule's own lr).
+  ScheduledValues scheduled() const;
+  double current_lr() const { return scheduled().lr; }
+  std::unique_ptr<LrScheduler> scheduler_;
 };
 
 }  // namespace zeroshard::detail

@@ -135,7 +135,8 @@ StepResult EngineState::step() {
   }
 
   // Pass 2: the update rule on every tensor piece this rank owns.
-  const double base_lr = current_lr();
+  const ScheduledValues schedule = scheduled();
+  const double base_lr = schedule.lr;
   const double default_lr = rule_->default_lr();
   std::vector<float*> state_pointers(states_.size());
   auto apply = [&](const TensorPiece& piece, std::int64_t offset, std::int64_t size,
@@ -147,6 +148,7 @@ StepResult EngineState::step() {
     context.lr = group.lr ? (default_lr > 0.0 ? *group.lr * base_lr / default_lr : *group.lr)
                           : base_lr;
     context.weight_decay = group.weight_decay.value_or(rule_->default_weight_decay());
+    context.momentum = schedule.momentum;
     const std::int64_t flat = piece.flat_offset + offset;
     for (std::size_t s = 0; s < states_.size(); ++s) {
       state_pointers[s] = state_at(static_cast<int>(s), flat);

@@ -16,7 +16,7 @@ enum class OffloadDevice { kNone, kCpu, kNvme };
 /// `zero_optimization.offload_optimizer` and `zero_optimization.offload_param`.
 struct OffloadConfig {
   OffloadDevice device = OffloadDevice::kNone;
-  std::string nvme_path;          ///< required when device is nvme
+  std::string nvme_path{};        ///< required when device is nvme
   std::int64_t buffer_count = 4;  ///< 4 for the optimizer, 5 for params (DeepSpeed's defaults)
   std::int64_t buffer_size = 100000000;  ///< offload_param only: elements per swap buffer
   std::int64_t max_in_cpu = 1000000000;  ///< offload_param only
@@ -38,11 +38,11 @@ struct ZeroConfig {
   bool overlap_comm = false;  ///< defaults to true when stage == 3, as DeepSpeed's validator does
   bool load_from_fp32_weights = true;
   std::int64_t sub_group_size = 1000000000;
-  std::int64_t prefetch_bucket_size = 50000000;            ///< stage3_prefetch_bucket_size
-  std::int64_t param_persistence_threshold = 100000;       ///< stage3_param_persistence_threshold
-  std::int64_t model_persistence_threshold = INT64_MAX;    ///< stage3_model_persistence_threshold
-  std::int64_t max_live_parameters = 1000000000;           ///< stage3_max_live_parameters
-  std::int64_t max_reuse_distance = 1000000000;            ///< stage3_max_reuse_distance
+  std::int64_t prefetch_bucket_size = 50000000;          ///< stage3_prefetch_bucket_size
+  std::int64_t param_persistence_threshold = 100000;     ///< stage3_param_persistence_threshold
+  std::int64_t model_persistence_threshold = INT64_MAX;  ///< stage3_model_persistence_threshold
+  std::int64_t max_live_parameters = 1000000000;         ///< stage3_max_live_parameters
+  std::int64_t max_reuse_distance = 1000000000;          ///< stage3_max_reuse_distance
   bool gather_16bit_weights_on_model_save = false;  ///< stage3_gather_16bit_weights_on_model_save
   bool ignore_unused_parameters = true;
   bool round_robin_gradients = false;
@@ -77,9 +77,9 @@ struct Bf16Config {
   bool check_grad_overflow = true;
 };
 
-/// `optimizer`: DeepSpeed's type name as written and its params (numbers and booleans).
+/// `optimizer`: DeepSpeed's type name and its params (numbers, booleans as 0/1, number arrays).
 struct OptimizerConfig {
-  std::string type;  ///< empty when the config has no optimizer section
+  std::string type;  ///< adam, adamw, sgd, lion or adagrad in lower case; empty = no optimizer
   std::map<std::string, double> params;
   std::map<std::string, std::vector<double>> array_params;  ///< e.g. "betas": [0.9, 0.999]
 };
@@ -120,18 +120,20 @@ class Config {
   static Config from_json_file(const std::string& path, int world_size = 1);
   static Config from_json_string(const std::string& text, int world_size = 1);
 
-  /// Every key with its effective value, as JSON text (what `zeroshard-config FILE` prints).
+  /// Every key with its effective value, as JSON text (what `zeroshard-config FILE` prints):
+  /// aliases resolved, "auto" replaced by the default, batch sizes and overlap_comm derived.
+  /// Parsing it again with the same world size gives the same Config.
   std::string resolved_json(int indent = 2) const;
 
-  /// Notices for accepted keys that have no effect in zeroshard (tensorboard, wandb, ...), one
-  /// line each, for the caller to print.
+  /// Notices for accepted keys that have no effect in zeroshard (tensorboard, wandb, ...) and
+  /// for deprecated key names, one line each, for the caller to print.
   const std::vector<std::string>& notices() const noexcept { return notices_; }
 
   std::int64_t train_batch_size = 0;
   std::int64_t train_micro_batch_size_per_gpu = 0;
   std::int64_t gradient_accumulation_steps = 1;
-  double gradient_clipping = 1.0;  ///< 0 = off; newest DeepSpeed's default (docs/config.md)
-  std::int64_t steps_per_print = 10;
+  double gradient_clipping = 1.0;    ///< 0 = off; newest DeepSpeed's default (docs/config.md)
+  std::int64_t steps_per_print = 0;  ///< 0 = never print (newest DeepSpeed's null)
   bool wall_clock_breakdown = false;
   bool memory_breakdown = false;
   bool prescale_gradients = false;

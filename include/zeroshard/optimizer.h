@@ -48,6 +48,9 @@ class UpdateRule {
   /// The learning rate and weight decay the rule was built with (parameter groups override them).
   virtual double default_lr() const = 0;
   virtual double default_weight_decay() const = 0;
+  /// The first-moment coefficient a momentum schedule (OneCycle) cycles; none for rules without
+  /// betas.
+  virtual std::optional<double> beta1() const { return std::nullopt; }
   /// Updates one slice in place.
   virtual void apply(const ShardSlice& slice, const StepContext& context) const = 0;
 };

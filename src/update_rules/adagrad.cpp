@@ -1,0 +1,76 @@
+// torch.optim.Adagrad (foreach=False reference algorithm): L2 weight decay, a decaying step size
+// and a running sum of squared gradients, in fp32 per element.
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "update_rules/rule_checks.h"
+#include "update_rules/simd.h"
+#include "zeroshard/optimizer.h"
+
+namespace zeroshard {
+namespace {
+
+struct AdagradScalars {
+  float neg_clr;  // -lr / (1 + (step - 1) * lr_decay)
+  float weight_decay;
+  float sum_start;  // added to the zeroed sum on step 1 only (see apply)
+  float eps;
+};
+
+void adagrad_loop(const ShardSlice& slice, const AdagradScalars& s) {
+  float* param = slice.param;
+  const float* grad = slice.grad;
+  float* state_sum = slice.states[0];
+  const std::int64_t n = slice.size;
+  ZEROSHARD_SIMD_LOOP
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float g = grad[i] + s.weight_decay * param[i];
+    const float sum = (state_sum[i] + s.sum_start) + g * g;
+    state_sum[i] = sum;
+    param[i] = param[i] + s.neg_clr * g / (std::sqrt(sum) + s.eps);
+  }
+}
+
+class AdagradRule final : public UpdateRule {
+ public:
+  explicit AdagradRule(const AdagradOptions& options) : options_(options) {}
+
+  std::string name() const override { return "adagrad"; }
+  int state_count() const override { return 1; }
+  double default_lr() const override { return options_.lr; }
+  double default_weight_decay() const override { return options_.weight_decay; }
+
+  void apply(const ShardSlice& slice, const StepContext& context) const override {
+    detail::check_apply_arguments(slice, context, state_count(), name());
+    const auto step = static_cast<double>(context.step);
+    // PyTorch starts the sum at initial_accumulator_value; ours arrives zeroed, so step 1 adds the
+    // start value (0 + v is exact) and later steps add 0 (also exact).
+    const double sum_start = context.step == 1 ? options_.initial_accumulator_value : 0.0;
+    adagrad_loop(slice, {.neg_clr = static_cast<float>(-context.lr /
+                                                       (1.0 + (step - 1.0) * options_.lr_decay)),
+                         .weight_decay = static_cast<float>(context.weight_decay),
+                         .sum_start = static_cast<float>(sum_start),
+                         .eps = static_cast<float>(options_.eps)});
+  }
+
+ private:
+  AdagradOptions options_;
+};
+
+}  // namespace
+
+std::unique_ptr<UpdateRule> make_adagrad(const AdagradOptions& options) {
+  detail::require_option(options.lr >= 0.0, "lr", "Invalid learning rate", options.lr);
+  detail::require_option(options.lr_decay >= 0.0, "lr_decay", "Invalid lr_decay value",
+                         options.lr_decay);
+  detail::require_option(options.weight_decay >= 0.0, "weight_decay", "Invalid weight_decay value",
+                         options.weight_decay);
+  detail::require_option(options.initial_accumulator_value >= 0.0, "initial_accumulator_value",
+                         "Invalid initial_accumulator_value value",
+                         options.initial_accumulator_value);
+  detail::require_option(options.eps >= 0.0, "eps", "Invalid epsilon value", options.eps);
+  return std::make_unique<AdagradRule>(options);
+}
+
+}  // namespace zeroshard

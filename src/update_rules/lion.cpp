@@ -1,0 +1,78 @@
+// Lion (Chen et al. 2023) as lion-pytorch and DeepSpeed's FusedLion compute it: decoupled weight
+// decay, a step of lr * sign(interpolated momentum), then the momentum update; fp32 per element.
+#include <cstdint>
+#include <string>
+
+#include "update_rules/rule_checks.h"
+#include "update_rules/simd.h"
+#include "zeroshard/optimizer.h"
+
+namespace zeroshard {
+namespace {
+
+struct LionScalars {
+  float weight_factor;  // 1 - lr * weight_decay
+  float lr;
+  float beta1;
+  float one_minus_beta1;
+  float beta2;
+  float one_minus_beta2;
+};
+
+void lion_loop(const ShardSlice& slice, const LionScalars& s) {
+  float* param = slice.param;
+  const float* grad = slice.grad;
+  float* exp_avg = slice.states[0];
+  const std::int64_t n = slice.size;
+  ZEROSHARD_SIMD_LOOP
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float g = grad[i];
+    const float m = exp_avg[i];
+    const float c = s.beta1 * m + s.one_minus_beta1 * g;
+    // torch.sign: 0 stays 0. Integer arithmetic on the comparisons compiles to masks; converting
+    // each comparison to float instead keeps a branch that GCC does not if-convert.
+    const int sign = static_cast<int>(c > 0.0f) - static_cast<int>(c < 0.0f);
+    param[i] = param[i] * s.weight_factor - s.lr * static_cast<float>(sign);
+    exp_avg[i] = s.beta2 * m + s.one_minus_beta2 * g;
+  }
+}
+
+class LionRule final : public UpdateRule {
+ public:
+  explicit LionRule(const LionOptions& options) : options_(options) {}
+
+  std::string name() const override { return "lion"; }
+  int state_count() const override { return 1; }
+  double default_lr() const override { return options_.lr; }
+  double default_weight_decay() const override { return options_.weight_decay; }
+  std::optional<double> beta1() const override { return options_.beta1; }
+
+  void apply(const ShardSlice& slice, const StepContext& context) const override {
+    detail::check_apply_arguments(slice, context, state_count(), name());
+    const double beta1 = context.momentum.value_or(options_.beta1);
+    lion_loop(slice, {.weight_factor = static_cast<float>(1.0 - context.lr * context.weight_decay),
+                      .lr = static_cast<float>(context.lr),
+                      .beta1 = static_cast<float>(beta1),
+                      .one_minus_beta1 = static_cast<float>(1.0 - beta1),
+                      .beta2 = static_cast<float>(options_.beta2),
+                      .one_minus_beta2 = static_cast<float>(1.0 - options_.beta2)});
+  }
+
+ private:
+  LionOptions options_;
+};
+
+}  // namespace
+
+std::unique_ptr<UpdateRule> make_lion(const LionOptions& options) {
+  detail::require_option(options.lr >= 0.0, "lr", "Invalid learning rate", options.lr);
+  detail::require_option(options.beta1 >= 0.0 && options.beta1 < 1.0, "betas",
+                         "Invalid beta parameter at index 0", options.beta1);
+  detail::require_option(options.beta2 >= 0.0 && options.beta2 < 1.0, "betas",
+                         "Invalid beta parameter at index 1", options.beta2);
+  detail::require_option(options.weight_decay >= 0.0, "weight_decay", "Invalid weight_decay value",
+                         options.weight_decay);
+  return std::make_unique<LionRule>(options);
+}
+
+}  // namespace zeroshard

@@ -1,0 +1,720 @@
+// Tests of the DeepSpeed-compatible config: defaults, aliases, "auto", the batch-size identity,
+// every kind of bad input, the resolved dump, the zeroshard-config tool and the example configs.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "config_schema.h"
+#include "key_suggestion.h"
+#include "zeroshard/config.h"
+#include "zeroshard/error.h"
+
+namespace zeroshard {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+/// The ConfigError that parsing `text` raises; a test failure when it raises none.
+ConfigError config_error(const std::string& text, int world_size = 1) {
+  try {
+    Config::from_json_string(text, world_size);
+  } catch (const ConfigError& error) {
+    return error;
+  }
+  ADD_FAILURE() << "no ConfigError for " << text;
+  return ConfigError("", "");
+}
+
+std::string read_text(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// --- defaults, "auto", numbers, aliases -----------------------------------------------------
+
+TEST(Config, DefaultsEqualDeepSpeeds) {
+  Config config = Config::from_json_string(R"({"train_micro_batch_size_per_gpu": 1})");
+  const ZeroConfig& zero = config.zero_optimization;
+  EXPECT_EQ(zero.stage, 0);
+  EXPECT_TRUE(zero.contiguous_gradients);
+  EXPECT_TRUE(zero.reduce_scatter);
+  EXPECT_EQ(zero.reduce_bucket_size, 500000000);
+  EXPECT_TRUE(zero.allgather_partitions);
+  EXPECT_EQ(zero.allgather_bucket_size, 500000000);
+  EXPECT_FALSE(zero.overlap_comm);
+  EXPECT_TRUE(zero.load_from_fp32_weights);
+  EXPECT_EQ(zero.sub_group_size, 1000000000);
+  EXPECT_EQ(zero.prefetch_bucket_size, 50000000);
+  EXPECT_EQ(zero.param_persistence_threshold, 100000);
+  EXPECT_EQ(zero.model_persistence_threshold, INT64_MAX);
+  EXPECT_EQ(zero.max_live_parameters, 1000000000);
+  EXPECT_EQ(zero.max_reuse_distance, 1000000000);
+  EXPECT_FALSE(zero.gather_16bit_weights_on_model_save);
+  EXPECT_TRUE(zero.ignore_unused_parameters);
+  EXPECT_FALSE(zero.round_robin_gradients);
+  EXPECT_EQ(zero.offload_optimizer.device, OffloadDevice::kNone);
+  EXPECT_EQ(zero.offload_optimizer.buffer_count, 4);
+  EXPECT_TRUE(zero.offload_optimizer.pin_memory);
+  EXPECT_EQ(zero.offload_optimizer.ratio, 1.0);
+  EXPECT_EQ(zero.offload_param.buffer_count, 5);
+  EXPECT_EQ(zero.offload_param.buffer_size, 100000000);
+  EXPECT_EQ(zero.offload_param.max_in_cpu, 1000000000);
+  EXPECT_TRUE(zero.offload_param.pin_memory);
+
+  EXPECT_FALSE(config.fp16.enabled);
+  EXPECT_EQ(config.fp16.loss_scale, 0.0);
+  EXPECT_EQ(config.fp16.initial_scale_power, 16);
+  EXPECT_EQ(config.fp16.loss_scale_window, 1000);
+  EXPECT_EQ(config.fp16.hysteresis, 2);
+  EXPECT_FALSE(config.fp16.consecutive_hysteresis);
+  EXPECT_EQ(config.fp16.min_loss_scale, 1.0);
+  EXPECT_FALSE(config.bf16.enabled);
+  EXPECT_TRUE(config.bf16.check_grad_overflow);
+
+  EXPECT_EQ(config.gradient_clipping, 1.0);
+  EXPECT_EQ(config.steps_per_print, 0);
+  EXPECT_FALSE(config.wall_clock_breakdown);
+  EXPECT_FALSE(config.memory_breakdown);
+  EXPECT_FALSE(config.prescale_gradients);
+  EXPECT_EQ(config.gradient_predivide_factor, 1.0);
+  EXPECT_EQ(config.communication_data_type, "");
+  EXPECT_EQ(config.grad_accum_dtype, "");
+  EXPECT_TRUE(config.optimizer.type.empty());
+  EXPECT_TRUE(config.scheduler.type.empty());
+  EXPECT_FALSE(config.activation_checkpointing.number_checkpoints.has_value());
+
+  EXPECT_EQ(config.aio.block_size, 1048576);
+  EXPECT_EQ(config.aio.queue_depth, 8);
+  EXPECT_EQ(config.aio.intra_op_parallelism, 1);
+  EXPECT_FALSE(config.aio.single_submit);
+  EXPECT_TRUE(config.aio.overlap_events);
+  EXPECT_FALSE(config.aio.use_gds);
+  EXPECT_TRUE(config.notices().empty());
+}
+
+TEST(Config, ResolvedDumpShowsEveryTableDefault) {
+  Config config = Config::from_json_string(R"({"train_micro_batch_size_per_gpu": 1})");
+  auto dump = nlohmann::json::parse(config.resolved_json());
+  for (const detail::KeySpec& spec : detail::key_specs()) {
+    if (spec.status == detail::KeyStatus::kAlias ||
+        spec.status == detail::KeyStatus::kDeprecatedAlias ||
+        spec.status == detail::KeyStatus::kNoEffect || spec.kind == detail::ValueKind::kSection ||
+        spec.path.starts_with("optimizer") || spec.path.starts_with("scheduler") ||
+        spec.path.starts_with("train_") || spec.path.starts_with("gradient_accumulation") ||
+        spec.path == "zero_optimization.overlap_comm") {
+      continue;
+    }
+    std::string pointer = "/" + spec.path;
+    std::replace(pointer.begin(), pointer.end(), '.', '/');
+    ASSERT_TRUE(dump.contains(nlohmann::json::json_pointer(pointer))) << spec.path;
+    EXPECT_EQ(dump[nlohmann::json::json_pointer(pointer)], nlohmann::json::parse(spec.default_json))
+        << spec.path;
+  }
+}
+
+TEST(Config, AutoFallsBackToTheDefault) {
+  Config config = Config::from_json_string(R"({
+    "train_batch_size": "auto", "train_micro_batch_size_per_gpu": 2,
+    "gradient_clipping": "auto",
+    "zero_optimization": {"stage": 2, "reduce_bucket_size": "auto", "overlap_comm": "auto"},
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": 0.1}},
+    "fp16": {"enabled": "auto"}})");
+  EXPECT_EQ(config.train_batch_size, 2);
+  EXPECT_EQ(config.gradient_clipping, 1.0);
+  EXPECT_EQ(config.zero_optimization.reduce_bucket_size, 500000000);
+  EXPECT_FALSE(config.zero_optimization.overlap_comm);
+  EXPECT_FALSE(config.fp16.enabled);
+  EXPECT_FALSE(config.optimizer.params.contains("lr"));
+  EXPECT_EQ(config.optimizer.params.at("weight_decay"), 0.1);
+}
+
+TEST(Config, AcceptsScientificNotationForIntegerKeys) {
+  Config config = Config::from_json_string(R"({"train_batch_size": 8,
+    "zero_optimization": {"reduce_bucket_size": 5e8, "allgather_bucket_size": 2e8,
+                          "stage3_max_live_parameters": 1e9}})");
+  EXPECT_EQ(config.zero_optimization.reduce_bucket_size, 500000000);
+  EXPECT_EQ(config.zero_optimization.allgather_bucket_size, 200000000);
+  EXPECT_EQ(config.zero_optimization.max_live_parameters, 1000000000);
+}
+
+TEST(Config, MapsDeprecatedAliasesAndSaysSo) {
+  Config config = Config::from_json_string(R"({"train_batch_size": 8,
+    "bfloat16": {"enabled": true},
+    "zero_optimization": {"stage": 3, "cpu_offload": true, "cpu_offload_param": true,
+                          "cpu_offload_use_pin_memory": false,
+                          "stage3_gather_fp16_weights_on_model_save": true},
+    "aio": {"thread_count": 4}})");
+  const ZeroConfig& zero = config.zero_optimization;
+  EXPECT_TRUE(config.bf16.enabled);
+  EXPECT_EQ(zero.offload_optimizer.device, OffloadDevice::kCpu);
+  EXPECT_EQ(zero.offload_param.device, OffloadDevice::kCpu);
+  EXPECT_FALSE(zero.offload_optimizer.pin_memory);
+  EXPECT_FALSE(zero.offload_param.pin_memory);
+  EXPECT_TRUE(zero.gather_16bit_weights_on_model_save);
+  EXPECT_EQ(config.aio.intra_op_parallelism, 4);
+  ASSERT_EQ(config.notices().size(), 6u);
+  for (const std::string& notice : config.notices()) EXPECT_THAT(notice, HasSubstr("deprecated"));
+  EXPECT_THAT(config.notices()[0], StartsWith("bfloat16: deprecated; read as bf16"));
+}
+
+TEST(Config, CpuOffloadFalseLeavesOffloadOff) {
+  Config config = Config::from_json_string(
+      R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "cpu_offload": false}})");
+  EXPECT_EQ(config.zero_optimization.offload_optimizer.device, OffloadDevice::kNone);
+  EXPECT_EQ(config.notices().size(), 1u);
+}
+
+TEST(Config, AcceptsTheShortNamesOfStage3Keys) {
+  Config config = Config::from_json_string(R"({"train_batch_size": 8,
+    "zero_optimization": {"stage": 3, "prefetch_bucket_size": 123,
+                          "param_persistence_threshold": 7, "model_persistence_threshold": 9,
+                          "max_live_parameters": 11, "max_reuse_distance": 13,
+                          "gather_16bit_weights_on_model_save": true}})");
+  const ZeroConfig& zero = config.zero_optimization;
+  EXPECT_EQ(zero.prefetch_bucket_size, 123);
+  EXPECT_EQ(zero.param_persistence_threshold, 7);
+  EXPECT_EQ(zero.model_persistence_threshold, 9);
+  EXPECT_EQ(zero.max_live_parameters, 11);
+  EXPECT_EQ(zero.max_reuse_distance, 13);
+  EXPECT_TRUE(zero.gather_16bit_weights_on_model_save);
+  EXPECT_TRUE(config.notices().empty());
+}
+
+TEST(Config, DerivesOverlapCommFromTheStage) {
+  for (int stage = 0; stage <= 3; ++stage) {
+    Config config =
+        Config::from_json_string(R"({"train_batch_size": 8, "zero_optimization": {"stage": )" +
+                                 std::to_string(stage) + "}}");
+    EXPECT_EQ(config.zero_optimization.overlap_comm, stage == 3) << "stage " << stage;
+  }
+  Config explicit_off = Config::from_json_string(
+      R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "overlap_comm": false}})");
+  EXPECT_FALSE(explicit_off.zero_optimization.overlap_comm);
+  Config explicit_on = Config::from_json_string(
+      R"({"train_batch_size": 8, "zero_optimization": {"stage": 1, "overlap_comm": true}})");
+  EXPECT_TRUE(explicit_on.zero_optimization.overlap_comm);
+}
+
+TEST(Config, ReadsOptimizerAndSchedulerSections) {
+  Config config = Config::from_json_string(R"({"train_batch_size": 8,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.95],
+                                              "amsgrad": true, "adam_w_mode": false}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 100,
+                                                 "warmup_type": "linear"}}})");
+  EXPECT_EQ(config.optimizer.type, "adamw");
+  EXPECT_EQ(config.optimizer.params.at("lr"), 1e-3);
+  EXPECT_EQ(config.optimizer.params.at("amsgrad"), 1.0);
+  EXPECT_EQ(config.optimizer.params.at("adam_w_mode"), 0.0);
+  EXPECT_EQ(config.optimizer.array_params.at("betas"), (std::vector<double>{0.9, 0.95}));
+  EXPECT_EQ(config.scheduler.type, "WarmupLR");
+  EXPECT_EQ(config.scheduler.params.at("warmup_num_steps"), 100.0);
+  EXPECT_EQ(config.scheduler.string_params.at("warmup_type"), "linear");
+}
+
+TEST(Config, AcceptsPythonSideIntegrationsWithANotice) {
+  Config config = Config::from_json_string(R"({"train_batch_size": 8,
+    "tensorboard": {"enabled": true, "output_path": "runs"}, "wandb": {"enabled": false},
+    "csv_monitor": {}, "flops_profiler": {"enabled": true}, "comms_logger": {"verbose": true}})");
+  ASSERT_EQ(config.notices().size(), 5u);
+  EXPECT_EQ(config.notices()[0],
+            "tensorboard: accepted, has no effect in zeroshard (a Python-side integration)");
+}
+
+TEST(Config, AcceptsRefusedKeysAtTheirDefaults) {
+  Config config = Config::from_json_string(R"({"train_batch_size": 8,
+    "sparse_gradients": false, "zero_optimization": {"zero_hpz_partition_size": 1,
+    "zero_quantized_weights": false, "zero_quantized_gradients": false, "mics_shard_size": 0},
+    "activation_checkpointing": {"partition_activations": false, "number_checkpoints": null},
+    "checkpoint": {"tag_validation": "WARN"}})");
+  EXPECT_EQ(config.zero_optimization.stage, 0);
+}
+
+TEST(Config, ResolvedJsonRoundTrips) {
+  const std::string text = R"({"train_batch_size": 64, "gradient_accumulation_steps": 2,
+    "gradient_clipping": 0.5, "steps_per_print": 5, "communication_data_type": "FP32",
+    "bf16": {"enabled": true},
+    "zero_optimization": {"stage": 3, "cpu_offload": true, "reduce_bucket_size": 5e7,
+                          "prefetch_bucket_size": 1000},
+    "optimizer": {"type": "Lion", "params": {"lr": 3e-4, "betas": [0.9, 0.99],
+                                             "use_triton": false}},
+    "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 1e-5, "cycle_max_lr": 1e-3,
+                                                 "cycle_first_step_size": 10,
+                                                 "cycle_momentum": false}},
+    "aio": {"block_size": 262144}, "wandb": {"enabled": true}})";
+  Config first = Config::from_json_string(text, 4);
+  Config second = Config::from_json_string(first.resolved_json(), 4);
+  EXPECT_EQ(second.resolved_json(), first.resolved_json());
+  EXPECT_EQ(second.train_micro_batch_size_per_gpu, 8);
+  EXPECT_EQ(second.steps_per_print, 5);
+  EXPECT_EQ(second.communication_data_type, "fp32");
+  EXPECT_EQ(second.zero_optimization.offload_optimizer.device, OffloadDevice::kCpu);
+  EXPECT_EQ(second.zero_optimization.prefetch_bucket_size, 1000);
+  EXPECT_TRUE(second.zero_optimization.overlap_comm);
+  EXPECT_EQ(second.optimizer.array_params, first.optimizer.array_params);
+  EXPECT_EQ(second.optimizer.params, first.optimizer.params);
+  EXPECT_EQ(second.scheduler.params, first.scheduler.params);
+  EXPECT_TRUE(second.notices().empty());
+}
+
+// --- bad input ------------------------------------------------------------------------------
+
+TEST(ConfigValidation, UnknownKeySuggestsTheClosestKnownKey) {
+  ConfigError error =
+      config_error(R"({"train_batch_size": 8, "zero_optimization": {"reduce_bucket_sise": 5}})");
+  EXPECT_EQ(error.key_path(), "zero_optimization.reduce_bucket_sise");
+  EXPECT_THAT(error.what(), HasSubstr("unknown key"));
+  EXPECT_THAT(error.what(), HasSubstr("did you mean 'reduce_bucket_size'?"));
+}
+
+TEST(ConfigValidation, UnknownKeyWithoutACloseMatchListsTheKnownKeys) {
+  ConfigError error = config_error(R"({"train_batch_size": 8, "aio": {"xyz": 1}})");
+  EXPECT_EQ(error.key_path(), "aio.xyz");
+  EXPECT_THAT(error.what(), HasSubstr("expected one of: block_size, queue_depth"));
+}
+
+TEST(ConfigValidation, KeyAtTheWrongLevelNamesWhereItBelongs) {
+  ConfigError error = config_error(R"({"train_batch_size": 8, "offload_optimizer": {}})");
+  EXPECT_EQ(error.key_path(), "offload_optimizer");
+  EXPECT_THAT(error.what(), HasSubstr("'zero_optimization.offload_optimizer'"));
+}
+
+TEST(ConfigValidation, OffloadOptimizerHasNoBufferSize) {
+  ConfigError error = config_error(R"({"train_batch_size": 8,
+    "zero_optimization": {"stage": 2, "offload_optimizer": {"buffer_size": 4}}})");
+  EXPECT_EQ(error.key_path(), "zero_optimization.offload_optimizer.buffer_size");
+}
+
+TEST(ConfigValidation, WrongJsonTypeSaysWhatWasFound) {
+  ConfigError error =
+      config_error(R"({"train_batch_size": 8, "zero_optimization": {"stage": "3"}})");
+  EXPECT_EQ(error.key_path(), "zero_optimization.stage");
+  EXPECT_THAT(error.what(), HasSubstr("got string \"3\", expected an integer"));
+}
+
+TEST(ConfigValidation, BooleanIsNotANumber) {
+  ConfigError error = config_error(R"({"train_batch_size": 8, "gradient_clipping": true})");
+  EXPECT_EQ(error.key_path(), "gradient_clipping");
+  EXPECT_THAT(error.what(), HasSubstr("got true, expected a number"));
+}
+
+TEST(ConfigValidation, FractionForAnIntegerKey) {
+  ConfigError error = config_error(
+      R"({"train_batch_size": 8, "zero_optimization": {"allgather_bucket_size": 1.5}})");
+  EXPECT_EQ(error.key_path(), "zero_optimization.allgather_bucket_size");
+  EXPECT_THAT(error.what(), HasSubstr("got 1.5, expected an integer"));
+}
+
+TEST(ConfigValidation, StageOutsideZeroToThree) {
+  ConfigError error = config_error(R"({"train_batch_size": 8, "zero_optimization": {"stage": 4}})");
+  EXPECT_EQ(error.key_path(), "zero_optimization.stage");
+  EXPECT_THAT(error.what(), HasSubstr("got 4, expected 0..3"));
+}
+
+TEST(ConfigValidation, NegativeBucketSize) {
+  ConfigError error =
+      config_error(R"({"train_batch_size": 8, "zero_optimization": {"reduce_bucket_size": -5}})");
+  EXPECT_EQ(error.key_path(), "zero_optimization.reduce_bucket_size");
+  EXPECT_THAT(error.what(), HasSubstr("got -5, expected > 0"));
+}
+
+TEST(ConfigValidation, ZeroBucketSize) {
+  ConfigError error =
+      config_error(R"({"train_batch_size": 8, "zero_optimization": {"allgather_bucket_size": 0}})");
+  EXPECT_EQ(error.key_path(), "zero_optimization.allgather_bucket_size");
+  EXPECT_THAT(error.what(), HasSubstr("got 0, expected > 0"));
+}
+
+TEST(ConfigValidation, OffloadDeviceOutsideNoneCpuNvme) {
+  ConfigError error = config_error(R"({"train_batch_size": 8,
+    "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "gpu"}}})");
+  EXPECT_EQ(error.key_path(), "zero_optimization.offload_optimizer.device");
+  EXPECT_THAT(error.what(), HasSubstr("got \"gpu\", expected one of none, cpu, nvme"));
+}
+
+TEST(ConfigValidation, NvmeWithoutNvmePath) {
+  ConfigError error = config_error(R"({"train_batch_size": 8,
+    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}})");
+  EXPECT_EQ(error.key_path(), "zero_optimization.offload_optimizer.nvme_path");
+  EXPECT_THAT(error.what(), HasSubstr("missing; required when device is \"nvme\""));
+}
+
+TEST(ConfigValidation, NvmeWithAPathIsNotImplementedYet) {
+  ConfigError error = config_error(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
+    "offload_param": {"device": "nvme", "nvme_path": "/local_nvme"}}})");
+  EXPECT_EQ(error.key_path(), "zero_optimization.offload_param.device");
+  EXPECT_THAT(error.what(), HasSubstr("NVMe offload is not implemented yet"));
+}
+
+TEST(ConfigValidation, OffloadParamNeedsStage3) {
+  ConfigError error = config_error(R"({"train_batch_size": 8,
+    "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})");
+  EXPECT_EQ(error.key_path(), "zero_optimization.offload_param.device");
+  EXPECT_THAT(error.what(), HasSubstr("needs stage 3"));
+}
+
+TEST(ConfigValidation, OffloadOptimizerNeedsAZeroStage) {
+  ConfigError error = config_error(R"({"train_batch_size": 8,
+    "zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}})");
+  EXPECT_EQ(error.key_path(), "zero_optimization.offload_optimizer.device");
+  EXPECT_THAT(error.what(), HasSubstr("needs stage 1, 2 or 3"));
+}
+
+TEST(ConfigValidation, OffloadRatioBelowOneNeedsStage3) {
+  ConfigError error = config_error(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2,
+    "offload_optimizer": {"device": "cpu", "ratio": 0.5}}})");
+  EXPECT_EQ(error.key_path(), "zero_optimization.offload_optimizer.ratio");
+  EXPECT_THAT(error.what(), HasSubstr("got 0.5 at zero_optimization.stage 2"));
+}
+
+TEST(ConfigValidation, Fp16AndBf16Together) {
+  ConfigError error = config_error(
+      R"({"train_batch_size": 8, "fp16": {"enabled": true}, "bf16": {"enabled": true}})");
+  EXPECT_EQ(error.key_path(), "bf16.enabled");
+  EXPECT_THAT(error.what(), HasSubstr("fp16.enabled and bf16.enabled are both true"));
+}
+
+TEST(ConfigValidation, NegativeLossScale) {
+  ConfigError error = config_error(R"({"train_batch_size": 8, "fp16": {"loss_scale": -1}})");
+  EXPECT_EQ(error.key_path(), "fp16.loss_scale");
+  EXPECT_THAT(error.what(), HasSubstr("got -1, expected >= 0"));
+}
+
+TEST(ConfigValidation, LossScaleThatOverflowsToInfinity) {
+  ConfigError error = config_error(R"({"train_batch_size": 8, "fp16": {"loss_scale": 1e999}})");
+  EXPECT_EQ(error.key_path(), "fp16.loss_scale");
+  EXPECT_THAT(error.what(), HasSubstr("expected a finite number"));
+}
+
+TEST(ConfigValidation, MinLossScaleNotPositive) {
+  ConfigError error = config_error(R"({"train_batch_size": 8, "fp16": {"min_loss_scale": 0}})");
+  EXPECT_EQ(error.key_path(), "fp16.min_loss_scale");
+  EXPECT_THAT(error.what(), HasSubstr("got 0, expected > 0"));
+}
+
+TEST(ConfigValidation, IntegerTooLargeForItsField) {
+  ConfigError error = config_error(R"({"train_batch_size": 8, "fp16": {"hysteresis": 1e10}})");
+  EXPECT_EQ(error.key_path(), "fp16.hysteresis");
+  EXPECT_THAT(error.what(), HasSubstr("fits in 32 bits"));
+}
+
+TEST(ConfigValidation, UnknownOptimizer) {
+  ConfigError error = config_error(R"({"train_batch_size": 8, "optimizer": {"type": "AdamX"}})");
+  EXPECT_EQ(error.key_path(), "optimizer.type");
+  EXPECT_THAT(error.what(), HasSubstr("expected one of adam, adamw, sgd, lion, adagrad"));
+}
+
+TEST(ConfigValidation, DeepSpeedOnlyOptimizerIsNotImplemented) {
+  for (const char* name : {"Lamb", "OneBitAdam", "ZeroOneAdam", "OneBitLamb", "MuAdamW"}) {
+    ConfigError error = config_error(R"({"train_batch_size": 8, "optimizer": {"type": ")" +
+                                     std::string(name) + "\"}}");
+    EXPECT_EQ(error.key_path(), "optimizer.type");
+    EXPECT_THAT(error.what(), HasSubstr("not implemented in zeroshard")) << name;
+  }
+}
+
+TEST(ConfigValidation, OptimizerParamOfTheWrongType) {
+  ConfigError error = config_error(
+      R"({"train_batch_size": 8, "optimizer": {"type": "sgd", "params": {"lr": "0.1"}}})");
+  EXPECT_EQ(error.key_path(), "optimizer.params.lr");
+  EXPECT_THAT(error.what(), HasSubstr("expected a number, a boolean or an array of numbers"));
+  ConfigError array_error = config_error(R"({"train_batch_size": 8,
+    "optimizer": {"type": "adam", "params": {"betas": [0.9, "x"]}}})");
+  EXPECT_EQ(array_error.key_path(), "optimizer.params.betas");
+}
+
+TEST(ConfigValidation, OptimizerParamsWithoutAType) {
+  ConfigError error =
+      config_error(R"({"train_batch_size": 8, "optimizer": {"params": {"lr": 0.1}}})");
+  EXPECT_EQ(error.key_path(), "optimizer.type");
+  EXPECT_THAT(error.what(), HasSubstr("missing"));
+}
+
+TEST(ConfigValidation, UnknownScheduler) {
+  ConfigError error =
+      config_error(R"({"train_batch_size": 8, "scheduler": {"type": "CosineAnnealing"}})");
+  EXPECT_EQ(error.key_path(), "scheduler.type");
+  EXPECT_THAT(error.what(), HasSubstr("WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle"));
+}
+
+TEST(ConfigValidation, UnknownSchedulerParam) {
+  ConfigError error = config_error(R"({"train_batch_size": 8,
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lrr": 0.1}}})");
+  EXPECT_EQ(error.key_path(), "scheduler.params.warmup_max_lrr");
+  EXPECT_THAT(error.what(), HasSubstr("unknown param of WarmupLR"));
+  EXPECT_THAT(error.what(), HasSubstr("did you mean 'warmup_max_lr'?"));
+}
+
+TEST(ConfigValidation, ParamOfAnotherScheduler) {
+  ConfigError error = config_error(R"({"train_batch_size": 8,
+    "scheduler": {"type": "WarmupLR", "params": {"total_num_steps": 10}}})");
+  EXPECT_EQ(error.key_path(), "scheduler.params.total_num_steps");
+  EXPECT_THAT(error.what(), HasSubstr("WarmupLR takes warmup_min_lr, warmup_max_lr"));
+}
+
+TEST(ConfigValidation, MissingRequiredSchedulerParam) {
+  ConfigError error = config_error(R"({"train_batch_size": 8,
+    "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_max_lr": 0.1}}})");
+  EXPECT_EQ(error.key_path(), "scheduler.params.total_num_steps");
+  EXPECT_THAT(error.what(), HasSubstr("required by WarmupDecayLR"));
+}
+
+TEST(ConfigValidation, BothSpellingsOfAStage3Key) {
+  ConfigError error = config_error(R"({"train_batch_size": 8, "zero_optimization": {
+    "stage3_prefetch_bucket_size": 10, "prefetch_bucket_size": 20}})");
+  EXPECT_EQ(error.key_path(), "zero_optimization.prefetch_bucket_size");
+  EXPECT_THAT(error.what(), HasSubstr("another spelling of the same key"));
+}
+
+TEST(ConfigValidation, DeprecatedAndNewNameTogether) {
+  ConfigError error = config_error(R"({"train_batch_size": 8,
+    "aio": {"thread_count": 2, "intra_op_parallelism": 2}})");
+  EXPECT_EQ(error.key_path(), "aio.thread_count");
+  EXPECT_THAT(error.what(), HasSubstr("given together with aio.intra_op_parallelism"));
+}
+
+TEST(ConfigValidation, ZeroPlusPlusAndMicsAreRefused) {
+  for (const char* setting :
+       {R"("zero_quantized_weights": true)", R"("zero_quantized_gradients": true)",
+        R"("zero_hpz_partition_size": 8)", R"("mics_shard_size": 4)"}) {
+    ConfigError error =
+        config_error(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, )" +
+                     std::string(setting) + "}}");
+    EXPECT_THAT(error.key_path(), StartsWith("zero_optimization.")) << setting;
+    EXPECT_THAT(error.what(), HasSubstr("not implemented in zeroshard")) << setting;
+  }
+}
+
+TEST(ConfigValidation, UnimplementedPrecisionFlagsAreRefused) {
+  for (const char* text : {R"({"sparse_gradients": true})", R"({"fp16": {"auto_cast": true}})",
+                           R"({"fp16": {"fp16_master_weights_and_grads": true}})",
+                           R"({"bf16": {"immediate_grad_update": true}})"}) {
+    auto document = nlohmann::json::parse(text);
+    document["train_batch_size"] = 8;
+    ConfigError error = config_error(document.dump());
+    EXPECT_THAT(error.what(), HasSubstr("not implemented in zeroshard")) << text;
+  }
+}
+
+TEST(ConfigValidation, ActivationCheckpointingIsNotImplementedYet) {
+  ConfigError error = config_error(
+      R"({"train_batch_size": 8, "activation_checkpointing": {"number_checkpoints": 4}})");
+  EXPECT_EQ(error.key_path(), "activation_checkpointing.number_checkpoints");
+  EXPECT_THAT(error.what(), HasSubstr("not implemented yet"));
+}
+
+TEST(ConfigValidation, ActivationCheckpointingTypesAreCheckedFirst) {
+  ConfigError error =
+      config_error(R"({"train_batch_size": 8, "activation_checkpointing": {"profile": "yes"}})");
+  EXPECT_EQ(error.key_path(), "activation_checkpointing.profile");
+  EXPECT_THAT(error.what(), HasSubstr("expected a boolean"));
+}
+
+TEST(ConfigValidation, MistakesAreReportedBeforeRefusals) {
+  ConfigError error = config_error(
+      R"({"train_batch_size": 8, "sparse_gradients": true, "zero_optimization": {"stage": 9}})");
+  EXPECT_EQ(error.key_path(), "zero_optimization.stage");
+}
+
+TEST(ConfigValidation, DuplicateKey) {
+  ConfigError error =
+      config_error(R"({"train_batch_size": 8, "zero_optimization": {"stage": 1, "stage": 2}})");
+  EXPECT_EQ(error.key_path(), "zero_optimization.stage");
+  EXPECT_THAT(error.what(), HasSubstr("given twice"));
+}
+
+TEST(ConfigValidation, InvalidJson) {
+  ConfigError error = config_error(R"({"train_batch_size": 8,)");
+  EXPECT_EQ(error.key_path(), "");
+  EXPECT_THAT(error.what(), HasSubstr("invalid JSON"));
+  EXPECT_THAT(config_error("[1, 2]").what(), HasSubstr("expected a JSON object"));
+}
+
+TEST(ConfigValidation, WorldSizeBelowOneIsAUsageError) {
+  EXPECT_THROW(Config::from_json_string(R"({"train_batch_size": 8})", 0), UsageError);
+}
+
+TEST(ConfigValidation, UnreadableFileIsAnIoError) {
+  EXPECT_THROW(Config::from_json_file("/nonexistent/zeroshard.json"), IoError);
+}
+
+// --- the batch-size identity, with 4 ranks --------------------------------------------------
+
+struct BatchCase {
+  const char* given;
+  std::int64_t train_batch_size;
+  std::int64_t micro_batch;
+  std::int64_t accumulation_steps;
+};
+
+class BatchSizeIdentity : public ::testing::TestWithParam<BatchCase> {};
+
+TEST_P(BatchSizeIdentity, SolvesTheMissingSizesWithFourRanks) {
+  const BatchCase& batch = GetParam();
+  Config config = Config::from_json_string(std::string("{") + batch.given + "}", 4);
+  EXPECT_EQ(config.train_batch_size, batch.train_batch_size);
+  EXPECT_EQ(config.train_micro_batch_size_per_gpu, batch.micro_batch);
+  EXPECT_EQ(config.gradient_accumulation_steps, batch.accumulation_steps);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    EveryCombination, BatchSizeIdentity,
+    ::testing::Values(
+        BatchCase{R"("train_batch_size": 64, "train_micro_batch_size_per_gpu": 4,
+                     "gradient_accumulation_steps": 4)",
+                  64, 4, 4},
+        BatchCase{R"("train_batch_size": 64, "train_micro_batch_size_per_gpu": 4)", 64, 4, 4},
+        BatchCase{R"("train_batch_size": 64, "gradient_accumulation_steps": 2)", 64, 8, 2},
+        BatchCase{R"("train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3)", 24, 2,
+                  3},
+        BatchCase{R"("train_batch_size": 32)", 32, 8, 1},
+        BatchCase{R"("train_micro_batch_size_per_gpu": 3)", 12, 3, 1}));
+
+TEST(BatchSizeIdentityErrors, InconsistentSizesShowTheNumbersAndTheWorldSize) {
+  ConfigError error = config_error(R"({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4,
+                                       "gradient_accumulation_steps": 2})",
+                                   4);
+  EXPECT_EQ(error.key_path(), "train_batch_size");
+  EXPECT_THAT(error.what(), HasSubstr("got 30"));
+  EXPECT_THAT(error.what(), HasSubstr("train_micro_batch_size_per_gpu 4 x "
+                                      "gradient_accumulation_steps 2 x world size 4 = 32"));
+}
+
+TEST(BatchSizeIdentityErrors, TotalNotAMultipleOfTheRanks) {
+  ConfigError error = config_error(R"({"train_batch_size": 30})", 4);
+  EXPECT_EQ(error.key_path(), "train_batch_size");
+  EXPECT_THAT(error.what(), HasSubstr("not a multiple of world size 4"));
+}
+
+TEST(BatchSizeIdentityErrors, NeedsTotalOrMicroBatch) {
+  EXPECT_EQ(config_error(R"({"gradient_accumulation_steps": 2})").key_path(), "train_batch_size");
+  EXPECT_THAT(config_error("{}").what(), HasSubstr("give train_batch_size or"));
+}
+
+// --- the zeroshard-config tool --------------------------------------------------------------
+
+class ConfigTool : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* tools = std::getenv("ZEROSHARD_TOOLS_DIR");
+    if (tools == nullptr) GTEST_SKIP() << "ZEROSHARD_TOOLS_DIR is not set (run through ctest)";
+    tool_ = std::filesystem::path(tools) / "zeroshard-config";
+    dir_ = std::filesystem::temp_directory_path() /
+           ("zeroshard_config_test_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override {
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+
+  std::filesystem::path write(const std::string& name, const std::string& text) {
+    std::ofstream(dir_ / name) << text;
+    return dir_ / name;
+  }
+
+  /// Runs the tool with `arguments`; returns its exit code, leaving stdout and stderr in
+  /// out_ and err_.
+  int run(const std::string& arguments) {
+    const std::string command = "'" + tool_.string() + "' " + arguments + " >'" +
+                                (dir_ / "out").string() + "' 2>'" + (dir_ / "err").string() + "'";
+    int status = std::system(command.c_str());
+    out_ = read_text(dir_ / "out");
+    err_ = read_text(dir_ / "err");
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+
+  std::filesystem::path tool_;
+  std::filesystem::path dir_;
+  std::string out_;
+  std::string err_;
+};
+
+TEST_F(ConfigTool, PrintsTheResolvedConfigAndExitsZero) {
+  auto file = write("ok.json", R"({"train_batch_size": 32, "zero_optimization": {"stage": 3},
+                                   "tensorboard": {"enabled": true}})");
+  ASSERT_EQ(run("'" + file.string() + "' --world-size 4"), 0) << err_;
+  auto resolved = nlohmann::json::parse(out_);
+  EXPECT_EQ(resolved["train_micro_batch_size_per_gpu"], 8);
+  EXPECT_EQ(resolved["zero_optimization"]["overlap_comm"], true);
+  EXPECT_THAT(err_, HasSubstr("tensorboard: accepted, has no effect in zeroshard"));
+}
+
+TEST_F(ConfigTool, ExitsOneOnAnInvalidConfig) {
+  auto file = write("bad.json", R"({"train_batch_size": 8, "zero_optimization": {"stage": 4}})");
+  EXPECT_EQ(run("'" + file.string() + "'"), 1);
+  EXPECT_THAT(err_, HasSubstr("zeroshard-config: " + file.string() +
+                              ": zero_optimization.stage: got 4, expected 0..3"));
+}
+
+TEST_F(ConfigTool, ExitsOneOnAMissingFile) {
+  auto file = dir_ / "missing.json";
+  EXPECT_EQ(run("'" + file.string() + "'"), 1);
+  EXPECT_THAT(err_, HasSubstr("No such file or directory"));
+}
+
+TEST_F(ConfigTool, ExitsTwoOnABadCommandLine) {
+  EXPECT_EQ(run(""), 2);
+  EXPECT_EQ(run("x.json --world-size zero"), 2);
+}
+
+// --- example configs and docs ---------------------------------------------------------------
+
+std::filesystem::path source_dir() {
+  const char* dir = std::getenv("ZEROSHARD_SOURCE_DIR");
+  return dir == nullptr ? std::filesystem::path() : std::filesystem::path(dir);
+}
+
+TEST(ExampleConfigs, AllFourStagesParse) {
+  if (source_dir().empty()) GTEST_SKIP() << "ZEROSHARD_SOURCE_DIR is not set (run via ctest)";
+  for (int stage = 0; stage <= 3; ++stage) {
+    auto path = source_dir() / "examples" / "configs" / ("zero" + std::to_string(stage) + ".json");
+    Config config = Config::from_json_file(path.string(), 2);
+    EXPECT_EQ(config.zero_optimization.stage, stage) << path;
+    EXPECT_EQ(config.optimizer.type, "adamw");
+    EXPECT_EQ(config.optimizer.params.at("lr"), 1e-3);
+    EXPECT_EQ(config.optimizer.params.at("weight_decay"), 0.01);
+    EXPECT_EQ(config.train_batch_size, 32);
+    EXPECT_EQ(config.zero_optimization.prefetch_bucket_size, 50000);
+    EXPECT_TRUE(config.notices().empty()) << path;
+  }
+}
+
+TEST(ConfigReference, DocsHoldTheGeneratedKeyReference) {
+  if (source_dir().empty()) GTEST_SKIP() << "ZEROSHARD_SOURCE_DIR is not set (run via ctest)";
+  std::string docs = read_text(source_dir() / "docs" / "config.md");
+  EXPECT_THAT(docs, HasSubstr(detail::config_reference_markdown()))
+      << "regenerate the reference block of docs/config.md with zeroshard-config --reference";
+}
+
+TEST(ConfigReference, EveryImplementedScalarKeyHasAField) {
+  for (const detail::KeySpec& spec : detail::key_specs()) {
+    const bool scalar =
+        spec.kind == detail::ValueKind::kBool || spec.kind == detail::ValueKind::kInteger ||
+        spec.kind == detail::ValueKind::kNumber || spec.kind == detail::ValueKind::kString;
+    if (scalar && spec.status == detail::KeyStatus::kImplemented) {
+      EXPECT_FALSE(std::holds_alternative<std::monostate>(spec.field)) << spec.path;
+    }
+  }
+}
+
+TEST(KeySuggestion, CountsASwapAsOneEdit) {
+  EXPECT_EQ(detail::edit_distance("stgae", "stage"), 1u);
+  EXPECT_EQ(detail::edit_distance("Stage", "stage"), 0u);
+  EXPECT_EQ(detail::closest_match("bf61", {"fp16", "bf16"}), "bf16");
+  EXPECT_EQ(detail::closest_match("foo", {"aio", "fp16"}), std::nullopt);
+}
+
+}  // namespace
+}  // namespace zeroshard
