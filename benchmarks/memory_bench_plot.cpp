@@ -64,7 +64,7 @@ std::vector<std::string> draw_plots(const std::vector<Record>& records, const st
     for (std::size_t i = 0; i < stages.size(); ++i) {
       const int color = static_cast<int>(i) + 1;
       plot << (i ? ", \\\n     " : "plot ") << "'" << base << ".dat' index " << i
-           << " using 1:2 with linespoints lw 2 pt 7 lc " << color << " title 'stage " << stages[i]
+           << " using 1:2 with points pt 7 ps 1.4 lc " << color << " title 'stage " << stages[i]
            << " measured', \\\n     '" << base << ".dat' index " << i
            << " using 1:3 with lines dt 2 lw 2 lc " << color << " title 'stage " << stages[i]
            << " theory'";

@@ -82,7 +82,8 @@ struct Terms {
   const EstimateInput& in;
   std::int64_t padded;      ///< P after the engine's padding
   std::int64_t shard;       ///< padded / N
-  std::int64_t largest;     ///< elements of the largest tensor
+  std::int64_t bucket;      ///< elements of the widest gradient bucket
+  std::int64_t receive;     ///< elements of the largest share of a bucket one rank receives
   std::int64_t persistent;  ///< stage 3: elements kept whole
   std::int64_t d;           ///< bytes per model-precision element
   std::int64_t k;           ///< fp32 optimizer state arrays
@@ -93,12 +94,6 @@ struct Terms {
   std::int64_t elements(int sharded_from) const { return stage >= sharded_from ? shard : padded; }
   /// Elements of the flat buffer this rank updates: all of it at stage 0, its shard otherwise.
   std::int64_t updated() const { return elements(1); }
-  /// A bucket closes before it exceeds reduce_bucket_size, except that one tensor larger than
-  /// that is a bucket of its own, widened by alignment and the final padding.
-  std::int64_t widest_bucket() const {
-    const std::int64_t slack = kTensorAlignment * in.ranks - 1;
-    return std::min(padded, std::max(in.reduce_bucket_size, largest + slack));
-  }
 };
 
 struct Rule {
@@ -158,10 +153,8 @@ constexpr Rule kRules[] = {
     // straight into it.
     {MemoryCategory::kCommunication,
      [](const Terms& t) -> std::int64_t {
-       const std::int64_t bucket = t.widest_bucket();
-       const std::int64_t input = t.stage >= 2 ? bucket : 0;
-       const std::int64_t receive =
-           t.stage >= 1 && t.in.reduce_scatter ? std::min(bucket, t.shard) : 0;
+       const std::int64_t input = t.stage >= 2 ? t.bucket : 0;
+       const std::int64_t receive = t.stage >= 1 && t.in.reduce_scatter ? t.receive : 0;
        return 2 * t.d * (input + receive);
      },
      on_device},
@@ -219,6 +212,44 @@ std::string offload_restriction(const EstimateInput& in) {
   return {};
 }
 
+struct BucketExtent {
+  std::int64_t widest = 0;
+  std::int64_t receive = 0;
+};
+
+/// The widest gradient bucket and the largest share of one that a rank receives. With the
+/// tensors known this is the engine's own plan (grad_bucketer.cpp): buckets tile the flat buffer
+/// from the top, each closing before it would exceed reduce_bucket_size, and a tensor larger than
+/// that forms a bucket of its own. Otherwise a bound: a bucket, or the largest tensor with its
+/// alignment and the final padding.
+BucketExtent bucket_extent(const EstimateInput& in, const detail::ShardLayout& layout) {
+  const std::int64_t limit = in.reduce_bucket_size;
+  BucketExtent extent;
+  if (in.tensors.empty()) {
+    const std::int64_t slack = kTensorAlignment * in.ranks - 1;
+    extent.widest = std::min(layout.padded_total(), std::max(limit, in.largest_tensor + slack));
+    extent.receive = std::min(extent.widest, layout.shard_size());
+    return extent;
+  }
+  const auto add = [&](std::int64_t begin, std::int64_t end) {
+    extent.widest = std::max(extent.widest, end - begin);
+    for (std::int64_t share : layout.rank_counts(begin, end)) {
+      extent.receive = std::max(extent.receive, share);
+    }
+  };
+  std::int64_t end = layout.padded_total();
+  int lowest = -1;  // the last tensor added to the open bucket
+  for (int t = layout.tensor_count() - 1; t >= 0; --t) {
+    if (lowest >= 0 && end - layout.offset(t) > limit) {
+      add(layout.offset(lowest), end);
+      end = layout.offset(lowest);
+    }
+    lowest = t;
+  }
+  add(0, end);
+  return extent;
+}
+
 /// Stage 3's choice of persistent tensors, in registration order, as the engine makes it.
 std::int64_t persistent_elements(const EstimateInput& in) {
   if (in.tensors.empty()) return in.persistent_params;
@@ -245,17 +276,13 @@ MemoryEstimate estimate(const EstimateInput& input) {
   const std::vector<std::int64_t> one_tensor = {input.params};
   const std::vector<std::int64_t>& tensors = input.tensors.empty() ? one_tensor : input.tensors;
   const detail::ShardLayout layout(tensors, input.ranks, kTensorAlignment);
-  std::int64_t largest = 0;
-  if (input.tensors.empty()) {
-    largest = input.largest_tensor;  // 0: none larger than a bucket
-  } else {
-    largest = *std::max_element(tensors.begin(), tensors.end());
-  }
+  const BucketExtent buckets = bucket_extent(input, layout);
   const Terms terms{
       .in = input,
       .padded = layout.padded_total(),
       .shard = layout.shard_size(),
-      .largest = largest,
+      .bucket = buckets.widest,
+      .receive = buckets.receive,
       .persistent = input.stage == 3 ? persistent_elements(input) : 0,
       .d = static_cast<std::int64_t>(size_of(input.precision)),
       .k = input.optimizer_state_arrays >= 0 ? input.optimizer_state_arrays

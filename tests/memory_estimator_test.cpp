@@ -116,6 +116,19 @@ TEST(MemoryEstimator, BoundsTheBucketSlots) {
   EXPECT_EQ(estimate(in).at(MemoryCategory::kCommunication), 2 * 2 * (500'000 + 63 + 262'144));
 }
 
+TEST(MemoryEstimator, PlansBucketsAsTheEngineDoesWhenItKnowsTheTensors) {
+  // Four tensors of 100 at offsets 0, 112, 224 and 336, padded to 448 on 2 ranks. From the top,
+  // a bucket of 250 elements holds two of them with their alignment gaps: [224, 448) and
+  // [0, 224); rank 1 receives all 224 elements of the first.
+  EstimateInput in = input(0, 2, 2, DType::kFloat32);
+  in.tensors = {100, 100, 100, 100};
+  in.reduce_bucket_size = 250;
+  EXPECT_EQ(estimate(in).padded_params, 448);
+  EXPECT_EQ(estimate(in).at(MemoryCategory::kCommunication), 2 * 4 * (224 + 224));
+  in.reduce_bucket_size = 50;  // every tensor a bucket of its own, the top one with the padding
+  EXPECT_EQ(estimate(in).at(MemoryCategory::kCommunication), 2 * 4 * (112 + 112));
+}
+
 TEST(MemoryEstimator, SendsTwoPPerStepAndThreePAtStageThree) {
   for (int stage = 0; stage <= 3; ++stage) {
     const MemoryEstimate e = estimate(input(kUnpaddedP, 4, stage, DType::kBFloat16));
