@@ -70,10 +70,13 @@ Record measure(const BenchOptions& options, const Configuration& configuration, 
   EstimateInput input = estimate_input_from_config(engine.config(), record.params, world_size);
   input.tensors = model->tensor_numels();
   const MemoryEstimate estimate = zeroshard::estimate(input);
+  // CPU ranks keep "device" buffers in host memory too, so offloaded bytes count alongside, as
+  // the measured side sums both locations.
   for (int c = 0; c < kMemoryCategoryCount; ++c) {
-    record.theory[c] = estimate.at(static_cast<MemoryCategory>(c));
+    const auto category = static_cast<MemoryCategory>(c);
+    record.theory[c] = estimate.at(category) + estimate.at(category, MemoryTier::kHost);
   }
-  record.theory_device_peak = estimate.device_peak();
+  record.theory_device_peak = estimate.device_peak() + estimate.total(MemoryTier::kHost);
   record.theory_sent_bytes_per_step = estimate.traffic_bytes_per_step;
   if (!estimate.valid) {
     record.status =

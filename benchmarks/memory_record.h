@@ -33,7 +33,7 @@ struct Record {
   double step_ms = 0.0;
   std::int64_t sent_bytes_per_step = 0;
 
-  // The estimator's figures for the same configuration (device tier).
+  // The estimator's figures for the same configuration (device and host tiers summed).
   std::array<std::int64_t, kMemoryCategoryCount> theory{};
   std::int64_t theory_device_peak = 0;
   std::int64_t theory_sent_bytes_per_step = 0;
