@@ -468,10 +468,12 @@ void ConfigParser::check_combinations(const json& document) {
 
   if (refusal_) throw *refusal_;
   for (const Offload& offload : offloads) {
-    if (offload.config.device == OffloadDevice::kNvme) {
+    if (offload.config.device != OffloadDevice::kNone) {
+      const bool nvme = offload.config.device == OffloadDevice::kNvme;
       throw ConfigError(std::string(offload.path) + ".device",
-                        "got \"nvme\"; NVMe offload is not implemented yet (use \"cpu\" or "
-                        "\"none\")");
+                        std::string("got \"") + (nvme ? "nvme" : "cpu") + "\"; " +
+                            (nvme ? "NVMe" : "CPU") +
+                            " offload is not implemented yet (only \"none\" is accepted)");
     }
   }
 }

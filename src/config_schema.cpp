@@ -326,6 +326,7 @@ std::vector<KeySpec> make_key_specs() {
        .default_json = "true",
        .meaning = "Copy gradients into one contiguous buffer as they are produced (less "
                   "fragmentation, higher peak).",
+       .status = S::kRefused,
        .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.contiguous_gradients)},
       {.path = "zero_optimization.reduce_scatter",
        .kind = K::kBool,
@@ -366,6 +367,7 @@ std::vector<KeySpec> make_key_specs() {
        .default_json = "true",
        .meaning = "Initialise fp32 master weights from the checkpoint's fp32 copy, not from "
                   "the 16-bit weights.",
+       .status = S::kNotYet,
        .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.load_from_fp32_weights)},
       {.path = "zero_optimization.elastic_checkpoint",
        .kind = K::kBool,
@@ -414,6 +416,7 @@ std::vector<KeySpec> make_key_specs() {
        .kind = K::kBool,
        .default_json = "false",
        .meaning = "Stage 3: gather the full 16-bit weights when saving the model.",
+       .status = S::kNotYet,
        .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.gather_16bit_weights_on_model_save)},
       {.path = "zero_optimization.prefetch_bucket_size",
        .kind = K::kInteger,
@@ -469,6 +472,7 @@ std::vector<KeySpec> make_key_specs() {
        .kind = K::kBool,
        .default_json = "true",
        .meaning = "Stage 2: a parameter that never gets a gradient is not an error.",
+       .status = S::kRefused,
        .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.ignore_unused_parameters)},
       {.path = "zero_optimization.legacy_stage1",
        .kind = K::kBool,
@@ -480,6 +484,7 @@ std::vector<KeySpec> make_key_specs() {
        .default_json = "false",
        .meaning = "Stages 1/2 with CPU offload: copy gradients to the CPU in parallel, rank "
                   "by rank.",
+       .status = S::kNotYet,
        .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.round_robin_gradients)},
       {.path = "zero_optimization.zero_hpz_partition_size",
        .kind = K::kInteger,

@@ -30,6 +30,7 @@ EngineState::EngineState(Config config, std::unique_ptr<Communicator> communicat
     : config_(std::move(config)), comm_(std::move(communicator)), rule_(std::move(rule)) {
   ZEROSHARD_CHECK_USAGE(comm_ != nullptr, "Engine needs a communicator");
   if (!rule_) rule_ = make_update_rule(config_);
+  check_supported_combination();
   scheduler_ = make_lr_scheduler(config_.scheduler, rule_->default_lr(), rule_->beta1());
   rank_ = comm_->rank();
   world_ = comm_->size();
@@ -44,6 +45,31 @@ EngineState::EngineState(Config config, std::unique_ptr<Communicator> communicat
   ParamGroupOptions default_group;
   default_group.name = "default";
   groups_.push_back({default_group});
+}
+
+EngineState::~EngineState() {
+  for (Bucket& bucket : buckets_) bucket.request = Request();
+  for (ModuleInfo& module : modules_) module.pending = Request();
+}
+
+void EngineState::check_supported_combination() const {
+  const std::string model = to_string(dtype_);
+  const std::string& comm = config_.communication_data_type;
+  if (!comm.empty() && comm != model) {
+    throw ConfigError("communication_data_type",
+                      "got \"" + comm + "\" with " + model +
+                          " parameters; communicating in a type other than the parameters' is "
+                          "not implemented yet (leave it null or set \"" +
+                          model + "\")");
+  }
+  const std::string& accum = config_.grad_accum_dtype;
+  if (!accum.empty() && accum != model && !(accum == "fp32" && stage_ >= 2)) {
+    throw ConfigError("data_types.grad_accum_dtype",
+                      "got \"" + accum + "\" with " + model + " parameters at stage " +
+                          std::to_string(stage_) +
+                          "; an fp32 accumulation buffer is implemented for the gradient shard "
+                          "of stages 2-3 only (leave it null, or use stage 2 or 3)");
+  }
 }
 
 void EngineState::finalize() {
@@ -121,7 +147,8 @@ void EngineState::finalize() {
   frozen_ = TrackedBuffer(tracker_, MemoryCategory::kParameters, frozen_total * dsize_);
   if (separate_master) {
     // 16-bit gradients are widened to fp32 one chunk at a time, never for the whole shard.
-    const std::int64_t chunk = std::min<std::int64_t>(owned, std::int64_t{1} << 16);
+    const std::int64_t chunk = std::max<std::int64_t>(
+        2, std::min({owned, config_.zero_optimization.sub_group_size, std::int64_t{1} << 16}));
     scratch_ = TrackedBuffer(tracker_, MemoryCategory::kGradients, chunk * sizeof(float));
   }
   plan_buckets();
@@ -289,9 +316,7 @@ ActivationBuffer::ActivationBuffer() = default;
 ActivationBuffer::ActivationBuffer(ActivationBuffer&&) noexcept = default;
 ActivationBuffer& ActivationBuffer::operator=(ActivationBuffer&&) noexcept = default;
 ActivationBuffer::~ActivationBuffer() = default;
-float* ActivationBuffer::data() const noexcept {
-  return buffer_ ? buffer_->as<float>() : nullptr;
-}
+float* ActivationBuffer::data() const noexcept { return buffer_ ? buffer_->as<float>() : nullptr; }
 std::size_t ActivationBuffer::bytes() const noexcept { return buffer_ ? buffer_->bytes() : 0; }
 
 // --- Engine --------------------------------------------------------------------------------------

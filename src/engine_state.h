@@ -29,11 +29,11 @@ struct ParamInfo {
   bool trainable = true;
   int group = 0;
   ModuleId module = -1;
-  int tensor = -1;              ///< index in the trainable layout, -1 when frozen
+  int tensor = -1;                 ///< index in the trainable layout, -1 when frozen
   std::int64_t frozen_offset = 0;  ///< element offset in the frozen buffer
   int bucket = -1;
-  bool grad_ready = false;      ///< this micro-step's gradient was handed over
-  bool persistent = false;      ///< stage 3: kept whole on every rank
+  bool grad_ready = false;        ///< this micro-step's gradient was handed over
+  bool persistent = false;        ///< stage 3: kept whole on every rank
   TrackedBuffer persistent_copy;  ///< stage 3, persistent: the whole parameter
 };
 
@@ -76,9 +76,13 @@ class EngineState {
  public:
   EngineState(Config config, std::unique_ptr<Communicator> communicator,
               std::unique_ptr<UpdateRule> rule);
+  /// Waits for every transfer still in flight before any buffer it touches is freed.
+  ~EngineState();
 
   // --- engine.cpp: registration, layout, buffers, accessors ---
   void finalize();
+  /// Settings the config parser accepts alone but the engine cannot honour together.
+  void check_supported_combination() const;
   void require_finalized() {
     if (!finalized_) finalize();
   }
@@ -99,6 +103,8 @@ class EngineState {
   void launch_all_buckets();
   void finish_reductions();
   void* bucket_grad_pointer(int index);
+  double pre_reduction_factor() const;
+  double post_reduction_factor() const;
 
   // --- param_coordinator.cpp: stage-3 gather, prefetch, release ---
   void gather(ModuleId module);
@@ -136,11 +142,11 @@ class EngineState {
   ShardLayout layout_;
   std::vector<int> tensor_param_;  ///< trainable tensor index -> parameter index
   MemoryTracker tracker_;
-  TrackedBuffer params_full_;   ///< stages 0-2: every trainable parameter, model dtype
-  TrackedBuffer param_shard_;   ///< stage 3: this rank's shard, model dtype
-  TrackedBuffer master_;        ///< 16-bit training: fp32 master (full at stage 0, else shard)
-  TrackedBuffer grads_full_;    ///< stages 0-1: every gradient, model dtype
-  TrackedBuffer grad_shard_;    ///< stages 2-3: this rank's reduced gradient shard
+  TrackedBuffer params_full_;  ///< stages 0-2: every trainable parameter, model dtype
+  TrackedBuffer param_shard_;  ///< stage 3: this rank's shard, model dtype
+  TrackedBuffer master_;       ///< 16-bit training: fp32 master (full at stage 0, else shard)
+  TrackedBuffer grads_full_;   ///< stages 0-1: every gradient, model dtype
+  TrackedBuffer grad_shard_;   ///< stages 2-3: this rank's reduced gradient shard
   DType grad_shard_dtype_ = DType::kFloat32;
   std::vector<TrackedBuffer> states_;
   TrackedBuffer frozen_;
@@ -158,8 +164,8 @@ class EngineState {
   void complete_oldest();
 
   // Stage 3 order trace for prefetch and reuse distance.
-  std::vector<ModuleId> trace_;        ///< gathers of the last complete step
-  std::vector<ModuleId> recording_;    ///< gathers of the step in progress
+  std::vector<ModuleId> trace_;      ///< gathers of the last complete step
+  std::vector<ModuleId> recording_;  ///< gathers of the step in progress
   bool trace_valid_ = false;
   std::size_t trace_position_ = 0;
   std::int64_t live_elements_ = 0;

@@ -39,7 +39,34 @@ void add_into(void* dst, DType dst_dtype, const void* src, DType src_dtype, std:
   }
 }
 
+void scale_in_place(void* data, DType dtype, std::int64_t count, float factor, float* scratch,
+                    std::int64_t scratch_count) {
+  if (dtype == DType::kFloat32) {
+    float* d = static_cast<float*>(data);
+#pragma omp simd
+    for (std::int64_t i = 0; i < count; ++i) d[i] *= factor;
+    return;
+  }
+  for (std::int64_t done = 0; done < count; done += scratch_count) {
+    const std::int64_t n = std::min(scratch_count, count - done);
+    char* at = static_cast<char*>(data) + done * size_of(dtype);
+    convert_to_float(at, dtype, scratch, n);
+    for (std::int64_t i = 0; i < n; ++i) scratch[i] *= factor;
+    convert_from_float(scratch, at, dtype, n);
+  }
+}
+
 }  // namespace
+
+double EngineState::pre_reduction_factor() const {
+  // DeepSpeed's allreduce_bucket: prescale_gradients divides by the world size before the
+  // reduction; otherwise gradient_predivide_factor is divided out before and the rest after.
+  return config_.prescale_gradients ? 1.0 / world_ : 1.0 / config_.gradient_predivide_factor;
+}
+
+double EngineState::post_reduction_factor() const {
+  return config_.prescale_gradients ? 1.0 : config_.gradient_predivide_factor / world_;
+}
 
 void EngineState::plan_buckets() {
   const std::int64_t limit = config_.zero_optimization.reduce_bucket_size;
@@ -92,16 +119,15 @@ void* EngineState::bucket_grad_pointer(int index) {
   const ParamInfo& p = params_[index];
   Bucket& bucket = buckets_[p.bucket];
   if (bucket.slot < 0) bucket.slot = acquire_slot();
-  return slots_[bucket.slot].buffer.as<char>() +
-         (layout_.offset(p.tensor) - bucket.begin) * dsize_;
+  return slots_[bucket.slot].buffer.as<char>() + (layout_.offset(p.tensor) - bucket.begin) * dsize_;
 }
 
 void EngineState::mark_grad_ready(int index) {
   require_finalized();
   ParamInfo& p = params_[index];
   ZEROSHARD_CHECK_USAGE(p.trainable, "grad_ready('" << p.name << "'): the parameter is frozen");
-  ZEROSHARD_CHECK_USAGE(!p.grad_ready, "grad_ready('" << p.name
-                                                      << "') called twice in one micro-step");
+  ZEROSHARD_CHECK_USAGE(!p.grad_ready,
+                        "grad_ready('" << p.name << "') called twice in one micro-step");
   p.grad_ready = true;
   ++buckets_[p.bucket].ready;
   launch_ready_buckets();
@@ -137,6 +163,10 @@ void EngineState::launch(int b) {
     if (bucket.slot < 0) bucket.slot = acquire_slot();
     input = slots_[bucket.slot].buffer.data();
   }
+  if (const double factor = pre_reduction_factor(); factor != 1.0) {
+    scale_in_place(input, dtype_, length, static_cast<float>(factor), scratch_.as<float>(),
+                   static_cast<std::int64_t>(scratch_.bytes() / sizeof(float)));
+  }
   if (scatter) {
     if (stage_ == 1) bucket.slot = acquire_slot();
     char* recv = slots_[bucket.slot].buffer.as<char>() + slot_input_elements_ * dsize_;
@@ -146,7 +176,8 @@ void EngineState::launch(int b) {
     bucket.request = comm_->all_reduce_async(input, length, dtype_, ReduceOp::kSum);
   }
   in_flight_.push_back(b);
-  reduce_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  reduce_seconds_ +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   // Without overlap_comm each reduction finishes before backward goes on (DeepSpeed's meaning).
   if (!config_.zero_optimization.overlap_comm) complete_oldest();
 }
@@ -157,7 +188,8 @@ void EngineState::complete_oldest() {
   Bucket& bucket = buckets_[b];
   const auto start = std::chrono::steady_clock::now();
   bucket.request.wait();
-  reduce_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  reduce_seconds_ +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (stage_ == 0) return;
   const std::int64_t shard_lo = layout_.shard_begin(rank_);
   const std::int64_t lo = std::max(bucket.begin, shard_lo);
@@ -165,10 +197,9 @@ void EngineState::complete_oldest() {
   const bool scatter = config_.zero_optimization.reduce_scatter;
   if (hi > lo) {
     const char* slot_base = bucket.slot >= 0 ? slots_[bucket.slot].buffer.as<char>() : nullptr;
-    const char* reduced = scatter ? slot_base + slot_input_elements_ * dsize_
-                          : stage_ == 1
-                              ? grads_full_.as<char>() + lo * dsize_
-                              : slot_base + (lo - bucket.begin) * dsize_;
+    const char* reduced = scatter       ? slot_base + slot_input_elements_ * dsize_
+                          : stage_ == 1 ? grads_full_.as<char>() + lo * dsize_
+                                        : slot_base + (lo - bucket.begin) * dsize_;
     if (stage_ == 1) {
       if (scatter) std::memcpy(grads_full_.as<char>() + lo * dsize_, reduced, (hi - lo) * dsize_);
     } else {

@@ -56,8 +56,8 @@ TrackedBuffer::TrackedBuffer(MemoryTracker& tracker, MemoryCategory category, st
   data_ = std::aligned_alloc(kBufferAlignment, rounded);
   if (data_ == nullptr) {
     std::ostringstream os;
-    os << "cannot allocate " << bytes << " bytes of host memory for " << to_string(category)
-       << " [" << where(__FILE__, __LINE__)
+    os << "cannot allocate " << bytes << " bytes of host memory for " << to_string(category) << " ["
+       << where(__FILE__, __LINE__)
        << "]; lower the ZeRO stage's resident bytes (higher stage, smaller buckets) or offload";
     throw OutOfMemoryError(os.str());
   }

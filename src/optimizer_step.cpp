@@ -53,8 +53,8 @@ StepResult EngineState::step() {
                       : grad_shard_.as<char>() + (flat - layout_.shard_begin(rank_)) * grad_size;
   };
   // Gradients arrive summed over ranks and micro-steps and multiplied by the loss scale.
-  const double unscale =
-      1.0 / (static_cast<double>(world_) * config_.gradient_accumulation_steps * loss_scale_);
+  const double unscale = post_reduction_factor() /
+                         (static_cast<double>(config_.gradient_accumulation_steps) * loss_scale_);
   const std::int64_t chunk = scratch_.empty() ? 0 : scratch_.bytes() / sizeof(float);
 
   // Pass 1: fp32 gradients are unscaled in place; 16-bit ones are only inspected here and
@@ -103,7 +103,9 @@ StepResult EngineState::step() {
     squares_total = partial[0];
     nonfinite_total = partial[1] != 0.0f || !std::isfinite(partial[0]) ? 1 : 0;
   }
-  if (nonfinite_total > 0) {
+  // bf16 with check_grad_overflow off trusts the gradients, as DeepSpeed's BF16 optimizer does.
+  const bool check = dtype_ != DType::kBFloat16 || config_.bf16.check_grad_overflow;
+  if (nonfinite_total > 0 && check) {
     zero_grad();
     if (dtype_ == DType::kFloat16) {
       result.skipped = true;
@@ -114,8 +116,7 @@ StepResult EngineState::step() {
     std::ostringstream os;
     os << "non-finite gradient (inf or NaN) ";
     if (scan.first_nonfinite_param >= 0) {
-      os << "in parameter '" << params_[scan.first_nonfinite_param].name << "' on rank "
-         << rank_;
+      os << "in parameter '" << params_[scan.first_nonfinite_param].name << "' on rank " << rank_;
     } else {
       os << "on another rank";
     }
@@ -145,8 +146,8 @@ StepResult EngineState::step() {
     const ParamGroupOptions& group = groups_[p.group].options;
     StepContext context;
     context.step = global_step_ + 1;
-    context.lr = group.lr ? (default_lr > 0.0 ? *group.lr * base_lr / default_lr : *group.lr)
-                          : base_lr;
+    context.lr =
+        group.lr ? (default_lr > 0.0 ? *group.lr * base_lr / default_lr : *group.lr) : base_lr;
     context.weight_decay = group.weight_decay.value_or(rule_->default_weight_decay());
     context.momentum = schedule.momentum;
     const std::int64_t flat = piece.flat_offset + offset;
@@ -171,7 +172,11 @@ StepResult EngineState::step() {
 #pragma omp simd
         for (std::int64_t i = 0; i < piece.size; ++i) g[i] *= c;
       }
-      apply(piece, 0, piece.size, g);
+      // The rule runs in tiles of sub_group_size elements, as DeepSpeed's step does.
+      const std::int64_t tile = config_.zero_optimization.sub_group_size;
+      for (std::int64_t done = 0; done < piece.size; done += tile) {
+        apply(piece, done, std::min(tile, piece.size - done), g + done);
+      }
     } else {
       float* w = scratch_.as<float>();
       const float factor = static_cast<float>(unscale * clip);
@@ -191,8 +196,7 @@ StepResult EngineState::step() {
     }
   }
   const auto gather_start = std::chrono::steady_clock::now();
-  update_seconds_ +=
-      std::chrono::duration<double>(gather_start - update_start).count();
+  update_seconds_ += std::chrono::duration<double>(gather_start - update_start).count();
   if (stage_ == 1 || stage_ == 2) all_gather_parameters();
   if (stage_ == 3) refresh_persistent_params();
   gather_seconds_ +=
@@ -207,8 +211,8 @@ StepResult EngineState::step() {
 }
 
 void EngineState::all_gather_parameters() {
-  const std::int64_t chunk = std::max<std::int64_t>(
-      config_.zero_optimization.allgather_bucket_size, layout_.world_size());
+  const std::int64_t chunk =
+      std::max<std::int64_t>(config_.zero_optimization.allgather_bucket_size, layout_.world_size());
   const std::int64_t total = layout_.padded_total();
   std::vector<Request> requests;
   for (std::int64_t lo = 0; lo < total; lo += chunk) {
@@ -241,9 +245,10 @@ void EngineState::on_overflow() {
   scaler_->update(true);
   loss_scale_ = scaler_->scale();
   if (rank_ == 0) {
-    std::printf("[zeroshard] OVERFLOW at step %lld: update skipped on every rank, loss scale now "
-                "%g\n",
-                static_cast<long long>(global_step_ + 1), loss_scale_);
+    std::printf(
+        "[zeroshard] OVERFLOW at step %lld: update skipped on every rank, loss scale now "
+        "%g\n",
+        static_cast<long long>(global_step_ + 1), loss_scale_);
     std::fflush(stdout);
   }
 }

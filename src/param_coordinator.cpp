@@ -44,13 +44,12 @@ void EngineState::gather(ModuleId module) {
       }
     }
     ZEROSHARD_CHECK_USAGE(live_elements_ + module_size(m) <= limit,
-                          "gathering module '" << m.name << "' (" << module_size(m)
-                                               << " elements) would hold " << live_elements_ +
-                                                                                  module_size(m)
-                                               << " gathered elements, more than "
-                                                  "zero_optimization.stage3_max_live_parameters = "
-                                               << limit
-                                               << ": release modules after use or raise the limit");
+                          "gathering module '"
+                              << m.name << "' (" << module_size(m) << " elements) would hold "
+                              << live_elements_ + module_size(m)
+                              << " gathered elements, more than "
+                                 "zero_optimization.stage3_max_live_parameters = "
+                              << limit << ": release modules after use or raise the limit");
     start_gather(module);
   }
   if (m.residency == ModuleResidency::kInFlight) finish_gather(module);
@@ -71,7 +70,8 @@ void EngineState::start_gather(ModuleId module) {
   m.pending = comm_->all_gather_async(m.gathered.data(), counts, dtype_);
   m.residency = ModuleResidency::kInFlight;
   live_elements_ += module_size(m);
-  gather_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  gather_seconds_ +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 void EngineState::finish_gather(ModuleId module) {
@@ -79,7 +79,8 @@ void EngineState::finish_gather(ModuleId module) {
   const auto start = std::chrono::steady_clock::now();
   m.pending.wait();
   m.residency = ModuleResidency::kAvailable;
-  gather_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  gather_seconds_ +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 void EngineState::free_module(ModuleId module) {
@@ -124,8 +125,7 @@ void EngineState::release(ModuleId module) {
                         "release(" << module << "): no such module");
   if (stage_ != 3) return;
   ModuleInfo& m = modules_[module];
-  ZEROSHARD_CHECK_USAGE(m.users > 0, "release('" << m.name
-                                                 << "') without a matching gather()");
+  ZEROSHARD_CHECK_USAGE(m.users > 0, "release('" << m.name << "') without a matching gather()");
   if (--m.users > 0 || !m.sharded) return;
   if (!reused_soon(module)) free_module(module);
 }

@@ -30,8 +30,8 @@ ShardLayout::ShardLayout(std::span<const std::int64_t> numels, int world_size,
 std::vector<std::int64_t> ShardLayout::rank_counts(std::int64_t begin, std::int64_t end) const {
   std::vector<std::int64_t> counts(world_size_);
   for (int r = 0; r < world_size_; ++r) {
-    counts[r] = std::max<std::int64_t>(
-        0, std::min(end, shard_end(r)) - std::max(begin, shard_begin(r)));
+    counts[r] =
+        std::max<std::int64_t>(0, std::min(end, shard_end(r)) - std::max(begin, shard_begin(r)));
   }
   return counts;
 }

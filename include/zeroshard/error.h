@@ -72,8 +72,7 @@ class IoError : public Error {
 /// An allocation failed; the message says how many bytes of which category were asked for.
 class OutOfMemoryError : public Error {
  public:
-  explicit OutOfMemoryError(const std::string& message)
-      : Error(ErrorCode::kOutOfMemory, message) {}
+  explicit OutOfMemoryError(const std::string& message) : Error(ErrorCode::kOutOfMemory, message) {}
 };
 
 /// An operation did not finish within its deadline (a collective, an I/O request).

@@ -5,7 +5,7 @@
 #include "zeroshard/config.h"
 #include "zeroshard/dtype.h"
 #include "zeroshard/engine.h"
-#include "zeroshard/lr_scheduler.h"
 #include "zeroshard/error.h"
+#include "zeroshard/lr_scheduler.h"
 #include "zeroshard/memory_report.h"
 #include "zeroshard/optimizer.h"

@@ -103,12 +103,49 @@ TEST_P(EngineEquivalence, ShardedParametersEqualOneUnshardedRankAfterTenSteps) {
 }
 
 INSTANTIATE_TEST_SUITE_P(StagesAndRules, EngineEquivalence,
-                         ::testing::Combine(::testing::Values(0, 1, 2, 3),
-                                            ::testing::Range(0, 5)),
+                         ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Range(0, 5)),
                          [](const auto& info) {
                            return "stage" + std::to_string(std::get<0>(info.param)) + "_" +
                                   rule_cases()[std::get<1>(info.param)].name;
                          });
+
+class EngineCommunicationSwitches : public ::testing::TestWithParam<int> {};
+
+TEST_P(EngineCommunicationSwitches, DeepSpeedsAlternativesKeepTheMath) {
+  // All-reduce instead of reduce-scatter, broadcasts instead of all-gather, no overlap,
+  // pre-scaled gradients and a tiled step: each changes how the work is done, never the result
+  // (up to the rounding of scaling before rather than after the sum).
+  const int stage = GetParam();
+  Config config = toy_config(stage);
+  config.zero_optimization.reduce_scatter = false;
+  config.zero_optimization.allgather_partitions = false;
+  config.zero_optimization.overlap_comm = false;
+  config.zero_optimization.sub_group_size = 10;
+  config.prescale_gradients = stage % 2 == 0;
+  config.gradient_predivide_factor = 2.0;
+  Engine engine(config, Communicator::from_environment(), rule_cases()[0].make());
+  const auto tensors = uneven_toy_tensors();
+  const auto handles = register_toy(engine, tensors);
+  auto reference_rule = rule_cases()[0].make();
+  ToyReference reference(tensors, *reference_rule, engine.world_size());
+  for (std::int64_t step = 0; step < 10; ++step) {
+    toy_micro_step(engine, tensors, handles, step);
+    engine.step();
+    reference.step(
+        step, [&](std::size_t) { return reference_rule->default_lr(); },
+        reference_rule->default_weight_decay());
+  }
+  const std::vector<float> actual = engine.consolidated_parameters();
+  const std::vector<float> expected = reference.trainable_values();
+  ASSERT_EQ(actual.size(), expected.size());
+  for (std::size_t i = 0; i < actual.size(); ++i) {
+    EXPECT_NEAR(actual[i], expected[i], 1e-6 * std::max(1e-3f, std::fabs(expected[i])))
+        << "element " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, EngineCommunicationSwitches, ::testing::Values(0, 1, 2, 3),
+                         [](const auto& info) { return "stage" + std::to_string(info.param); });
 
 TEST(EngineEquivalence, GradientsArrivingInAnyOrderGiveTheSameResult) {
   // Each rank hands its gradients over in a different order; buckets still reduce in a fixed
