@@ -1,6 +1,7 @@
 // The synthetic model and the adapter to the MLP example.
 #include "memory_bench_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -15,6 +16,12 @@
 namespace zeroshard::bench {
 
 namespace {
+
+constexpr std::int64_t kPatternElements = 4096;
+
+float pattern_value(std::size_t i) {
+  return 0.02f * static_cast<float>(std::sin(0.001 * static_cast<double>(i)));
+}
 
 /// `params` elements in `tensors` tensors of (nearly) equal size, one module each, so stage 3
 /// gathers them one at a time. Its gradients are fixed values written in the model's precision,
@@ -31,29 +38,32 @@ class SyntheticModel final : public BenchModel {
   }
 
   void initialize() override {
-    const DType dtype = engine_.model_dtype();
     for (std::size_t t = 0; t < handles_.size(); ++t) {
       std::vector<float> values(static_cast<std::size_t>(numels_[t]));
-      for (std::size_t i = 0; i < values.size(); ++i) {
-        values[i] = 0.02f * static_cast<float>(std::sin(0.001 * static_cast<double>(i) + t));
-      }
+      for (std::size_t i = 0; i < values.size(); ++i) values[i] = pattern_value(i + t);
       handles_[t].copy_from(values);
-      // Small gradients, prepared once in the model's precision so a step only copies them.
-      for (float& v : values) v *= 0.05f;
-      std::vector<unsigned char> bytes(values.size() * size_of(dtype));
-      detail::convert_from_float(values.data(), bytes.data(), dtype,
-                                 static_cast<std::int64_t>(values.size()));
-      gradients_.push_back(std::move(bytes));
     }
+    // Gradients repeat a short pattern, prepared once in the model's precision, so that the
+    // benchmark's own memory stays small beside the engine's in the process's peak RSS.
+    std::vector<float> pattern(kPatternElements);
+    for (std::size_t i = 0; i < pattern.size(); ++i) pattern[i] = 0.05f * pattern_value(i);
+    gradient_pattern_.resize(pattern.size() * size_of(engine_.model_dtype()));
+    detail::convert_from_float(pattern.data(), gradient_pattern_.data(), engine_.model_dtype(),
+                               kPatternElements);
   }
 
   void micro_step(std::int64_t) override {
     for (const Parameter& p : handles_) {
       const Engine::GatheredModule gathered = engine_.gathered(p.module());
     }
+    const std::size_t element = size_of(engine_.model_dtype());
     for (std::size_t t = handles_.size(); t-- > 0;) {
       const Engine::GatheredModule gathered = engine_.gathered(handles_[t].module());
-      std::memcpy(handles_[t].raw_grad(), gradients_[t].data(), gradients_[t].size());
+      auto* grad = static_cast<unsigned char*>(handles_[t].raw_grad());
+      for (std::int64_t done = 0; done < numels_[t]; done += kPatternElements) {
+        const std::int64_t n = std::min(kPatternElements, numels_[t] - done);
+        std::memcpy(grad + done * element, gradient_pattern_.data(), n * element);
+      }
       engine_.grad_ready(handles_[t]);
     }
   }
@@ -64,7 +74,7 @@ class SyntheticModel final : public BenchModel {
   Engine& engine_;
   std::vector<Parameter> handles_;
   std::vector<std::int64_t> numels_;
-  std::vector<std::vector<unsigned char>> gradients_;
+  std::vector<unsigned char> gradient_pattern_;
 };
 
 #ifdef ZEROSHARD_BENCH_WITH_MLP
