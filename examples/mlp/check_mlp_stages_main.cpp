@@ -1,0 +1,107 @@
+// zeroshard-check-mlp-stages: compares the --report-json files of zeroshard-train-mlp runs at
+// stages 0, 1, 2, 3 (in that order): same losses, a falling loss, and sharded optimizer states.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace {
+
+// fp32 training sums the same gradients in a different order at each stage (all-reduce against
+// reduce-scatter, bucket boundaries), so the losses agree to rounding, not bit for bit.
+constexpr double kLossTolerance = 1e-5;
+// The loss must have visibly fallen by the last step.
+constexpr double kRequiredLossRatio = 0.9;
+
+int failures = 0;
+
+void expect(bool ok, const std::string& what) {
+  std::printf("%s %s\n", ok ? "[ ok ]" : "[FAIL]", what.c_str());
+  if (!ok) ++failures;
+}
+
+// Optimizer-state bytes rank 0 holds, wherever they live (host, or device with the CUDA backend).
+std::int64_t rank0_optimizer_states(const nlohmann::json& report) {
+  std::int64_t bytes = 0;
+  for (const char* location : {"host", "device"}) {
+    const nlohmann::json& memory = report.at("memory").at(0);
+    if (memory.contains(location)) {
+      bytes += memory.at(location).at("optimizer_states").at("current").get<std::int64_t>();
+    }
+  }
+  return bytes;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 5) {
+    std::fprintf(stderr,
+                 "usage: zeroshard-check-mlp-stages ZERO0.json ZERO1.json ZERO2.json "
+                 "ZERO3.json\n");
+    return 2;
+  }
+  std::vector<nlohmann::json> reports;
+  for (int i = 1; i < argc; ++i) {
+    std::ifstream file(argv[i]);
+    if (!file) {
+      std::fprintf(stderr, "zeroshard-check-mlp-stages: cannot read %s\n", argv[i]);
+      return 1;
+    }
+    try {
+      reports.push_back(nlohmann::json::parse(file));
+    } catch (const nlohmann::json::exception& error) {
+      std::fprintf(stderr, "zeroshard-check-mlp-stages: %s: %s\n", argv[i], error.what());
+      return 1;
+    }
+  }
+
+  try {
+    const double loss0 = reports[0].at("final_loss").get<double>();
+    const std::int64_t states0 = rank0_optimizer_states(reports[0]);
+    const int world = reports[0].at("world_size").get<int>();
+    char line[256];
+    for (int stage = 0; stage < 4; ++stage) {
+      const nlohmann::json& report = reports[static_cast<std::size_t>(stage)];
+      std::snprintf(line, sizeof line, "report %d is stage %d on %d ranks", stage,
+                    report.at("stage").get<int>(), report.at("world_size").get<int>());
+      expect(report.at("stage").get<int>() == stage && report.at("world_size").get<int>() == world,
+             line);
+
+      const std::vector<double> losses = report.at("losses").get<std::vector<double>>();
+      const double final_loss = report.at("final_loss").get<double>();
+      std::snprintf(line, sizeof line, "stage %d: loss fell from %.6f to %.6f (< %.2f x first)",
+                    stage, losses.front(), final_loss, kRequiredLossRatio);
+      expect(final_loss < kRequiredLossRatio * losses.front(), line);
+
+      const double relative = std::fabs(final_loss - loss0) / std::fabs(loss0);
+      std::snprintf(line, sizeof line,
+                    "stage %d: final loss %.9f matches stage 0's %.9f (relative %.2e <= %.0e)",
+                    stage, final_loss, loss0, relative, kLossTolerance);
+      expect(relative <= kLossTolerance, line);
+
+      if (stage == 0) continue;
+      // Each rank holds the states of its shard of the padded flat buffer: a world-th of the
+      // unpadded states plus at most the padding's share.
+      const std::int64_t states = rank0_optimizer_states(report);
+      const std::int64_t parameters = report.at("parameters").get<std::int64_t>();
+      const std::int64_t padded = report.at("padded_parameters").get<std::int64_t>();
+      const double bytes_per_element = static_cast<double>(states0) / parameters;
+      const double ideal = static_cast<double>(states0) / world;
+      const double slack = bytes_per_element * (padded - parameters);
+      std::snprintf(line, sizeof line,
+                    "stage %d: rank 0 holds %lld optimizer-state bytes, stage 0 / %d = %.0f "
+                    "(padding allows %.0f more)",
+                    stage, static_cast<long long>(states), world, ideal, slack);
+      expect(states >= ideal - bytes_per_element && states <= ideal + slack, line);
+    }
+  } catch (const nlohmann::json::exception& error) {
+    std::fprintf(stderr, "zeroshard-check-mlp-stages: malformed report: %s\n", error.what());
+    return 1;
+  }
+  if (failures != 0) std::printf("%d check(s) failed\n", failures);
+  return failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,207 @@
+// Forward, softmax cross-entropy and backward of the example MLP on OpenBLAS, with its parameters
+// and gradients held by the engine and, at stage 3, gathered one layer at a time.
+#include "mlp_model.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "zeroshard/error.h"
+
+namespace zeroshard::examples {
+namespace {
+
+// The only two places the model reads parameter memory or writes gradient memory. The engine
+// hands out fp32 buffers for fp32 training; under fp16/bf16 these are where fp32 working copies
+// of raw_data() / raw_grad() would be made, so the BLAS code below stays fp32 either way.
+const float* values_of(const Parameter& parameter) { return parameter.data(); }
+float* grad_of(const Parameter& parameter) { return parameter.grad(); }
+
+// splitmix64: a tiny counter-based generator whose output is fixed by the seed alone, so every
+// rank (and every standard library) produces the same initial weights.
+std::uint64_t splitmix64(std::uint64_t& state) {
+  std::uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// Uniform in [-bound, bound), built from 24 random bits so the float is exact.
+void fill_uniform(std::vector<float>& values, float bound, std::uint64_t& state) {
+  for (float& v : values) {
+    const float unit = static_cast<float>(splitmix64(state) >> 40) * 0x1.0p-24f;
+    v = (2.0f * unit - 1.0f) * bound;
+  }
+}
+
+void require_positive(const char* what, int value) {
+  if (value <= 0) {
+    throw UsageError("MlpModel: " + std::string(what) + " must be positive, got " +
+                     std::to_string(value));
+  }
+}
+
+}  // namespace
+
+MlpModel::MlpModel(Engine& engine, const MlpShape& shape, int max_batch)
+    : engine_(engine), shape_(shape), max_batch_(max_batch) {
+  require_positive("inputs", shape.inputs);
+  require_positive("width", shape.width);
+  require_positive("layers", shape.layers);
+  require_positive("classes", shape.classes);
+  require_positive("max_batch", max_batch);
+  if (engine.model_dtype() != DType::kFloat32) {
+    throw UsageError("MlpModel: the model dtype is " +
+                     std::string(to_string(engine.model_dtype())) +
+                     " but this example trains in fp32 only; remove the fp16/bf16 section from "
+                     "the config");
+  }
+
+  const std::size_t batch = static_cast<std::size_t>(max_batch);
+  layers_.resize(static_cast<std::size_t>(shape.layers));
+  for (int i = 0; i < shape.layers; ++i) {
+    Layer& layer = layers_[static_cast<std::size_t>(i)];
+    layer.in = i == 0 ? shape.inputs : shape.width;
+    layer.out = i == shape.layers - 1 ? shape.classes : shape.width;
+    const std::string name = "fc" + std::to_string(i);
+    layer.weight = engine.register_parameter(name + ".weight", {layer.out, layer.in});
+    layer.bias = engine.register_parameter(name + ".bias", {layer.out});
+    layer.module = engine.module(name);
+    layer.output = engine.allocate_activations(batch * layer.out * sizeof(float));
+  }
+  const std::size_t widest = static_cast<std::size_t>(std::max(shape.width, shape.classes));
+  grad_a_ = engine.allocate_activations(batch * widest * sizeof(float));
+  grad_b_ = engine.allocate_activations(batch * widest * sizeof(float));
+}
+
+void MlpModel::initialize(std::uint64_t seed) {
+  std::uint64_t state = seed;
+  for (const Layer& layer : layers_) {
+    // torch.nn.Linear: kaiming_uniform_(a=sqrt(5)) gives bound sqrt(6 / (6 fan_in)), and the
+    // bias uses the same 1/sqrt(fan_in).
+    const float bound = 1.0f / std::sqrt(static_cast<float>(layer.in));
+    std::vector<float> weight(static_cast<std::size_t>(layer.weight.numel()));
+    std::vector<float> bias(static_cast<std::size_t>(layer.bias.numel()));
+    fill_uniform(weight, bound, state);
+    fill_uniform(bias, bound, state);
+    layer.weight.copy_from(weight);
+    layer.bias.copy_from(bias);
+  }
+}
+
+std::int64_t MlpModel::parameter_count() const noexcept {
+  std::int64_t total = 0;
+  for (const Layer& layer : layers_) {
+    total += static_cast<std::int64_t>(layer.out) * layer.in + layer.out;
+  }
+  return total;
+}
+
+float MlpModel::train_micro_step(const float* x, const int* labels, int batch) {
+  if (batch <= 0 || batch > max_batch_) {
+    throw UsageError("MlpModel::train_micro_step: batch " + std::to_string(batch) +
+                     " is outside 1.." + std::to_string(max_batch_));
+  }
+  for (int i = 0; i < batch; ++i) {
+    if (labels[i] < 0 || labels[i] >= shape_.classes) {
+      throw UsageError("MlpModel::train_micro_step: label " + std::to_string(labels[i]) +
+                       " of sample " + std::to_string(i) + " is outside 0.." +
+                       std::to_string(shape_.classes - 1));
+    }
+  }
+
+  const std::size_t last = layers_.size() - 1;
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    const float* input = i == 0 ? x : layers_[i - 1].output.data();
+    forward_layer(layers_[i], input, batch, i != last);
+  }
+  const float loss = softmax_cross_entropy(labels, batch);
+
+  // The last layer's output buffer now holds d(loss)/d(logits); each hidden layer's gradient
+  // arrives in one ping-pong buffer and its input's gradient leaves in the other.
+  float* output_grad = layers_[last].output.data();
+  float* spare[2] = {grad_a_.data(), grad_b_.data()};
+  for (std::size_t i = layers_.size(); i-- > 0;) {
+    const Layer& layer = layers_[i];
+    if (i != last) {
+      // ReLU backward: the gradient passes where the stored output is positive.
+      const float* activation = layer.output.data();
+      const std::size_t n = static_cast<std::size_t>(batch) * layer.out;
+      for (std::size_t k = 0; k < n; ++k) {
+        if (activation[k] <= 0.0f) output_grad[k] = 0.0f;
+      }
+    }
+    const float* input = i == 0 ? x : layers_[i - 1].output.data();
+    float* input_grad = i == 0 ? nullptr : spare[i % 2];
+    backward_layer(layer, input, output_grad, input_grad, batch);
+    output_grad = input_grad;
+  }
+  return loss;
+}
+
+void MlpModel::forward_layer(const Layer& layer, const float* input, int batch, bool relu) {
+  // Stage 3 all-gathers the layer's parameters for the guard's lifetime; other stages hold them.
+  const Engine::GatheredModule gathered = engine_.gathered(layer.module);
+  const float* weight = values_of(layer.weight);
+  const float* bias = values_of(layer.bias);
+  float* output = layer.output.data();
+  for (int b = 0; b < batch; ++b) {
+    std::copy(bias, bias + layer.out, output + static_cast<std::size_t>(b) * layer.out);
+  }
+  // output[batch, out] += input[batch, in] * weight[out, in]^T
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, batch, layer.out, layer.in, 1.0f, input,
+              layer.in, weight, layer.in, 1.0f, output, layer.out);
+  if (relu) {
+    const std::size_t n = static_cast<std::size_t>(batch) * layer.out;
+    for (std::size_t k = 0; k < n; ++k) output[k] = std::max(output[k], 0.0f);
+  }
+}
+
+float MlpModel::softmax_cross_entropy(const int* labels, int batch) {
+  const int classes = shape_.classes;
+  float* logits = layers_.back().output.data();
+  // Under fp16 the engine asks for the loss to be scaled before backward; 1 otherwise.
+  const float grad_scale = static_cast<float>(engine_.loss_scale()) / static_cast<float>(batch);
+  double loss = 0.0;
+  for (int b = 0; b < batch; ++b) {
+    float* row = logits + static_cast<std::size_t>(b) * classes;
+    // Subtracting the row maximum keeps exp() finite; it cancels out of the softmax.
+    const float max_logit = *std::max_element(row, row + classes);
+    double sum = 0.0;
+    for (int c = 0; c < classes; ++c) sum += std::exp(static_cast<double>(row[c] - max_logit));
+    const double log_sum = std::log(sum);
+    loss += log_sum - static_cast<double>(row[labels[b]] - max_logit);
+    // d(mean loss)/d(logit) = (softmax - one_hot) / batch, written over the logits.
+    for (int c = 0; c < classes; ++c) {
+      const double p = std::exp(static_cast<double>(row[c] - max_logit) - log_sum);
+      row[c] = static_cast<float>(p - (c == labels[b] ? 1.0 : 0.0)) * grad_scale;
+    }
+  }
+  return static_cast<float>(loss / batch);
+}
+
+void MlpModel::backward_layer(const Layer& layer, const float* input, float* output_grad,
+                              float* input_grad, int batch) {
+  const Engine::GatheredModule gathered = engine_.gathered(layer.module);
+  // weight_grad[out, in] += output_grad[batch, out]^T * input[batch, in]
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, layer.out, layer.in, batch, 1.0f,
+              output_grad, layer.out, input, layer.in, 1.0f, grad_of(layer.weight), layer.in);
+  float* bias_grad = grad_of(layer.bias);
+  for (int b = 0; b < batch; ++b) {
+    const float* row = output_grad + static_cast<std::size_t>(b) * layer.out;
+    for (int o = 0; o < layer.out; ++o) bias_grad[o] += row[o];
+  }
+  if (input_grad != nullptr) {
+    // input_grad[batch, in] = output_grad[batch, out] * weight[out, in]
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, batch, layer.in, layer.out, 1.0f,
+                output_grad, layer.out, values_of(layer.weight), layer.in, 0.0f, input_grad,
+                layer.in);
+  }
+  // Marked while the module is still gathered, so stage 3 can reduce-scatter straight from it.
+  engine_.grad_ready(layer.weight);
+  engine_.grad_ready(layer.bias);
+}
+
+}  // namespace zeroshard::examples

@@ -1,0 +1,71 @@
+// A multi-layer perceptron classifier written the way a user writes their model: its parameters
+// live in a zeroshard Engine, its forward and backward are plain OpenBLAS calls.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "zeroshard/engine.h"
+
+namespace zeroshard::examples {
+
+/// `layers` fully connected layers: inputs -> width -> ... -> width -> classes, ReLU between
+/// them, softmax cross-entropy on the last. One layer means a linear classifier.
+struct MlpShape {
+  int inputs = 64;
+  int width = 256;
+  int layers = 4;
+  int classes = 10;
+};
+
+/// Registers "fc{i}.weight" [out, in] and "fc{i}.bias" [out] (module "fc{i}", i = 0..layers-1)
+/// with the engine and trains them one micro-batch at a time. Not copyable or movable: it holds
+/// a reference to the engine and handles into it.
+class MlpModel {
+ public:
+  /// Registers the parameters and allocates activations for micro-batches of up to `max_batch`
+  /// samples through the engine (so the memory report counts them). Throws UsageError for a
+  /// shape or batch that is not positive, and for a model dtype other than fp32.
+  MlpModel(Engine& engine, const MlpShape& shape, int max_batch);
+  MlpModel(const MlpModel&) = delete;
+  MlpModel& operator=(const MlpModel&) = delete;
+
+  /// Sets every parameter as torch.nn.Linear does (Kaiming-uniform weights and uniform biases,
+  /// both in +-1/sqrt(fan_in)) from `seed`, identically on every rank. Collective at stage 3.
+  void initialize(std::uint64_t seed);
+
+  /// One micro-step: forward over `batch` samples (x is [batch, inputs] row-major, labels in
+  /// [0, classes)), softmax cross-entropy, backward that adds the gradients into the engine's
+  /// buffers and marks each parameter ready. Returns this rank's mean loss over the batch. The
+  /// caller calls Engine::step() afterwards.
+  float train_micro_step(const float* x, const int* labels, int batch);
+
+  const MlpShape& shape() const noexcept { return shape_; }
+  /// Trainable elements of the whole model, P.
+  std::int64_t parameter_count() const noexcept;
+
+ private:
+  struct Layer {
+    ModuleId module = -1;
+    Parameter weight;
+    Parameter bias;
+    int in = 0;
+    int out = 0;
+    ActivationBuffer output;  ///< [max_batch, out]: ReLU output, or logits on the last layer
+  };
+
+  void forward_layer(const Layer& layer, const float* input, int batch, bool relu);
+  float softmax_cross_entropy(const int* labels, int batch);
+  void backward_layer(const Layer& layer, const float* input, float* output_grad, float* input_grad,
+                      int batch);
+
+  Engine& engine_;
+  MlpShape shape_;
+  int max_batch_ = 0;
+  std::vector<Layer> layers_;
+  /// Gradients flowing back between layers, [max_batch, max(width, classes)] each, ping-ponged.
+  ActivationBuffer grad_a_;
+  ActivationBuffer grad_b_;
+};
+
+}  // namespace zeroshard::examples

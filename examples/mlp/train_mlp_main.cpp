@@ -1,0 +1,286 @@
+// zeroshard-train-mlp: trains the example MLP on the synthetic task with the ZeRO stage a
+// DeepSpeed-style config picks, printing loss, speed and per-rank memory as it goes.
+#include <mpi.h>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "mlp_model.h"
+#include "synthetic_data.h"
+#include "zeroshard/zeroshard.h"
+
+namespace {
+
+using zeroshard::Communicator;
+using zeroshard::DType;
+using zeroshard::examples::MlpModel;
+using zeroshard::examples::MlpShape;
+using zeroshard::examples::SyntheticClassification;
+
+constexpr const char* kUsage =
+    "usage: zeroshard-train-mlp --config FILE --steps N [--layers L] [--width W] [--inputs I]\n"
+    "                           [--classes C] [--seed S] [--report-json FILE]\n"
+    "  --config FILE       DeepSpeed-style JSON config (zero_optimization.stage picks the stage)\n"
+    "  --steps N           optimizer steps to run, each over one global batch\n"
+    "  --layers L          linear layers (default 4)\n"
+    "  --width W           hidden width (default 256)\n"
+    "  --inputs I          input features (default 64)\n"
+    "  --classes C         classes of the synthetic task (default 10)\n"
+    "  --seed S            seed of the weights and the data (default 1)\n"
+    "  --report-json FILE  rank 0 writes losses, a parameter checksum and memory reports\n"
+    "Run under mpirun for several ranks, e.g.\n"
+    "  mpirun -np 4 zeroshard-train-mlp --config examples/configs/zero3.json --steps 30\n";
+
+struct Options {
+  std::string config_path;
+  int steps = 0;
+  MlpShape shape{.inputs = 64, .width = 256, .layers = 4, .classes = 10};
+  std::uint64_t seed = 1;
+  std::string report_json;
+};
+
+template <typename T>
+bool parse_number(std::string_view text, T& value) {
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  return error == std::errc() && end == text.data() + text.size();
+}
+
+// Returns the problem with the command line, or nothing when it is usable.
+std::optional<std::string> parse_options(int argc, char** argv, Options& options) {
+  bool has_steps = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view flag = argv[i];
+    if (i + 1 >= argc) return "missing value after " + std::string(flag);
+    const std::string_view value = argv[++i];
+    auto positive = [&](int& target) -> std::optional<std::string> {
+      if (!parse_number(value, target) || target <= 0) {
+        return std::string(flag) + ": expected a positive integer, got '" + std::string(value) +
+               "'";
+      }
+      return std::nullopt;
+    };
+    std::optional<std::string> problem;
+    if (flag == "--config") {
+      options.config_path = value;
+    } else if (flag == "--steps") {
+      problem = positive(options.steps);
+      has_steps = true;
+    } else if (flag == "--layers") {
+      problem = positive(options.shape.layers);
+    } else if (flag == "--width") {
+      problem = positive(options.shape.width);
+    } else if (flag == "--inputs") {
+      problem = positive(options.shape.inputs);
+    } else if (flag == "--classes") {
+      problem = positive(options.shape.classes);
+    } else if (flag == "--seed") {
+      if (!parse_number(value, options.seed)) {
+        problem = "--seed: expected a non-negative integer, got '" + std::string(value) + "'";
+      }
+    } else if (flag == "--report-json") {
+      options.report_json = value;
+    } else {
+      return "unknown flag " + std::string(flag);
+    }
+    if (problem) return problem;
+  }
+  if (options.config_path.empty()) return "--config is required";
+  if (!has_steps) return "--steps is required";
+  return std::nullopt;
+}
+
+// Every rank's text, on every rank. The communicator moves floating-point element types only;
+// an all-gather copies elements bit for bit without arithmetic, so the bytes travel packed two
+// to a 16-bit element, and the lengths as fp32 (exact for any text under 16 MiB).
+std::vector<std::string> all_gather_text(Communicator& communicator, const std::string& text) {
+  const int world = communicator.size();
+  const int rank = communicator.rank();
+  std::vector<float> lengths(static_cast<std::size_t>(world), 0.0f);
+  lengths[static_cast<std::size_t>(rank)] = static_cast<float>(text.size());
+  const std::vector<std::int64_t> ones(static_cast<std::size_t>(world), 1);
+  communicator.all_gather(lengths.data(), ones, DType::kFloat32);
+
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(world));
+  std::vector<std::int64_t> offsets(static_cast<std::size_t>(world));
+  std::int64_t total = 0;
+  for (int r = 0; r < world; ++r) {
+    counts[static_cast<std::size_t>(r)] = (static_cast<std::int64_t>(lengths[r]) + 1) / 2;
+    offsets[static_cast<std::size_t>(r)] = total;
+    total += counts[static_cast<std::size_t>(r)];
+  }
+  std::vector<std::uint16_t> packed(static_cast<std::size_t>(total), 0);
+  std::memcpy(packed.data() + offsets[static_cast<std::size_t>(rank)], text.data(), text.size());
+  communicator.all_gather(packed.data(), counts, DType::kFloat16);
+
+  std::vector<std::string> texts;
+  for (int r = 0; r < world; ++r) {
+    const char* begin = reinterpret_cast<const char*>(packed.data() + offsets[r]);
+    texts.emplace_back(begin, static_cast<std::size_t>(lengths[r]));
+  }
+  return texts;
+}
+
+double mib(std::int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+
+// What the error handler needs to know about how far the run got.
+struct Progress {
+  int rank = 0;
+  /// Until the engine exists every rank does the same thing (read the same config file), so an
+  /// error so far happened on every rank alike.
+  bool in_lockstep = true;
+};
+
+int train(const Options& options, Progress& progress) {
+  // The program's own collectives (loss, reports) run on a communicator apart from the engine's,
+  // so they can never interleave with the engine's outstanding transfers.
+  std::unique_ptr<Communicator> communicator = Communicator::from_environment();
+  const int rank = communicator->rank();
+  progress.rank = rank;
+  const int world = communicator->size();
+
+  const zeroshard::Config config = zeroshard::Config::from_json_file(options.config_path, world);
+  if (rank == 0) {
+    for (const std::string& notice : config.notices()) std::printf("note: %s\n", notice.c_str());
+  }
+  const int micro_batch = static_cast<int>(config.train_micro_batch_size_per_gpu);
+  const int accumulation = static_cast<int>(config.gradient_accumulation_steps);
+  const std::int64_t steps_per_print = std::max<std::int64_t>(config.steps_per_print, 1);
+
+  progress.in_lockstep = false;
+  zeroshard::Engine engine(config, Communicator::from_environment());
+  MlpModel model(engine, options.shape, micro_batch);
+  model.initialize(options.seed);
+  const SyntheticClassification data(options.shape.inputs, options.shape.classes, options.seed);
+
+  if (rank == 0) {
+    std::printf(
+        "zeroshard-train-mlp: stage %d, %d rank(s), %s, MLP %d-%dx%d-%d with %lld parameters, "
+        "global batch %d x %d x %d = %lld\n",
+        engine.stage(), world, engine.update_rule().name().c_str(), options.shape.inputs,
+        options.shape.layers, options.shape.width, options.shape.classes,
+        static_cast<long long>(model.parameter_count()), micro_batch, accumulation, world,
+        static_cast<long long>(micro_batch) * accumulation * world);
+    std::fflush(stdout);
+  }
+
+  std::vector<float> x(static_cast<std::size_t>(micro_batch) * options.shape.inputs);
+  std::vector<int> labels(static_cast<std::size_t>(micro_batch));
+  std::vector<double> losses;
+  for (int step = 0; step < options.steps; ++step) {
+    std::chrono::steady_clock::duration busy{};
+    float loss = 0.0f;
+    zeroshard::StepResult result;
+    for (int micro = 0; micro < accumulation; ++micro) {
+      const auto range = zeroshard::examples::data_parallel_range(step, micro, accumulation,
+                                                                  micro_batch, rank, world);
+      data.sample(range.first, range.count, x.data(), labels.data());
+      const auto start = std::chrono::steady_clock::now();
+      loss += model.train_micro_step(x.data(), labels.data(), range.count);
+      // The engine knows where the accumulation window ends; in between, step() only reduces.
+      result = engine.step();
+      busy += std::chrono::steady_clock::now() - start;
+    }
+    // Every rank's micro-batches are the same size, so the mean of the rank means is the mean
+    // over the global batch.
+    float stats[2] = {loss / static_cast<float>(accumulation),
+                      static_cast<float>(mib(engine.memory_report().model_state_bytes()))};
+    communicator->all_reduce(&stats[0], 1, DType::kFloat32, zeroshard::ReduceOp::kSum);
+    communicator->all_reduce(&stats[1], 1, DType::kFloat32, zeroshard::ReduceOp::kMax);
+    const double global_loss = static_cast<double>(stats[0]) / world;
+    losses.push_back(global_loss);
+    const bool print = (step + 1) % steps_per_print == 0 || step == 0 || step + 1 == options.steps;
+    if (rank == 0 && print) {
+      std::printf(
+          "step %5d/%d | loss %.6f | lr %.3e | grad norm %.4f | %8.2f ms/step | model states "
+          "%.3f MiB/rank%s\n",
+          step + 1, options.steps, global_loss, result.lr, result.grad_norm,
+          std::chrono::duration<double, std::milli>(busy).count(), static_cast<double>(stats[1]),
+          result.skipped ? " | skipped (overflow)" : "");
+      std::fflush(stdout);
+    }
+  }
+
+  const std::vector<float> parameters = engine.consolidated_parameters();
+  double sum = 0.0;
+  double abs_sum = 0.0;
+  for (float p : parameters) {
+    sum += p;
+    abs_sum += std::fabs(p);
+  }
+  const zeroshard::MemoryReport report = engine.memory_report();
+  const std::vector<std::string> tables = all_gather_text(*communicator, report.to_table());
+  const std::vector<std::string> reports = all_gather_text(*communicator, report.to_json());
+  if (rank != 0) return 0;
+
+  std::printf("final loss %.6f, parameter checksum sum %.9g abs %.9g\n", losses.back(), sum,
+              abs_sum);
+  for (const std::string& table : tables) std::printf("%s", table.c_str());
+  std::fflush(stdout);
+  if (!options.report_json.empty()) {
+    nlohmann::json out;
+    out["final_loss"] = losses.back();
+    out["losses"] = losses;
+    out["param_checksum"] = {{"sum", sum}, {"abs_sum", abs_sum}};
+    out["stage"] = engine.stage();
+    out["world_size"] = world;
+    out["parameters"] = model.parameter_count();
+    out["padded_parameters"] = engine.padded_numel();
+    out["memory"] = nlohmann::json::array();
+    for (const std::string& text : reports) out["memory"].push_back(nlohmann::json::parse(text));
+    std::ofstream file(options.report_json);
+    file << out.dump(2) << '\n';
+    if (!file) throw zeroshard::IoError("cannot write --report-json file " + options.report_json);
+  }
+  return 0;
+}
+
+// An error on one rank would leave the others waiting in their next collective for ever, so it
+// ends the whole job. An error while reading the config is the same on every rank: reported
+// once, and every rank simply exits.
+int fail(const char* what, const Progress& progress) {
+  if (!progress.in_lockstep || progress.rank == 0) {
+    std::fprintf(stderr, "zeroshard-train-mlp: %s\n", what);
+  }
+  std::fflush(stderr);
+  if (progress.in_lockstep) return 1;
+  int initialized = 0;
+  int finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  int world = 1;
+  if (initialized && !finalized) MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (world > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options options;
+  if (argc == 2 && (std::string_view(argv[1]) == "--help" || std::string_view(argv[1]) == "-h")) {
+    std::printf("%s", kUsage);
+    return 0;
+  }
+  if (const std::optional<std::string> problem = parse_options(argc, argv, options)) {
+    std::fprintf(stderr, "zeroshard-train-mlp: %s\n%s", problem->c_str(), kUsage);
+    return 2;
+  }
+  Progress progress;
+  try {
+    return train(options, progress);
+  } catch (const std::exception& error) {
+    return fail(error.what(), progress);
+  }
+}

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs the Debian/Ubuntu packages zeroshard builds and tests with, only those missing; quick
+# and silent when everything is present. Uses sudo only when not already root.
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config
+  liburing-dev nlohmann-json3-dev
+  libopenmpi-dev openmpi-bin
+  libopenblas-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  gnuplot-nox
+)
+
+missing=()
+for package in "${packages[@]}"; do
+  status=$(dpkg-query -W -f='${db:Status-Status}' "$package" 2>/dev/null || true)
+  if [[ "$status" != "installed" ]]; then
+    missing+=("$package")
+  fi
+done
+if ((${#missing[@]} == 0)); then
+  exit 0
+fi
+
+sudo=()
+if ((EUID != 0)); then
+  sudo=(sudo)
+fi
+echo "install_deps.sh: installing ${missing[*]}"
+"${sudo[@]}" apt-get update
+DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y --no-install-recommends "${missing[@]}"
