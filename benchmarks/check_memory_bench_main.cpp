@@ -1,8 +1,8 @@
 // zeroshard-check-memory-bench: holds a zeroshard-memory-bench CSV to the estimator. Every
 // configuration that ran must have each model-state category equal to the estimate and the
-// model-state ratio within 2% of 1, communication buffers within their bound and the bytes sent
-// per step within 2% of 2P (3P at stage 3); configurations the engine refused are listed, runs
-// that failed are errors.
+// model-state ratio within 2% of 1, communication buffers and the whole allocation peak within
+// their bounds, and the bytes sent per step within 2% of 2P (3P at stage 3). Configurations the
+// engine refused are listed; runs that failed are errors.
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -119,6 +119,11 @@ int main(int argc, char** argv) {
       errors.push_back(row.label() + ": communication buffers peaked at " +
                        row.at("measured_communication_peak") + " bytes, over the bound " +
                        row.at("theory_communication"));
+    }
+    if (row.number("measured_total_peak") > row.number("theory_device_peak")) {
+      errors.push_back(row.label() + ": the allocations peaked at " +
+                       row.at("measured_total_peak") + " bytes, over the estimator's bound " +
+                       row.at("theory_device_peak"));
     }
     if (std::abs(row.number("sent_over_theory") - 1.0) > kTolerance) {
       errors.push_back(row.label() + ": sent " + row.at("sent_bytes_per_step") +

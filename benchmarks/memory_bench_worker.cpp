@@ -69,6 +69,9 @@ Record measure(const BenchOptions& options, const Configuration& configuration, 
   // The theory: the estimator, fed the parsed config and the model's tensors, nothing measured.
   EstimateInput input = estimate_input_from_config(engine.config(), record.params, world_size);
   input.tensors = model->tensor_numels();
+  // Activations are the model's, which the estimator does not model: it takes them as given, so
+  // that its peak bound covers the whole allocation.
+  input.activation_bytes = record.measured_peak(MemoryCategory::kActivations);
   const MemoryEstimate estimate = zeroshard::estimate(input);
   // CPU ranks keep "device" buffers in host memory too, so offloaded bytes count alongside, as
   // the measured side sums both locations.
