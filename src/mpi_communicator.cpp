@@ -324,6 +324,11 @@ class MpiCommunicator final : public Communicator {
     return finish(std::move(request));
   }
 
+  [[noreturn]] void abort(int error_code) noexcept override {
+    MPI_Abort(comm_.get(), error_code);
+    std::_Exit(error_code);
+  }
+
   void barrier() override {
     auto request = std::make_unique<MpiRequest>(
         Operation{.name = to_string(Collective::kBarrier), .rank = rank_, .size = size_}, timeout_);

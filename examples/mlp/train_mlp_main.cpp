@@ -1,6 +1,5 @@
 // zeroshard-train-mlp: trains the example MLP on the synthetic task with the ZeRO stage a
 // DeepSpeed-style config picks, printing loss, speed and per-rank memory as it goes.
-#include <mpi.h>
 
 #include <algorithm>
 #include <charconv>
@@ -31,7 +30,7 @@ using zeroshard::examples::SyntheticClassification;
 
 constexpr const char* kUsage =
     "usage: zeroshard-train-mlp --config FILE --steps N [--layers L] [--width W] [--inputs I]\n"
-    "                           [--classes C] [--seed S] [--report-json FILE]\n"
+    "                           [--classes C] [--seed S] [--precision P] [--report-json FILE]\n"
     "  --config FILE       DeepSpeed-style JSON config (zero_optimization.stage picks the stage)\n"
     "  --steps N           optimizer steps to run, each over one global batch\n"
     "  --layers L          linear layers (default 4)\n"
@@ -39,6 +38,7 @@ constexpr const char* kUsage =
     "  --inputs I          input features (default 64)\n"
     "  --classes C         classes of the synthetic task (default 10)\n"
     "  --seed S            seed of the weights and the data (default 1)\n"
+    "  --precision P       fp32, fp16 or bf16; overrides the config's fp16/bf16 sections\n"
     "  --report-json FILE  rank 0 writes losses, a parameter checksum and memory reports\n"
     "Run under mpirun for several ranks, e.g.\n"
     "  mpirun -np 4 zeroshard-train-mlp --config examples/configs/zero3.json --steps 30\n";
@@ -49,6 +49,7 @@ struct Options {
   MlpShape shape{.inputs = 64, .width = 256, .layers = 4, .classes = 10};
   std::uint64_t seed = 1;
   std::string report_json;
+  std::string precision;  ///< empty: as the config says
 };
 
 template <typename T>
@@ -89,6 +90,11 @@ std::optional<std::string> parse_options(int argc, char** argv, Options& options
       if (!parse_number(value, options.seed)) {
         problem = "--seed: expected a non-negative integer, got '" + std::string(value) + "'";
       }
+    } else if (flag == "--precision") {
+      if (value != "fp32" && value != "fp16" && value != "bf16") {
+        problem = "--precision: expected fp32, fp16 or bf16, got '" + std::string(value) + "'";
+      }
+      options.precision = value;
     } else if (flag == "--report-json") {
       options.report_json = value;
     } else {
@@ -101,62 +107,33 @@ std::optional<std::string> parse_options(int argc, char** argv, Options& options
   return std::nullopt;
 }
 
-// Every rank's text, on every rank. The communicator moves floating-point element types only;
-// an all-gather copies elements bit for bit without arithmetic, so the bytes travel packed two
-// to a 16-bit element, and the lengths as fp32 (exact for any text under 16 MiB).
-std::vector<std::string> all_gather_text(Communicator& communicator, const std::string& text) {
-  const int world = communicator.size();
-  const int rank = communicator.rank();
-  std::vector<float> lengths(static_cast<std::size_t>(world), 0.0f);
-  lengths[static_cast<std::size_t>(rank)] = static_cast<float>(text.size());
-  const std::vector<std::int64_t> ones(static_cast<std::size_t>(world), 1);
-  communicator.all_gather(lengths.data(), ones, DType::kFloat32);
-
-  std::vector<std::int64_t> counts(static_cast<std::size_t>(world));
-  std::vector<std::int64_t> offsets(static_cast<std::size_t>(world));
-  std::int64_t total = 0;
-  for (int r = 0; r < world; ++r) {
-    counts[static_cast<std::size_t>(r)] = (static_cast<std::int64_t>(lengths[r]) + 1) / 2;
-    offsets[static_cast<std::size_t>(r)] = total;
-    total += counts[static_cast<std::size_t>(r)];
-  }
-  std::vector<std::uint16_t> packed(static_cast<std::size_t>(total), 0);
-  std::memcpy(packed.data() + offsets[static_cast<std::size_t>(rank)], text.data(), text.size());
-  communicator.all_gather(packed.data(), counts, DType::kFloat16);
-
-  std::vector<std::string> texts;
-  for (int r = 0; r < world; ++r) {
-    const char* begin = reinterpret_cast<const char*>(packed.data() + offsets[r]);
-    texts.emplace_back(begin, static_cast<std::size_t>(lengths[r]));
-  }
-  return texts;
-}
-
 double mib(std::int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
 
 // What the error handler needs to know about how far the run got.
 struct Progress {
-  int rank = 0;
+  /// The program's own communicator; null until it exists.
+  Communicator* communicator = nullptr;
   /// Until the engine exists every rank does the same thing (read the same config file), so an
   /// error so far happened on every rank alike.
   bool in_lockstep = true;
 };
 
-int train(const Options& options, Progress& progress) {
-  // The program's own collectives (loss, reports) run on a communicator apart from the engine's,
-  // so they can never interleave with the engine's outstanding transfers.
-  std::unique_ptr<Communicator> communicator = Communicator::from_environment();
+// `communicator` carries the program's own collectives (loss, reports), apart from the engine's,
+// so they can never interleave with the engine's outstanding transfers.
+int train(const Options& options, Communicator* communicator, Progress& progress) {
   const int rank = communicator->rank();
-  progress.rank = rank;
   const int world = communicator->size();
 
-  const zeroshard::Config config = zeroshard::Config::from_json_file(options.config_path, world);
+  zeroshard::Config config = zeroshard::Config::from_json_file(options.config_path, world);
+  if (!options.precision.empty()) {
+    config.fp16.enabled = options.precision == "fp16";
+    config.bf16.enabled = options.precision == "bf16";
+  }
   if (rank == 0) {
     for (const std::string& notice : config.notices()) std::printf("note: %s\n", notice.c_str());
   }
   const int micro_batch = static_cast<int>(config.train_micro_batch_size_per_gpu);
   const int accumulation = static_cast<int>(config.gradient_accumulation_steps);
-  const std::int64_t steps_per_print = std::max<std::int64_t>(config.steps_per_print, 1);
 
   progress.in_lockstep = false;
   zeroshard::Engine engine(config, Communicator::from_environment());
@@ -166,10 +143,10 @@ int train(const Options& options, Progress& progress) {
 
   if (rank == 0) {
     std::printf(
-        "zeroshard-train-mlp: stage %d, %d rank(s), %s, MLP %d-%dx%d-%d with %lld parameters, "
+        "zeroshard-train-mlp: stage %d, %d rank(s), %s, %s, MLP %d-%dx%d-%d with %lld parameters, "
         "global batch %d x %d x %d = %lld\n",
-        engine.stage(), world, engine.update_rule().name().c_str(), options.shape.inputs,
-        options.shape.layers, options.shape.width, options.shape.classes,
+        engine.stage(), world, to_string(engine.model_dtype()), engine.update_rule().name().c_str(),
+        options.shape.inputs, options.shape.layers, options.shape.width, options.shape.classes,
         static_cast<long long>(model.parameter_count()), micro_batch, accumulation, world,
         static_cast<long long>(micro_batch) * accumulation * world);
     std::fflush(stdout);
@@ -200,8 +177,8 @@ int train(const Options& options, Progress& progress) {
     communicator->all_reduce(&stats[1], 1, DType::kFloat32, zeroshard::ReduceOp::kMax);
     const double global_loss = static_cast<double>(stats[0]) / world;
     losses.push_back(global_loss);
-    const bool print = (step + 1) % steps_per_print == 0 || step == 0 || step + 1 == options.steps;
-    if (rank == 0 && print) {
+    // One line per step; the engine adds its own lr / grad-norm line every steps_per_print.
+    if (rank == 0) {
       std::printf(
           "step %5d/%d | loss %.6f | lr %.3e | grad norm %.4f | %8.2f ms/step | model states "
           "%.3f MiB/rank%s\n",
@@ -220,8 +197,8 @@ int train(const Options& options, Progress& progress) {
     abs_sum += std::fabs(p);
   }
   const zeroshard::MemoryReport report = engine.memory_report();
-  const std::vector<std::string> tables = all_gather_text(*communicator, report.to_table());
-  const std::vector<std::string> reports = all_gather_text(*communicator, report.to_json());
+  const std::vector<std::string> tables = communicator->all_gather_text(report.to_table());
+  const std::vector<std::string> reports = communicator->all_gather_text(report.to_json());
   if (rank != 0) return 0;
 
   std::printf("final loss %.6f, parameter checksum sum %.9g abs %.9g\n", losses.back(), sum,
@@ -234,6 +211,7 @@ int train(const Options& options, Progress& progress) {
     out["losses"] = losses;
     out["param_checksum"] = {{"sum", sum}, {"abs_sum", abs_sum}};
     out["stage"] = engine.stage();
+    out["precision"] = to_string(engine.model_dtype());
     out["world_size"] = world;
     out["parameters"] = model.parameter_count();
     out["padded_parameters"] = engine.padded_numel();
@@ -250,18 +228,11 @@ int train(const Options& options, Progress& progress) {
 // ends the whole job. An error while reading the config is the same on every rank: reported
 // once, and every rank simply exits.
 int fail(const char* what, const Progress& progress) {
-  if (!progress.in_lockstep || progress.rank == 0) {
-    std::fprintf(stderr, "zeroshard-train-mlp: %s\n", what);
-  }
+  const int rank = progress.communicator ? progress.communicator->rank() : 0;
+  if (!progress.in_lockstep || rank == 0) std::fprintf(stderr, "zeroshard-train-mlp: %s\n", what);
   std::fflush(stderr);
-  if (progress.in_lockstep) return 1;
-  int initialized = 0;
-  int finalized = 0;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
-  int world = 1;
-  if (initialized && !finalized) MPI_Comm_size(MPI_COMM_WORLD, &world);
-  if (world > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+  if (progress.in_lockstep || progress.communicator == nullptr) return 1;
+  if (progress.communicator->size() > 1) progress.communicator->abort(1);
   return 1;
 }
 
@@ -278,8 +249,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   Progress progress;
+  // Owned here so that it outlives train() when an error unwinds it: fail() aborts through it.
+  std::unique_ptr<Communicator> communicator;
   try {
-    return train(options, progress);
+    communicator = Communicator::from_environment();
+    progress.communicator = communicator.get();
+    return train(options, communicator.get(), progress);
   } catch (const std::exception& error) {
     return fail(error.what(), progress);
   }

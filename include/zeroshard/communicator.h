@@ -7,6 +7,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "zeroshard/dtype.h"
 
@@ -112,6 +113,13 @@ class Communicator {
   virtual Request broadcast_async(void* data, std::int64_t count, DType dtype, int root) = 0;
 
   virtual void barrier() = 0;
+
+  /// Ends every rank's process with `error_code` (MPI_Abort under MPI): for a rank that fails
+  /// alone, so that the others do not wait for it in their next collective for ever.
+  [[noreturn]] virtual void abort(int error_code) noexcept = 0;
+
+  /// Collective: every rank's `text`, in rank order, on every rank (reports, diagnostics).
+  std::vector<std::string> all_gather_text(const std::string& text);
 
   /// Blocking conveniences over the asynchronous calls.
   void all_reduce(void* data, std::int64_t count, DType dtype, ReduceOp op = ReduceOp::kSum) {

@@ -67,8 +67,9 @@ class Parameter {
   float* data() const;
   void* raw_data() const;
   /// Where the model's backward adds (+=) this parameter's gradient; zero at the start of every
-  /// accumulation window. Call Engine::grad_ready(*this) once it is complete. Frozen parameters
-  /// have none (UsageError).
+  /// accumulation window. Call Engine::grad_ready(*this) once it is complete. At stages 2-3 the
+  /// buffer is a slot of a gradient bucket: valid from this call until grad_ready(), so fetch it
+  /// again in every micro-step. Frozen parameters have none (UsageError).
   float* grad() const;
   void* raw_grad() const;
 

@@ -382,6 +382,11 @@ Request NcclCommunicator::broadcast_async(void* data, std::int64_t count, DType 
   return finish(Collective::kBroadcast);
 }
 
+void NcclCommunicator::abort(int error_code) noexcept {
+  state_->abort("aborted by the program");
+  std::_Exit(error_code);
+}
+
 void NcclCommunicator::barrier() {
   DeviceGuard guard(state_->device);
   state_->require_usable("barrier");

@@ -57,6 +57,7 @@ class NcclCommunicator final : public Communicator {
   Request all_gather_async(void* data, std::span<const std::int64_t> counts, DType dtype) override;
   Request broadcast_async(void* data, std::int64_t count, DType dtype, int root) override;
   void barrier() override;
+  [[noreturn]] void abort(int error_code) noexcept override;
 
   /// The stream the collectives run on.
   cudaStream_t stream() const noexcept;

@@ -307,3 +307,21 @@ TEST(MpiCommunicator, WaitOnADeadPeerTimesOutNamingRankCollectiveAndCount) {
 
 }  // namespace
 }  // namespace zeroshard
+
+namespace zeroshard {
+namespace {
+
+TEST(CommunicatorText, EveryRanksTextArrivesInRankOrder) {
+  auto comm = Communicator::from_environment();
+  // Odd and even lengths, and an empty text, exercise the two-bytes-per-element packing.
+  const std::string mine =
+      comm->rank() == 1 ? "" : std::string(comm->rank() + 3, 'a' + comm->rank());
+  const std::vector<std::string> texts = comm->all_gather_text(mine);
+  ASSERT_EQ(static_cast<int>(texts.size()), comm->size());
+  for (int r = 0; r < comm->size(); ++r) {
+    EXPECT_EQ(texts[r], r == 1 ? "" : std::string(r + 3, 'a' + r)) << "rank " << r;
+  }
+}
+
+}  // namespace
+}  // namespace zeroshard
