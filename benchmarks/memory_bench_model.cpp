@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "half_conversion.h"
 #include "zeroshard/error.h"
 
 #ifdef ZEROSHARD_BENCH_WITH_MLP
@@ -48,8 +47,8 @@ class SyntheticModel final : public BenchModel {
     std::vector<float> pattern(kPatternElements);
     for (std::size_t i = 0; i < pattern.size(); ++i) pattern[i] = 0.05f * pattern_value(i);
     gradient_pattern_.resize(pattern.size() * size_of(engine_.model_dtype()));
-    detail::convert_from_float(pattern.data(), gradient_pattern_.data(), engine_.model_dtype(),
-                               kPatternElements);
+    convert(pattern.data(), DType::kFloat32, gradient_pattern_.data(), engine_.model_dtype(),
+            kPatternElements);
   }
 
   void micro_step(std::int64_t) override {
