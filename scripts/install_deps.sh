@@ -19,7 +19,11 @@ for package in "${packages[@]}"; do
     missing+=("$package")
   fi
 done
-if ((${#missing[@]} == 0)); then
+# CI installs the whole list every time (apt-get update first), so that a package installed by
+# hand on the machine can never hide a missing one; elsewhere only what is missing.
+if [[ "${CI:-}" == "true" ]]; then
+  missing=("${packages[@]}")
+elif ((${#missing[@]} == 0)); then
   exit 0
 fi
 

@@ -13,12 +13,6 @@
 namespace zeroshard::examples {
 namespace {
 
-// The only two places the model reads parameter memory or writes gradient memory. The engine
-// hands out fp32 buffers for fp32 training; under fp16/bf16 these are where fp32 working copies
-// of raw_data() / raw_grad() would be made, so the BLAS code below stays fp32 either way.
-const float* values_of(const Parameter& parameter) { return parameter.data(); }
-float* grad_of(const Parameter& parameter) { return parameter.grad(); }
-
 // splitmix64: a tiny counter-based generator whose output is fixed by the seed alone, so every
 // rank (and every standard library) produces the same initial weights.
 std::uint64_t splitmix64(std::uint64_t& state) {
@@ -52,12 +46,6 @@ MlpModel::MlpModel(Engine& engine, const MlpShape& shape, int max_batch)
   require_positive("layers", shape.layers);
   require_positive("classes", shape.classes);
   require_positive("max_batch", max_batch);
-  if (engine.model_dtype() != DType::kFloat32) {
-    throw UsageError("MlpModel: the model dtype is " +
-                     std::string(to_string(engine.model_dtype())) +
-                     " but this example trains in fp32 only; remove the fp16/bf16 section from "
-                     "the config");
-  }
 
   const std::size_t batch = static_cast<std::size_t>(max_batch);
   layers_.resize(static_cast<std::size_t>(shape.layers));
@@ -74,6 +62,15 @@ MlpModel::MlpModel(Engine& engine, const MlpShape& shape, int max_batch)
   const std::size_t widest = static_cast<std::size_t>(std::max(shape.width, shape.classes));
   grad_a_ = engine.allocate_activations(batch * widest * sizeof(float));
   grad_b_ = engine.allocate_activations(batch * widest * sizeof(float));
+  if (engine.model_dtype() != DType::kFloat32) {
+    std::size_t largest_weight = 0;
+    for (const Layer& layer : layers_) {
+      largest_weight = std::max(largest_weight, static_cast<std::size_t>(layer.weight.numel()));
+    }
+    weight_work_ = engine.allocate_activations(largest_weight * sizeof(float));
+    bias_work_ = engine.allocate_activations(widest * sizeof(float));
+    grad_work_ = engine.allocate_activations(largest_weight * sizeof(float));
+  }
 }
 
 void MlpModel::initialize(std::uint64_t seed) {
@@ -141,11 +138,31 @@ float MlpModel::train_micro_step(const float* x, const int* labels, int batch) {
   return loss;
 }
 
+// The only places the model reads parameter memory or writes gradient memory. Under fp16/bf16
+// the engine's buffers are 16-bit: the layer math runs on fp32 working copies, so the BLAS code
+// stays fp32 whatever the precision, as mixed-precision training on a CPU does.
+const float* MlpModel::values_of(const Parameter& parameter, const ActivationBuffer& work) {
+  if (parameter.dtype() == DType::kFloat32) return parameter.data();
+  convert(parameter.raw_data(), parameter.dtype(), work.data(), DType::kFloat32, parameter.numel());
+  return work.data();
+}
+
+float* MlpModel::begin_grad(const Parameter& parameter, const ActivationBuffer& work) {
+  if (parameter.dtype() == DType::kFloat32) return parameter.grad();
+  convert(parameter.raw_grad(), parameter.dtype(), work.data(), DType::kFloat32, parameter.numel());
+  return work.data();
+}
+
+void MlpModel::end_grad(const Parameter& parameter, const ActivationBuffer& work) {
+  if (parameter.dtype() == DType::kFloat32) return;
+  convert(work.data(), DType::kFloat32, parameter.raw_grad(), parameter.dtype(), parameter.numel());
+}
+
 void MlpModel::forward_layer(const Layer& layer, const float* input, int batch, bool relu) {
   // Stage 3 all-gathers the layer's parameters for the guard's lifetime; other stages hold them.
   const Engine::GatheredModule gathered = engine_.gathered(layer.module);
-  const float* weight = values_of(layer.weight);
-  const float* bias = values_of(layer.bias);
+  const float* weight = values_of(layer.weight, weight_work_);
+  const float* bias = values_of(layer.bias, bias_work_);
   float* output = layer.output.data();
   for (int b = 0; b < batch; ++b) {
     std::copy(bias, bias + layer.out, output + static_cast<std::size_t>(b) * layer.out);
@@ -186,18 +203,21 @@ void MlpModel::backward_layer(const Layer& layer, const float* input, float* out
                               float* input_grad, int batch) {
   const Engine::GatheredModule gathered = engine_.gathered(layer.module);
   // weight_grad[out, in] += output_grad[batch, out]^T * input[batch, in]
+  float* weight_grad = begin_grad(layer.weight, grad_work_);
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, layer.out, layer.in, batch, 1.0f,
-              output_grad, layer.out, input, layer.in, 1.0f, grad_of(layer.weight), layer.in);
-  float* bias_grad = grad_of(layer.bias);
+              output_grad, layer.out, input, layer.in, 1.0f, weight_grad, layer.in);
+  end_grad(layer.weight, grad_work_);
+  float* bias_grad = begin_grad(layer.bias, grad_work_);
   for (int b = 0; b < batch; ++b) {
     const float* row = output_grad + static_cast<std::size_t>(b) * layer.out;
     for (int o = 0; o < layer.out; ++o) bias_grad[o] += row[o];
   }
+  end_grad(layer.bias, grad_work_);
   if (input_grad != nullptr) {
     // input_grad[batch, in] = output_grad[batch, out] * weight[out, in]
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, batch, layer.in, layer.out, 1.0f,
-                output_grad, layer.out, values_of(layer.weight), layer.in, 0.0f, input_grad,
-                layer.in);
+                output_grad, layer.out, values_of(layer.weight, weight_work_), layer.in, 0.0f,
+                input_grad, layer.in);
   }
   // Marked while the module is still gathered, so stage 3 can reduce-scatter straight from it.
   engine_.grad_ready(layer.weight);

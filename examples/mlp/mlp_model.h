@@ -25,7 +25,8 @@ class MlpModel {
  public:
   /// Registers the parameters and allocates activations for micro-batches of up to `max_batch`
   /// samples through the engine (so the memory report counts them). Throws UsageError for a
-  /// shape or batch that is not positive, and for a model dtype other than fp32.
+  /// shape or batch that is not positive. Under fp16/bf16 the layers compute in
+  /// fp32 on working copies of the 16-bit parameters.
   MlpModel(Engine& engine, const MlpShape& shape, int max_batch);
   MlpModel(const MlpModel&) = delete;
   MlpModel& operator=(const MlpModel&) = delete;
@@ -54,6 +55,9 @@ class MlpModel {
     ActivationBuffer output;  ///< [max_batch, out]: ReLU output, or logits on the last layer
   };
 
+  const float* values_of(const Parameter& parameter, const ActivationBuffer& work);
+  float* begin_grad(const Parameter& parameter, const ActivationBuffer& work);
+  void end_grad(const Parameter& parameter, const ActivationBuffer& work);
   void forward_layer(const Layer& layer, const float* input, int batch, bool relu);
   float softmax_cross_entropy(const int* labels, int batch);
   void backward_layer(const Layer& layer, const float* input, float* output_grad, float* input_grad,
@@ -66,6 +70,10 @@ class MlpModel {
   /// Gradients flowing back between layers, [max_batch, max(width, classes)] each, ping-ponged.
   ActivationBuffer grad_a_;
   ActivationBuffer grad_b_;
+  /// fp16/bf16 only: fp32 working copies of one layer's weight, bias and a gradient.
+  ActivationBuffer weight_work_;
+  ActivationBuffer bias_work_;
+  ActivationBuffer grad_work_;
 };
 
 }  // namespace zeroshard::examples

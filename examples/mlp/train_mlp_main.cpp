@@ -30,7 +30,7 @@ using zeroshard::examples::SyntheticClassification;
 
 constexpr const char* kUsage =
     "usage: zeroshard-train-mlp --config FILE --steps N [--layers L] [--width W] [--inputs I]\n"
-    "                           [--classes C] [--seed S] [--report-json FILE]\n"
+    "                           [--classes C] [--seed S] [--precision P] [--report-json FILE]\n"
     "  --config FILE       DeepSpeed-style JSON config (zero_optimization.stage picks the stage)\n"
     "  --steps N           optimizer steps to run, each over one global batch\n"
     "  --layers L          linear layers (default 4)\n"
@@ -38,6 +38,7 @@ constexpr const char* kUsage =
     "  --inputs I          input features (default 64)\n"
     "  --classes C         classes of the synthetic task (default 10)\n"
     "  --seed S            seed of the weights and the data (default 1)\n"
+    "  --precision P       fp32, fp16 or bf16; overrides the config's fp16/bf16 sections\n"
     "  --report-json FILE  rank 0 writes losses, a parameter checksum and memory reports\n"
     "Run under mpirun for several ranks, e.g.\n"
     "  mpirun -np 4 zeroshard-train-mlp --config examples/configs/zero3.json --steps 30\n";
@@ -48,6 +49,7 @@ struct Options {
   MlpShape shape{.inputs = 64, .width = 256, .layers = 4, .classes = 10};
   std::uint64_t seed = 1;
   std::string report_json;
+  std::string precision;  ///< empty: as the config says
 };
 
 template <typename T>
@@ -88,6 +90,11 @@ std::optional<std::string> parse_options(int argc, char** argv, Options& options
       if (!parse_number(value, options.seed)) {
         problem = "--seed: expected a non-negative integer, got '" + std::string(value) + "'";
       }
+    } else if (flag == "--precision") {
+      if (value != "fp32" && value != "fp16" && value != "bf16") {
+        problem = "--precision: expected fp32, fp16 or bf16, got '" + std::string(value) + "'";
+      }
+      options.precision = value;
     } else if (flag == "--report-json") {
       options.report_json = value;
     } else {
@@ -117,7 +124,11 @@ int train(const Options& options, Communicator* communicator, Progress& progress
   const int rank = communicator->rank();
   const int world = communicator->size();
 
-  const zeroshard::Config config = zeroshard::Config::from_json_file(options.config_path, world);
+  zeroshard::Config config = zeroshard::Config::from_json_file(options.config_path, world);
+  if (!options.precision.empty()) {
+    config.fp16.enabled = options.precision == "fp16";
+    config.bf16.enabled = options.precision == "bf16";
+  }
   if (rank == 0) {
     for (const std::string& notice : config.notices()) std::printf("note: %s\n", notice.c_str());
   }
@@ -132,10 +143,10 @@ int train(const Options& options, Communicator* communicator, Progress& progress
 
   if (rank == 0) {
     std::printf(
-        "zeroshard-train-mlp: stage %d, %d rank(s), %s, MLP %d-%dx%d-%d with %lld parameters, "
+        "zeroshard-train-mlp: stage %d, %d rank(s), %s, %s, MLP %d-%dx%d-%d with %lld parameters, "
         "global batch %d x %d x %d = %lld\n",
-        engine.stage(), world, engine.update_rule().name().c_str(), options.shape.inputs,
-        options.shape.layers, options.shape.width, options.shape.classes,
+        engine.stage(), world, to_string(engine.model_dtype()), engine.update_rule().name().c_str(),
+        options.shape.inputs, options.shape.layers, options.shape.width, options.shape.classes,
         static_cast<long long>(model.parameter_count()), micro_batch, accumulation, world,
         static_cast<long long>(micro_batch) * accumulation * world);
     std::fflush(stdout);
@@ -200,6 +211,7 @@ int train(const Options& options, Communicator* communicator, Progress& progress
     out["losses"] = losses;
     out["param_checksum"] = {{"sum", sum}, {"abs_sum", abs_sum}};
     out["stage"] = engine.stage();
+    out["precision"] = to_string(engine.model_dtype());
     out["world_size"] = world;
     out["parameters"] = model.parameter_count();
     out["padded_parameters"] = engine.padded_numel();

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace zeroshard {
 
@@ -12,5 +13,10 @@ constexpr std::size_t size_of(DType dtype) noexcept { return dtype == DType::kFl
 
 /// "fp32", "fp16" or "bf16".
 const char* to_string(DType dtype) noexcept;
+
+/// Converts `count` elements from one type to another with round-to-nearest-even (SIMD where the
+/// CPU has it), e.g. a 16-bit parameter into an fp32 working copy and an fp32 gradient back.
+/// `in` and `out` must not overlap unless the types are equal.
+void convert(const void* in, DType from, void* out, DType to, std::int64_t count) noexcept;
 
 }  // namespace zeroshard

@@ -7,5 +7,6 @@
 #include "zeroshard/engine.h"
 #include "zeroshard/error.h"
 #include "zeroshard/lr_scheduler.h"
+#include "zeroshard/memory_estimator.h"
 #include "zeroshard/memory_report.h"
 #include "zeroshard/optimizer.h"

@@ -1,0 +1,34 @@
+// The models the memory benchmark trains: a synthetic one of equal tensors with synthetic
+// gradients (any size, any precision), and the MLP example (a real forward and backward).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "memory_sweep.h"
+#include "zeroshard/engine.h"
+
+namespace zeroshard::bench {
+
+/// A model whose parameters live in an engine. Constructing one registers them; a model that
+/// cannot run a configuration throws UsageError saying why.
+class BenchModel {
+ public:
+  virtual ~BenchModel() = default;
+  /// Sets the initial parameters (collective at stage 3).
+  virtual void initialize() = 0;
+  /// One forward and backward that hands every gradient to the engine; the caller steps.
+  virtual void micro_step(std::int64_t step) = 0;
+  /// Element counts of the trainable tensors, in registration order (the estimator's input).
+  virtual std::vector<std::int64_t> tensor_numels() const = 0;
+};
+
+/// The model `options` describe, registered with `engine`.
+std::unique_ptr<BenchModel> make_model(const BenchOptions& options, Engine& engine);
+
+/// True when this build has the MLP example (examples/mlp) to benchmark.
+bool mlp_available();
+
+}  // namespace zeroshard::bench

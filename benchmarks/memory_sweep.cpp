@@ -1,0 +1,274 @@
+// The sweep's dimensions, the benchmark's command line, and the config of each configuration.
+#include "memory_sweep.h"
+
+#include <cstdlib>
+#include <functional>
+#include <iostream>
+#include <sstream>
+
+#include "quantity.h"
+#include "zeroshard/error.h"
+
+namespace zeroshard::bench {
+
+namespace {
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> items;
+  std::stringstream stream(text);
+  std::string item;
+  while (std::getline(stream, item, ',')) {
+    if (!item.empty()) items.push_back(item);
+  }
+  return items;
+}
+
+[[noreturn]] void unknown_value(const char* option, const std::string& value,
+                                const char* expected) {
+  throw UsageError(std::string(option) + ": got \"" + value + "\", expected " + expected);
+}
+
+}  // namespace
+
+const std::vector<Dimension>& dimensions() {
+  // One row per axis of the sweep; a new axis is one more row here.
+  static const std::vector<Dimension> kDimensions = {
+      {"stage",
+       "--stages",
+       {"0", "1", "2", "3"},
+       [](nlohmann::json& config, const std::string& value) {
+         if (value.size() != 1 || value[0] < '0' || value[0] > '3') {
+           unknown_value("--stages", value, "0, 1, 2 or 3");
+         }
+         config["zero_optimization"]["stage"] = value[0] - '0';
+       }},
+      {"precision",
+       "--precisions",
+       {"fp32", "fp16", "bf16"},
+       [](nlohmann::json& config, const std::string& value) {
+         if (value == "fp16" || value == "bf16") {
+           config[value]["enabled"] = true;
+         } else if (value != "fp32") {
+           unknown_value("--precisions", value, "fp32, fp16 or bf16");
+         }
+       }},
+      {"offload_optimizer",
+       "--offload-optimizer",
+       {"none"},
+       [](nlohmann::json& config, const std::string& value) {
+         if (value != "none" && value != "cpu" && value != "nvme") {
+           unknown_value("--offload-optimizer", value, "none, cpu or nvme");
+         }
+         if (value == "none") return;
+         config["zero_optimization"]["offload_optimizer"]["device"] = value;
+         if (value == "nvme") {
+           config["zero_optimization"]["offload_optimizer"]["nvme_path"] =
+               "/tmp/zeroshard_memory_bench_nvme";
+         }
+       }},
+  };
+  return kDimensions;
+}
+
+std::string BenchOptions::model_description() const {
+  if (mlp()) {
+    return "MLP example: " + std::to_string(inputs) + " -> " + std::to_string(layers - 1) + " x " +
+           std::to_string(width) + " -> " + std::to_string(classes) + ", micro batch " +
+           std::to_string(micro_batch);
+  }
+  return "synthetic: " + detail::format_count(params) + " parameters in " +
+         std::to_string(tensors) + " tensors";
+}
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: zeroshard-memory-bench [options]
+
+Measures, per rank, the bytes the engine holds for parameters, gradients, master weights,
+optimizer states, communication buffers and activations (current and peak), the process peak
+RSS, the step time and the bytes sent per step, for every combination of ZeRO stage, precision
+and world size, beside the figures of zeroshard-estimate. Launches itself under mpirun once per
+world size.
+
+model (the synthetic one by default):
+  --params P              trainable parameters of the synthetic model (default 16M)
+  --tensors T             equal tensors it is split into, one module each (default 16)
+  --layers L --width W    the MLP example instead: L layers of width W (fp32 only)
+  --inputs N --classes C --micro-batch B    its input size, classes, samples per step
+
+sweep:
+  --world-sizes 1,2,3,4   ranks per run
+  --stages 0,1,2,3
+  --precisions fp32,fp16,bf16
+  --offload-optimizer none[,cpu,nvme]
+  --reduce-bucket-size N  elements (default 5e8, DeepSpeed's)
+  --persistence-threshold N   stage3_param_persistence_threshold (default 0: all sharded)
+  --max-reuse-distance N      stage3_max_reuse_distance (default 0: re-gather for backward)
+  --warmup N --steps N    untimed and timed steps per configuration (default 1 and 3)
+  --quick                 1M parameters in 8 tensors, buckets of 250K, world sizes 1-4,
+                          one warmup and two timed steps: under a minute on 2 cores
+
+output:
+  --out-dir DIR           JSON, CSV and plots (default memory_bench_results)
+  --csv FILE --json FILE  override their paths
+  --no-plot               skip gnuplot
+  --mpirun CMD            launcher (default mpirun)
+  --mpirun-flags "..."    its flags (default: as the test suite runs it)
+)";
+
+int to_int(const std::string& text, const char* option, int low) {
+  const std::int64_t value = detail::parse_count(text, option);
+  if (value < low || value > (1 << 20)) {
+    throw UsageError(std::string(option) + ": got " + text + ", expected at least " +
+                     std::to_string(low));
+  }
+  return static_cast<int>(value);
+}
+
+}  // namespace
+
+BenchOptions parse_options(int argc, char** argv) {
+  BenchOptions o;
+  for (const Dimension& d : dimensions()) o.values.push_back(d.defaults);
+  for (int i = 0; i < argc; ++i) o.arguments.emplace_back(argv[i]);
+
+  using Setter = std::function<void(const std::string&)>;
+  struct Flag {
+    const char* name;
+    Setter set;
+  };
+  std::vector<Flag> flags = {
+      {"--params", [&](const std::string& v) { o.params = detail::parse_count(v, "--params"); }},
+      {"--tensors", [&](const std::string& v) { o.tensors = to_int(v, "--tensors", 1); }},
+      {"--layers", [&](const std::string& v) { o.layers = to_int(v, "--layers", 1); }},
+      {"--width", [&](const std::string& v) { o.width = to_int(v, "--width", 1); }},
+      {"--inputs", [&](const std::string& v) { o.inputs = to_int(v, "--inputs", 1); }},
+      {"--classes", [&](const std::string& v) { o.classes = to_int(v, "--classes", 1); }},
+      {"--micro-batch",
+       [&](const std::string& v) { o.micro_batch = to_int(v, "--micro-batch", 1); }},
+      {"--world-sizes",
+       [&](const std::string& v) {
+         o.world_sizes.clear();
+         for (const std::string& n : split_list(v)) {
+           o.world_sizes.push_back(to_int(n, "--world-sizes", 1));
+         }
+       }},
+      {"--reduce-bucket-size",
+       [&](const std::string& v) {
+         o.reduce_bucket_size = detail::parse_count(v, "--reduce-bucket-size");
+       }},
+      {"--persistence-threshold",
+       [&](const std::string& v) {
+         o.persistence_threshold = detail::parse_count(v, "--persistence-threshold");
+       }},
+      {"--max-reuse-distance",
+       [&](const std::string& v) {
+         o.max_reuse_distance = detail::parse_count(v, "--max-reuse-distance");
+       }},
+      {"--warmup", [&](const std::string& v) { o.warmup_steps = to_int(v, "--warmup", 0); }},
+      {"--steps", [&](const std::string& v) { o.timed_steps = to_int(v, "--steps", 1); }},
+      {"--out-dir", [&](const std::string& v) { o.out_dir = v; }},
+      {"--csv", [&](const std::string& v) { o.csv = v; }},
+      {"--json", [&](const std::string& v) { o.json = v; }},
+      {"--mpirun", [&](const std::string& v) { o.mpirun = v; }},
+      {"--mpirun-flags", [&](const std::string& v) { o.mpirun_flags = v; }},
+      {"--worker-dir", [&](const std::string& v) { o.worker_dir = v; }},
+  };
+  for (std::size_t d = 0; d < dimensions().size(); ++d) {
+    flags.push_back(
+        {dimensions()[d].option, [&o, d](const std::string& v) { o.values[d] = split_list(v); }});
+  }
+
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::cout << kUsage;
+      std::exit(0);
+    }
+    if (arg == "--no-plot") {
+      o.plot = false;
+      continue;
+    }
+    if (arg == "--quick") {
+      o.params = 1'000'000;
+      o.tensors = 8;
+      o.layers = 0;
+      o.reduce_bucket_size = 250'000;
+      o.world_sizes = {1, 2, 3, 4};
+      o.warmup_steps = 1;
+      o.timed_steps = 2;
+      continue;
+    }
+    const Flag* flag = nullptr;
+    for (const Flag& f : flags) {
+      if (arg == f.name) flag = &f;
+    }
+    if (flag == nullptr) throw UsageError("unknown option " + arg + " (see --help)");
+    if (i + 1 >= argc) throw UsageError(arg + ": missing value (see --help)");
+    flag->set(argv[++i]);
+  }
+  for (std::size_t d = 0; d < dimensions().size(); ++d) {
+    if (o.values[d].empty()) {
+      throw UsageError(std::string(dimensions()[d].option) + ": give at least one value");
+    }
+  }
+  if (o.world_sizes.empty()) throw UsageError("--world-sizes: give at least one");
+  if (!o.mlp() && o.params < o.tensors) {
+    throw UsageError("--params: " + std::to_string(o.params) + " is fewer than --tensors " +
+                     std::to_string(o.tensors));
+  }
+  if (o.csv.empty()) o.csv = o.out_dir + "/memory_bench.csv";
+  if (o.json.empty()) o.json = o.out_dir + "/memory_bench.json";
+  return o;
+}
+
+std::string Configuration::label() const {
+  std::string text;
+  for (std::size_t d = 0; d < values.size(); ++d) {
+    text += (d ? " " : "") + std::string(dimensions()[d].name) + "=" + values[d];
+  }
+  return text;
+}
+
+const std::string& Configuration::value(const char* dimension) const {
+  for (std::size_t d = 0; d < dimensions().size(); ++d) {
+    if (std::string(dimensions()[d].name) == dimension) return values[d];
+  }
+  throw UsageError(std::string("no sweep dimension named ") + dimension);
+}
+
+std::vector<Configuration> configurations(const BenchOptions& options) {
+  std::vector<Configuration> result = {Configuration{}};
+  for (const std::vector<std::string>& values : options.values) {
+    std::vector<Configuration> next;
+    for (const Configuration& partial : result) {
+      for (const std::string& value : values) {
+        Configuration c = partial;
+        c.values.push_back(value);
+        next.push_back(std::move(c));
+      }
+    }
+    result = std::move(next);
+  }
+  return result;
+}
+
+nlohmann::json engine_config(const BenchOptions& options, const Configuration& configuration) {
+  nlohmann::json config = {
+      {"train_micro_batch_size_per_gpu", options.micro_batch},
+      {"gradient_accumulation_steps", 1},
+      // Quiet: the worker's stdout carries its progress lines.
+      {"steps_per_print", 1'000'000},
+      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
+      {"zero_optimization",
+       {{"reduce_bucket_size", options.reduce_bucket_size},
+        {"stage3_param_persistence_threshold", options.persistence_threshold},
+        {"stage3_max_reuse_distance", options.max_reuse_distance}}},
+  };
+  for (std::size_t d = 0; d < dimensions().size(); ++d) {
+    dimensions()[d].apply(config, configuration.values[d]);
+  }
+  return config;
+}
+
+}  // namespace zeroshard::bench

@@ -1,0 +1,357 @@
+// zeroshard-estimate: per-rank device, host and NVMe memory a ZeRO configuration needs, for one
+// stage or every stage side by side, without running anything; and the largest model that fits.
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <iostream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "quantity.h"
+#include "zeroshard/config.h"
+#include "zeroshard/error.h"
+#include "zeroshard/memory_estimator.h"
+
+namespace {
+
+using zeroshard::DType;
+using zeroshard::EstimateInput;
+using zeroshard::MemoryCategory;
+using zeroshard::MemoryEstimate;
+using zeroshard::MemoryTier;
+using zeroshard::OffloadDevice;
+using zeroshard::UsageError;
+namespace detail = zeroshard::detail;
+
+constexpr const char* kUsage = R"(usage: zeroshard-estimate --params P [--config FILE] [options]
+
+Per-rank memory a ZeRO configuration needs, computed from the engine's allocation rules.
+
+  --params P                 trainable parameters: 7500000000, 7.5e9, 7.5B, 1.3M
+  --config FILE              a DeepSpeed-style JSON config: stage, precision, optimizer,
+                             offload and bucket sizes come from it (the flags below override)
+  --ranks N                  data-parallel world size (default 1)
+  --nodes K                  nodes the ranks span; host memory is also shown per node (default 1)
+  --stage S|all              ZeRO stage 0-3, or all side by side (default: all, or the config's)
+  --precision fp32|fp16|bf16 parameter and gradient type; 16-bit adds fp32 master weights
+  --optimizer NAME           adamw|adam|sgd|lion|adagrad (default adamw)
+  --offload-optimizer none|cpu|nvme
+  --offload-param none|cpu|nvme
+  --reduce-bucket-size N     elements (default 5e8, DeepSpeed's)
+  --largest-tensor N         elements of the largest parameter tensor (default: none is
+                             larger than a bucket)
+  --persistent-params N      stage 3: elements kept whole on every rank (default 0)
+  --fit-memory BYTES         also print the largest model that fits in BYTES of device memory
+                             per rank, per stage: 80GB, 80e9, 40GiB
+  --help
+
+Decimal GB (10^9 bytes, as the ZeRO paper counts) beside GiB (2^30 bytes).
+)";
+
+struct Options {
+  std::optional<std::int64_t> params;
+  std::string config_path;
+  std::optional<int> ranks;
+  std::optional<int> nodes;
+  std::optional<int> stage;  ///< empty: every stage
+  bool stage_given = false;
+  std::optional<DType> precision;
+  std::optional<std::string> optimizer;
+  std::optional<OffloadDevice> offload_optimizer;
+  std::optional<OffloadDevice> offload_param;
+  std::optional<std::int64_t> reduce_bucket_size;
+  std::optional<std::int64_t> largest_tensor;
+  std::optional<std::int64_t> persistent_params;
+  std::optional<std::int64_t> fit_memory;
+};
+
+int parse_int(std::string_view text, std::string_view option, int low, int high) {
+  const std::int64_t value = detail::parse_count(text, option);
+  if (value < low || value > high) {
+    throw UsageError(std::string(option) + ": got " + std::string(text) + ", expected " +
+                     std::to_string(low) + ".." + std::to_string(high));
+  }
+  return static_cast<int>(value);
+}
+
+DType parse_precision(std::string_view text) {
+  if (text == "fp32") return DType::kFloat32;
+  if (text == "fp16") return DType::kFloat16;
+  if (text == "bf16") return DType::kBFloat16;
+  throw UsageError("--precision: got \"" + std::string(text) + "\", expected fp32, fp16 or bf16");
+}
+
+OffloadDevice parse_offload(std::string_view text, std::string_view option) {
+  if (text == "none") return OffloadDevice::kNone;
+  if (text == "cpu") return OffloadDevice::kCpu;
+  if (text == "nvme") return OffloadDevice::kNvme;
+  throw UsageError(std::string(option) + ": got \"" + std::string(text) +
+                   "\", expected none, cpu or nvme");
+}
+
+Options parse_options(int argc, char** argv) {
+  Options options;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::cout << kUsage;
+      std::exit(0);
+    }
+    std::string value;
+    if (const auto eq = arg.find('='); eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      arg.resize(eq);
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      throw UsageError(arg + ": missing value (see --help)");
+    }
+    if (arg == "--params") {
+      options.params = detail::parse_count(value, arg);
+    } else if (arg == "--config") {
+      options.config_path = value;
+    } else if (arg == "--ranks") {
+      options.ranks = parse_int(value, arg, 1, 1 << 24);
+    } else if (arg == "--nodes") {
+      options.nodes = parse_int(value, arg, 1, 1 << 24);
+    } else if (arg == "--stage") {
+      options.stage_given = true;
+      if (value != "all") options.stage = parse_int(value, arg, 0, 3);
+    } else if (arg == "--precision") {
+      options.precision = parse_precision(value);
+    } else if (arg == "--optimizer") {
+      zeroshard::optimizer_state_arrays(value);  // rejects unknown names with the allowed ones
+      options.optimizer = value;
+    } else if (arg == "--offload-optimizer") {
+      options.offload_optimizer = parse_offload(value, arg);
+    } else if (arg == "--offload-param") {
+      options.offload_param = parse_offload(value, arg);
+    } else if (arg == "--reduce-bucket-size") {
+      options.reduce_bucket_size = detail::parse_count(value, arg);
+    } else if (arg == "--largest-tensor") {
+      options.largest_tensor = detail::parse_count(value, arg);
+    } else if (arg == "--persistent-params") {
+      options.persistent_params = detail::parse_count(value, arg);
+    } else if (arg == "--fit-memory") {
+      options.fit_memory = detail::parse_bytes(value, arg);
+    } else {
+      throw UsageError("unknown option " + arg + " (see --help)");
+    }
+  }
+  if (!options.params) throw UsageError("--params is required (see --help)");
+  return options;
+}
+
+/// The input the options describe: the config's settings first, then every flag given.
+EstimateInput make_input(const Options& options, std::vector<std::string>& notices) {
+  const int ranks = options.ranks.value_or(1);
+  EstimateInput in;
+  if (!options.config_path.empty()) {
+    const auto config = zeroshard::Config::from_json_file(options.config_path, ranks);
+    notices = config.notices();
+    in = zeroshard::estimate_input_from_config(config, *options.params, ranks);
+    if (config.optimizer.type.empty() && !options.optimizer) {
+      notices.push_back("the config names no optimizer; assuming adamw");
+    }
+  }
+  in.params = *options.params;
+  in.ranks = ranks;
+  in.nodes = options.nodes.value_or(1);
+  if (options.stage) in.stage = *options.stage;
+  if (options.precision) in.precision = *options.precision;
+  if (options.optimizer) {
+    in.optimizer = *options.optimizer;
+    in.optimizer_state_arrays = -1;
+  }
+  if (options.offload_optimizer) in.offload_optimizer = *options.offload_optimizer;
+  if (options.offload_param) in.offload_param = *options.offload_param;
+  if (options.reduce_bucket_size) in.reduce_bucket_size = *options.reduce_bucket_size;
+  if (options.largest_tensor) in.largest_tensor = *options.largest_tensor;
+  if (options.persistent_params) in.persistent_params = *options.persistent_params;
+  return in;
+}
+
+const char* precision_description(DType precision) {
+  switch (precision) {
+    case DType::kFloat32:
+      return "fp32 (parameters are the master weights)";
+    case DType::kFloat16:
+      return "fp16 parameters and gradients, fp32 master weights";
+    case DType::kBFloat16:
+      return "bf16 parameters and gradients, fp32 master weights";
+  }
+  return "?";
+}
+
+const char* offload_name(OffloadDevice device) {
+  switch (device) {
+    case OffloadDevice::kNone:
+      return "none";
+    case OffloadDevice::kCpu:
+      return "cpu";
+    case OffloadDevice::kNvme:
+      return "nvme";
+  }
+  return "?";
+}
+
+/// "   31.4 GB  29.25 GiB": the decimal figure the ZeRO paper prints, then the binary one.
+std::string cell(std::int64_t bytes) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%10s %11s", detail::format_decimal_bytes(bytes).c_str(),
+                bytes == 0 ? "" : detail::format_binary_bytes(bytes).c_str());
+  return text;
+}
+
+/// One line of the table: a figure of every estimate, shown when it is non-zero somewhere.
+struct Row {
+  std::string label;
+  std::function<std::int64_t(const MemoryEstimate&)> bytes;
+  bool always = false;
+};
+
+std::vector<Row> table_rows() {
+  using Get = std::function<std::int64_t(const MemoryEstimate&)>;
+  const auto category = [](MemoryCategory c, MemoryTier tier) -> Get {
+    return [c, tier](const MemoryEstimate& e) { return e.at(c, tier); };
+  };
+  std::vector<Row> rows;
+  for (MemoryTier tier : {MemoryTier::kDevice, MemoryTier::kHost, MemoryTier::kNvme}) {
+    const bool device = tier == MemoryTier::kDevice;
+    rows.push_back(
+        {std::string(zeroshard::to_string(tier)) + (device ? "" : " (offload)"), nullptr, true});
+    rows.push_back({"  parameters", category(MemoryCategory::kParameters, tier), device});
+    rows.push_back({"  gradients", category(MemoryCategory::kGradients, tier), device});
+    rows.push_back({"  master weights", category(MemoryCategory::kMasterWeights, tier), device});
+    rows.push_back(
+        {"  optimizer states", category(MemoryCategory::kOptimizerStates, tier), device});
+    rows.push_back({device ? "  model states (ZeRO paper)" : "  model states",
+                    [tier](const MemoryEstimate& e) { return e.model_state_bytes(tier); }, device});
+    rows.push_back(
+        {"  communication buffers", category(MemoryCategory::kCommunication, tier), device});
+    rows.push_back({"  activations (given)", category(MemoryCategory::kActivations, tier)});
+    rows.push_back({"  total", [tier](const MemoryEstimate& e) { return e.total(tier); }, true});
+    if (device) {
+      rows.push_back({"  + stage-3 gathered (transient)",
+                      [](const MemoryEstimate& e) { return e.transient_device_bytes; }});
+      rows.push_back({"  peak", [](const MemoryEstimate& e) { return e.device_peak(); }, true});
+    }
+    if (tier == MemoryTier::kHost) {
+      rows.push_back({"  per node", [](const MemoryEstimate& e) { return e.host_per_node(); }});
+    }
+  }
+  rows.push_back({"sent per step (2P; 3P at stage 3)",
+                  [](const MemoryEstimate& e) { return e.traffic_bytes_per_step; }, true});
+  return rows;
+}
+
+void print_header(const EstimateInput& in) {
+  std::cout << "zeroshard-estimate: " << detail::format_count(in.params)
+            << " trainable parameters (" << in.params << "), " << in.ranks
+            << (in.ranks == 1 ? " rank" : " ranks") << " on " << in.nodes
+            << (in.nodes == 1 ? " node" : " nodes") << "\n"
+            << "  precision: " << precision_description(in.precision) << "\n"
+            << "  optimizer: " << in.optimizer
+            << ", offload_optimizer: " << offload_name(in.offload_optimizer)
+            << ", offload_param: " << offload_name(in.offload_param) << "\n"
+            << "  reduce_bucket_size: " << in.reduce_bucket_size << " elements, largest tensor: "
+            << (in.largest_tensor > 0 ? std::to_string(in.largest_tensor) + " elements"
+                                      : std::string("none larger than a bucket"))
+            << "\n"
+            << "  " << zeroshard::device_memory_meaning() << "\n"
+            << "  bytes per rank; GB = 10^9 bytes (as the ZeRO paper counts), GiB = 2^30 bytes\n\n";
+}
+
+void print_line(const std::string& label, const std::vector<std::string>& cells) {
+  constexpr int kLabel = 32;
+  constexpr int kColumn = 24;
+  char text[128];
+  std::snprintf(text, sizeof text, "%-*s", kLabel, label.c_str());
+  std::string line = text;
+  for (const std::string& cell : cells) {
+    std::snprintf(text, sizeof text, "%*s", kColumn, cell.c_str());
+    line += text;
+  }
+  line.erase(line.find_last_not_of(' ') + 1);
+  std::cout << line << "\n";
+}
+
+void print_estimates(const std::vector<MemoryEstimate>& estimates,
+                     const std::optional<std::int64_t>& fit_memory) {
+  print_header(estimates.front().input);
+  std::vector<std::string> cells;
+  for (const MemoryEstimate& e : estimates)
+    cells.push_back("stage " + std::to_string(e.input.stage));
+  print_line("", cells);
+  for (const Row& row : table_rows()) {
+    cells.clear();
+    bool any = row.always;
+    for (const MemoryEstimate& e : estimates) {
+      if (!row.bytes) {
+        cells.emplace_back();
+      } else if (!e.valid) {
+        cells.emplace_back("n/a");
+      } else {
+        any = any || row.bytes(e) != 0;
+        cells.push_back(cell(row.bytes(e)));
+      }
+    }
+    if (any) print_line(row.label, cells);
+  }
+  if (fit_memory) {
+    cells.clear();
+    for (const MemoryEstimate& e : estimates) {
+      cells.push_back(
+          e.valid ? detail::format_count(zeroshard::largest_model(*fit_memory, e.input)) + " params"
+                  : "n/a");
+    }
+    print_line("largest model in " + detail::format_decimal_bytes(*fit_memory), cells);
+  }
+  // Each note once, with the stages it applies to.
+  std::vector<std::pair<std::string, std::string>> notes;
+  const auto add_note = [&notes](int stage, const std::string& text) {
+    for (auto& [stages, note] : notes) {
+      if (note == text) {
+        stages += ", " + std::to_string(stage);
+        return;
+      }
+    }
+    notes.emplace_back("stage " + std::to_string(stage), text);
+  };
+  for (const MemoryEstimate& e : estimates) {
+    if (!e.valid) add_note(e.input.stage, "n/a: " + e.reason);
+    for (const std::string& note : e.notes) add_note(e.input.stage, note);
+  }
+  if (!notes.empty()) std::cout << "\n";
+  for (const auto& [stages, note] : notes) std::cout << "note (" << stages << "): " << note << "\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Options options = parse_options(argc, argv);
+    std::vector<std::string> notices;
+    const EstimateInput base = make_input(options, notices);
+    for (const std::string& notice : notices) std::cerr << "notice: " << notice << "\n";
+    // Every stage unless one was asked for (on the command line, or by the config file alone).
+    const bool one_stage = options.stage || (!options.config_path.empty() && !options.stage_given);
+    std::vector<MemoryEstimate> estimates;
+    for (int stage = 0; stage <= 3; ++stage) {
+      if (one_stage && stage != base.stage) continue;
+      EstimateInput in = base;
+      in.stage = stage;
+      estimates.push_back(zeroshard::estimate(in));
+    }
+    print_estimates(estimates, options.fit_memory);
+    return 0;
+  } catch (const zeroshard::Error& error) {
+    std::cerr << "zeroshard-estimate: " << error.what() << "\n";
+    return 2;
+  }
+}

@@ -1,0 +1,264 @@
+// The memory estimator against the ZeRO paper's formulas and Figure 1, its inverse, and offload
+// placement.
+#include "zeroshard/memory_estimator.h"
+
+#include <gtest/gtest.h>
+
+#include <array>
+#include <string>
+
+#include "quantity.h"
+#include "zeroshard/error.h"
+
+namespace zeroshard {
+namespace {
+
+EstimateInput input(std::int64_t params, int ranks, int stage, DType precision,
+                    const std::string& optimizer = "adam") {
+  EstimateInput in;
+  in.params = params;
+  in.ranks = ranks;
+  in.stage = stage;
+  in.precision = precision;
+  in.optimizer = optimizer;
+  return in;
+}
+
+TEST(MemoryEstimator, ReproducesZeroPaperFigureOne) {
+  // 7.5B parameters, 64 ranks, mixed-precision Adam: 120, 31.4, 16.6 and 1.9 GB per device.
+  const std::array<const char*, 4> expected = {"120.0 GB", "31.4 GB", "16.6 GB", "1.9 GB"};
+  for (int stage = 0; stage <= 3; ++stage) {
+    const MemoryEstimate e = estimate(input(7'500'000'000, 64, stage, DType::kFloat16));
+    EXPECT_EQ(detail::format_decimal_bytes(e.model_state_bytes()), expected[stage])
+        << "stage " << stage;
+  }
+}
+
+// 16 x 840 x 100 elements: the engine's alignment (16 elements per rank) divides it for every N
+// in 1..8, so there is no padding and P/N is exact.
+constexpr std::int64_t kUnpaddedP = 16 * 840 * 100;
+
+TEST(MemoryEstimator, MixedPrecisionAdamFollowsThePaperFormulas) {
+  // The one addition to the paper: the engine widens 16-bit gradients in a 64Ki-element fp32
+  // scratch, charged to gradients.
+  const std::int64_t scratch = 4 * kGradientScratchElements;
+  const std::int64_t p = kUnpaddedP;
+  for (DType precision : {DType::kFloat16, DType::kBFloat16}) {
+    for (int n = 1; n <= 8; ++n) {
+      EXPECT_EQ(estimate(input(p, n, 0, precision)).model_state_bytes(), 16 * p + scratch);
+      EXPECT_EQ(estimate(input(p, n, 1, precision)).model_state_bytes(),
+                4 * p + 12 * p / n + scratch);
+      EXPECT_EQ(estimate(input(p, n, 2, precision)).model_state_bytes(),
+                2 * p + 14 * p / n + scratch);
+      EXPECT_EQ(estimate(input(p, n, 3, precision)).model_state_bytes(), 16 * p / n + scratch);
+    }
+  }
+}
+
+TEST(MemoryEstimator, Fp32AdamFollowsTheFormulas) {
+  const std::int64_t p = kUnpaddedP;
+  for (int n = 1; n <= 8; ++n) {
+    EXPECT_EQ(estimate(input(p, n, 0, DType::kFloat32)).model_state_bytes(), 16 * p);
+    EXPECT_EQ(estimate(input(p, n, 1, DType::kFloat32)).model_state_bytes(), 8 * p + 8 * p / n);
+    EXPECT_EQ(estimate(input(p, n, 2, DType::kFloat32)).model_state_bytes(), 4 * p + 12 * p / n);
+    EXPECT_EQ(estimate(input(p, n, 3, DType::kFloat32)).model_state_bytes(), 16 * p / n);
+    EXPECT_EQ(estimate(input(p, n, 0, DType::kFloat32)).at(MemoryCategory::kMasterWeights), 0);
+  }
+}
+
+TEST(MemoryEstimator, OptimizerSetsTheStateArrays) {
+  const std::int64_t p = 1024;
+  EXPECT_EQ(estimate(input(p, 1, 0, DType::kFloat32, "sgd")).model_state_bytes(), 8 * p);
+  EXPECT_EQ(estimate(input(p, 1, 0, DType::kFloat32, "Lion")).model_state_bytes(), 12 * p);
+  EXPECT_EQ(estimate(input(p, 1, 0, DType::kFloat32, "adagrad")).model_state_bytes(), 12 * p);
+  EstimateInput amsgrad = input(p, 1, 0, DType::kFloat32, "adamw");
+  amsgrad.optimizer_state_arrays = 3;
+  EXPECT_EQ(estimate(amsgrad).model_state_bytes(), 20 * p);
+}
+
+TEST(MemoryEstimator, FollowsTheEnginesAlignedLayout) {
+  // 10 elements on 4 ranks: padded to 16 x 4 = 64 so that every shard (16) stays aligned.
+  const MemoryEstimate e = estimate(input(10, 4, 3, DType::kFloat32));
+  EXPECT_EQ(e.padded_params, 64);
+  EXPECT_EQ(e.shard_params, 16);
+  EXPECT_EQ(e.model_state_bytes(), 16 * 16);
+  // Tensors of 20, 5 and 40 start at 0, 32 and 48: 88 elements, padded to 96 on 2 ranks.
+  EstimateInput tensors = input(0, 2, 0, DType::kFloat32);
+  tensors.tensors = {20, 5, 40};
+  EXPECT_EQ(estimate(tensors).padded_params, 96);
+  EXPECT_EQ(estimate(tensors).model_state_bytes(), 16 * 96);
+}
+
+TEST(MemoryEstimator, StageThreeKeepsSmallTensorsWhole) {
+  EstimateInput in = input(0, 4, 3, DType::kFloat32);
+  in.tensors = {4096, 64, 4096, 64};
+  in.param_persistence_threshold = 100;
+  const MemoryEstimate e = estimate(in);
+  EXPECT_EQ(e.at(MemoryCategory::kParameters), 4 * (e.shard_params + 128));
+  in.model_persistence_threshold = 64;  // room for the first small tensor only
+  EXPECT_EQ(estimate(in).at(MemoryCategory::kParameters), 4 * (e.shard_params + 64));
+}
+
+TEST(MemoryEstimator, BoundsTheBucketSlots) {
+  EstimateInput in = input(1'048'576, 4, 2, DType::kFloat16);
+  in.reduce_bucket_size = 100'000;
+  // Two slots, each a bucket of 100000 elements plus the receive area for this rank's share.
+  EXPECT_EQ(estimate(in).at(MemoryCategory::kCommunication), 2 * 2 * (100'000 + 100'000));
+  in.stage = 1;
+  EXPECT_EQ(estimate(in).at(MemoryCategory::kCommunication), 2 * 2 * 100'000);
+  in.reduce_scatter = false;
+  EXPECT_EQ(estimate(in).at(MemoryCategory::kCommunication), 0);
+  // A tensor larger than the bucket is a bucket of its own.
+  in.stage = 3;
+  in.reduce_scatter = true;
+  in.largest_tensor = 500'000;
+  // The receive area never exceeds this rank's shard (1048576 / 4).
+  EXPECT_EQ(estimate(in).at(MemoryCategory::kCommunication), 2 * 2 * (500'000 + 63 + 262'144));
+}
+
+TEST(MemoryEstimator, PlansBucketsAsTheEngineDoesWhenItKnowsTheTensors) {
+  // Four tensors of 100 at offsets 0, 112, 224 and 336, padded to 448 on 2 ranks. From the top,
+  // a bucket of 250 elements holds two of them with their alignment gaps: [224, 448) and
+  // [0, 224); rank 1 receives all 224 elements of the first.
+  EstimateInput in = input(0, 2, 2, DType::kFloat32);
+  in.tensors = {100, 100, 100, 100};
+  in.reduce_bucket_size = 250;
+  EXPECT_EQ(estimate(in).padded_params, 448);
+  EXPECT_EQ(estimate(in).at(MemoryCategory::kCommunication), 2 * 4 * (224 + 224));
+  in.reduce_bucket_size = 50;  // every tensor a bucket of its own, the top one with the padding
+  EXPECT_EQ(estimate(in).at(MemoryCategory::kCommunication), 2 * 4 * (112 + 112));
+}
+
+TEST(MemoryEstimator, SendsTwoPPerStepAndThreePAtStageThree) {
+  for (int stage = 0; stage <= 3; ++stage) {
+    const MemoryEstimate e = estimate(input(kUnpaddedP, 4, stage, DType::kBFloat16));
+    EXPECT_EQ(e.traffic_bytes_per_step, (stage == 3 ? 3 : 2) * kUnpaddedP * 2);
+  }
+}
+
+TEST(MemoryEstimator, CountsBucketsFromStageOne) {
+  EstimateInput in = input(1'000'000, 4, 0, DType::kFloat32);
+  in.reduce_bucket_size = 100'000;
+  EXPECT_EQ(estimate(in).at(MemoryCategory::kCommunication), 0);
+  for (int stage = 1; stage <= 3; ++stage) {
+    in.stage = stage;
+    const MemoryEstimate e = estimate(in);
+    EXPECT_GT(e.at(MemoryCategory::kCommunication), 0) << "stage " << stage;
+    EXPECT_EQ(e.total(), e.model_state_bytes() + e.at(MemoryCategory::kCommunication));
+  }
+}
+
+TEST(MemoryEstimator, OffloadMovesMasterWeightsStatesAndGradientShardToTheHost) {
+  const std::int64_t p = 4'000'000;
+  EstimateInput in = input(p, 4, 2, DType::kFloat16);
+  in.offload_optimizer = OffloadDevice::kCpu;
+  const MemoryEstimate e = estimate(in);
+  ASSERT_TRUE(e.valid) << e.reason;
+  EXPECT_EQ(e.model_state_bytes(MemoryTier::kDevice), 2 * p);
+  EXPECT_EQ(e.at(MemoryCategory::kMasterWeights, MemoryTier::kHost), 4 * p / 4);
+  EXPECT_EQ(e.at(MemoryCategory::kOptimizerStates, MemoryTier::kHost), 8 * p / 4);
+  // The fp32 gradient shard, and the scratch the update widens 16-bit gradients in.
+  EXPECT_EQ(e.at(MemoryCategory::kGradients, MemoryTier::kHost),
+            4 * p / 4 + 4 * kGradientScratchElements);
+  EXPECT_EQ(e.total(MemoryTier::kNvme), 0);
+}
+
+TEST(MemoryEstimator, NvmeOffloadAddsPinnedSwapBuffers) {
+  const std::int64_t p = 4'000'000;
+  EstimateInput in = input(p, 4, 3, DType::kBFloat16);
+  in.offload_optimizer = OffloadDevice::kNvme;
+  in.offload_param = OffloadDevice::kNvme;
+  in.sub_group_size = 100'000;
+  in.param_buffer_size = 50'000;
+  const MemoryEstimate e = estimate(in);
+  ASSERT_TRUE(e.valid) << e.reason;
+  EXPECT_EQ(e.model_state_bytes(MemoryTier::kNvme), (2 + 4 + 4 + 8) * p / 4);
+  // Swap buffers: 4 sub-group tiles of fp32 and 5 parameter buffers of bf16; and the update's
+  // fp32 scratch, since the update runs on the host.
+  EXPECT_EQ(e.total(MemoryTier::kHost),
+            4 * 4 * 100'000 + 5 * 2 * 50'000 + 4 * kGradientScratchElements);
+}
+
+TEST(MemoryEstimator, RejectsOffloadWhereDeepSpeedDoes) {
+  EstimateInput in = input(1000, 2, 2, DType::kFloat16);
+  in.offload_param = OffloadDevice::kCpu;
+  EXPECT_FALSE(estimate(in).valid);
+  in = input(1000, 2, 0, DType::kFloat16);
+  in.offload_optimizer = OffloadDevice::kCpu;
+  EXPECT_FALSE(estimate(in).valid);
+  in.stage = 2;
+  in.offload_optimizer = OffloadDevice::kNvme;
+  EXPECT_FALSE(estimate(in).valid);
+  in.stage = 3;
+  EXPECT_TRUE(estimate(in).valid);
+}
+
+TEST(MemoryEstimator, NamesTheBadValue) {
+  EstimateInput in = input(1000, 2, 4, DType::kFloat32);
+  try {
+    estimate(in);
+    FAIL() << "stage 4 was accepted";
+  } catch (const ConfigError& error) {
+    EXPECT_EQ(error.key_path(), "zero_optimization.stage");
+    EXPECT_NE(std::string(error.what()).find("got 4"), std::string::npos);
+  }
+  EXPECT_THROW(estimate(input(1000, 2, 0, DType::kFloat32, "rmsprop")), ConfigError);
+  in = input(1000, 6, 0, DType::kFloat32);
+  in.nodes = 4;
+  EXPECT_THROW(estimate(in), ConfigError);
+}
+
+TEST(MemoryEstimator, LargestModelRoundTrips) {
+  for (DType precision : {DType::kFloat32, DType::kFloat16}) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      for (std::int64_t budget : {std::int64_t{80'000'000'000}, std::int64_t{123'456'789}}) {
+        EstimateInput in = input(0, 8, stage, precision);
+        in.reduce_bucket_size = 1'000'000;
+        const std::int64_t p = largest_model(budget, in);
+        in.params = p;
+        EXPECT_LE(estimate(in).device_peak(), budget) << "stage " << stage;
+        in.params = p + 1;
+        EXPECT_GT(estimate(in).device_peak(), budget) << "stage " << stage;
+      }
+    }
+  }
+}
+
+TEST(MemoryEstimator, LargestModelOfThePaperExampleIsAboutSevenPointFiveBillion) {
+  // 1.9 GB per rank at stage 3 on 64 ranks holds 16P/N for P a little over 7.5B, less the small
+  // buckets and the gathered parameters (bounded by stage3_max_live_parameters).
+  EstimateInput in = input(0, 64, 3, DType::kFloat16);
+  in.reduce_bucket_size = 1'000'000;
+  in.largest_tensor = 1'000'000;
+  in.max_live_parameters = 1'000'000;
+  const std::int64_t p = largest_model(1'900'000'000, in);
+  EXPECT_GT(p, 7'500'000'000);
+  EXPECT_LT(p, 7'600'000'000);
+  // 48 elements: 16 x 48 bytes of model states and 4 x 48 of scratch, 960 bytes; the next
+  // aligned size, 64, needs 1280.
+  EXPECT_EQ(largest_model(1000, 1, 0, DType::kFloat16, "adam"), 48);
+  EXPECT_EQ(largest_model(10, 1, 0, DType::kFloat16, "adam"), 0);
+}
+
+TEST(MemoryEstimator, ReadsAConfig) {
+  Config config;
+  config.zero_optimization.stage = 2;
+  config.bf16.enabled = true;
+  config.optimizer.type = "SGD";
+  config.optimizer.params["momentum"] = 0.9;
+  config.zero_optimization.reduce_bucket_size = 1000;
+  config.grad_accum_dtype = "fp32";
+  const EstimateInput in = estimate_input_from_config(config, 4096, 4);
+  EXPECT_EQ(in.stage, 2);
+  EXPECT_EQ(in.precision, DType::kBFloat16);
+  EXPECT_EQ(in.optimizer_state_arrays, 1);
+  EXPECT_EQ(in.reduce_bucket_size, 1000);
+  EXPECT_TRUE(in.fp32_grad_accumulation);
+  // bf16 parameters whole; per element of the 1024-element shard: fp32 gradient, fp32 scratch,
+  // fp32 master weight and one fp32 momentum.
+  EXPECT_EQ(estimate_from_config(config, 4096, 4).model_state_bytes(),
+            2 * 4096 + (4 + 4 + 4 + 4) * 1024);
+}
+
+}  // namespace
+}  // namespace zeroshard
