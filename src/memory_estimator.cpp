@@ -134,10 +134,13 @@ constexpr Rule kRules[] = {
      on_device},
     {MemoryCategory::kGradients,
      [](const Terms& t) { return t.optimizer_offloaded ? 4 * t.shard : 0; }, where_optimizer_lives},
-    // 16-bit gradients are widened to fp32 one chunk at a time for the update.
-    {MemoryCategory::kGradients,
-     [](const Terms& t) {
-       return t.d == 4 ? 0 : 4 * std::min(t.updated(), kGradientScratchElements);
+    // 16-bit gradients are widened to fp32 one chunk at a time for the update: a bounded working
+    // buffer, counted under communication so that the model states are the paper's figures.
+    {MemoryCategory::kCommunication,
+     [](const Terms& t) -> std::int64_t {
+       if (t.d == 4) return 0;
+       return 4 * std::max<std::int64_t>(
+                      2, std::min({t.updated(), t.in.sub_group_size, kGradientScratchElements}));
      },
      where_update_runs},
     // fp32 master weights: needed beside 16-bit parameters, and as the copy an offloaded update
@@ -155,7 +158,11 @@ constexpr Rule kRules[] = {
      [](const Terms& t) -> std::int64_t {
        const std::int64_t input = t.stage >= 2 ? t.bucket : 0;
        const std::int64_t receive = t.stage >= 1 && t.in.reduce_scatter ? t.receive : 0;
-       return 2 * t.d * (input + receive);
+       // communication_data_type fp32 with 16-bit gradients: an fp32 send area for the whole
+       // bucket, and the receive area in fp32.
+       const bool widened = t.in.fp32_communication && t.d != 4;
+       const std::int64_t send = widened ? t.bucket : 0;
+       return 2 * (t.d * input + 4 * send + (widened ? 4 : t.d) * receive);
      },
      on_device},
     // NVMe optimizer offload: pinned host swap buffers, one sub-group tile of fp32 each.
@@ -325,6 +332,7 @@ EstimateInput estimate_input_from_config(const Config& config, std::int64_t para
                  : config.bf16.enabled ? DType::kBFloat16
                                        : DType::kFloat32;
   in.fp32_grad_accumulation = config.grad_accum_dtype == "fp32";
+  in.fp32_communication = config.communication_data_type == "fp32";
   if (!config.optimizer.type.empty()) {
     in.optimizer = config.optimizer.type;
     const auto& p = config.optimizer.params;

@@ -39,20 +39,32 @@ TEST(MemoryEstimator, ReproducesZeroPaperFigureOne) {
 constexpr std::int64_t kUnpaddedP = 16 * 840 * 100;
 
 TEST(MemoryEstimator, MixedPrecisionAdamFollowsThePaperFormulas) {
-  // The one addition to the paper: the engine widens 16-bit gradients in a 64Ki-element fp32
-  // scratch, charged to gradients.
-  const std::int64_t scratch = 4 * kGradientScratchElements;
   const std::int64_t p = kUnpaddedP;
   for (DType precision : {DType::kFloat16, DType::kBFloat16}) {
     for (int n = 1; n <= 8; ++n) {
-      EXPECT_EQ(estimate(input(p, n, 0, precision)).model_state_bytes(), 16 * p + scratch);
-      EXPECT_EQ(estimate(input(p, n, 1, precision)).model_state_bytes(),
-                4 * p + 12 * p / n + scratch);
-      EXPECT_EQ(estimate(input(p, n, 2, precision)).model_state_bytes(),
-                2 * p + 14 * p / n + scratch);
-      EXPECT_EQ(estimate(input(p, n, 3, precision)).model_state_bytes(), 16 * p / n + scratch);
+      EXPECT_EQ(estimate(input(p, n, 0, precision)).model_state_bytes(), 16 * p);
+      EXPECT_EQ(estimate(input(p, n, 1, precision)).model_state_bytes(), 4 * p + 12 * p / n);
+      EXPECT_EQ(estimate(input(p, n, 2, precision)).model_state_bytes(), 2 * p + 14 * p / n);
+      EXPECT_EQ(estimate(input(p, n, 3, precision)).model_state_bytes(), 16 * p / n);
+      // The 64Ki-element fp32 chunk 16-bit gradients are widened in is a bounded buffer beside
+      // the bucket slots.
+      const MemoryEstimate e = estimate(input(p, n, 0, precision));
+      EXPECT_EQ(e.at(MemoryCategory::kCommunication), 4 * kGradientScratchElements);
     }
   }
+}
+
+TEST(MemoryEstimator, Fp32CommunicationWidensTheBucketSlots) {
+  EstimateInput in = input(kUnpaddedP, 4, 2, DType::kBFloat16);
+  in.reduce_bucket_size = 100'000;
+  const std::int64_t narrow = estimate(in).at(MemoryCategory::kCommunication);
+  in.fp32_communication = true;
+  const MemoryEstimate e = estimate(in);
+  // Two slots, each gaining an fp32 copy of the bucket and a receive area twice as wide (its
+  // bound, a whole bucket, when the tensors are not known).
+  const std::int64_t bucket = 100'000;
+  EXPECT_EQ(e.at(MemoryCategory::kCommunication) - narrow, 2 * (4 * bucket + 2 * bucket));
+  EXPECT_EQ(e.model_state_bytes(), 2 * kUnpaddedP + 14 * kUnpaddedP / 4);
 }
 
 TEST(MemoryEstimator, Fp32AdamFollowsTheFormulas) {
@@ -102,18 +114,21 @@ TEST(MemoryEstimator, StageThreeKeepsSmallTensorsWhole) {
 TEST(MemoryEstimator, BoundsTheBucketSlots) {
   EstimateInput in = input(1'048'576, 4, 2, DType::kFloat16);
   in.reduce_bucket_size = 100'000;
+  // Beside the slots: the fp32 chunk 16-bit gradients are widened in.
+  const std::int64_t scratch = 4 * kGradientScratchElements;
   // Two slots, each a bucket of 100000 elements plus the receive area for this rank's share.
-  EXPECT_EQ(estimate(in).at(MemoryCategory::kCommunication), 2 * 2 * (100'000 + 100'000));
+  EXPECT_EQ(estimate(in).at(MemoryCategory::kCommunication), 2 * 2 * (100'000 + 100'000) + scratch);
   in.stage = 1;
-  EXPECT_EQ(estimate(in).at(MemoryCategory::kCommunication), 2 * 2 * 100'000);
+  EXPECT_EQ(estimate(in).at(MemoryCategory::kCommunication), 2 * 2 * 100'000 + scratch);
   in.reduce_scatter = false;
-  EXPECT_EQ(estimate(in).at(MemoryCategory::kCommunication), 0);
+  EXPECT_EQ(estimate(in).at(MemoryCategory::kCommunication), scratch);
   // A tensor larger than the bucket is a bucket of its own.
   in.stage = 3;
   in.reduce_scatter = true;
   in.largest_tensor = 500'000;
   // The receive area never exceeds this rank's shard (1048576 / 4).
-  EXPECT_EQ(estimate(in).at(MemoryCategory::kCommunication), 2 * 2 * (500'000 + 63 + 262'144));
+  EXPECT_EQ(estimate(in).at(MemoryCategory::kCommunication),
+            2 * 2 * (500'000 + 63 + 262'144) + scratch);
 }
 
 TEST(MemoryEstimator, PlansBucketsAsTheEngineDoesWhenItKnowsTheTensors) {
@@ -157,9 +172,9 @@ TEST(MemoryEstimator, OffloadMovesMasterWeightsStatesAndGradientShardToTheHost) 
   EXPECT_EQ(e.model_state_bytes(MemoryTier::kDevice), 2 * p);
   EXPECT_EQ(e.at(MemoryCategory::kMasterWeights, MemoryTier::kHost), 4 * p / 4);
   EXPECT_EQ(e.at(MemoryCategory::kOptimizerStates, MemoryTier::kHost), 8 * p / 4);
-  // The fp32 gradient shard, and the scratch the update widens 16-bit gradients in.
-  EXPECT_EQ(e.at(MemoryCategory::kGradients, MemoryTier::kHost),
-            4 * p / 4 + 4 * kGradientScratchElements);
+  // The fp32 gradient shard; and the scratch the update widens 16-bit gradients in, beside it.
+  EXPECT_EQ(e.at(MemoryCategory::kGradients, MemoryTier::kHost), 4 * p / 4);
+  EXPECT_EQ(e.at(MemoryCategory::kCommunication, MemoryTier::kHost), 4 * kGradientScratchElements);
   EXPECT_EQ(e.total(MemoryTier::kNvme), 0);
 }
 
@@ -254,10 +269,12 @@ TEST(MemoryEstimator, ReadsAConfig) {
   EXPECT_EQ(in.optimizer_state_arrays, 1);
   EXPECT_EQ(in.reduce_bucket_size, 1000);
   EXPECT_TRUE(in.fp32_grad_accumulation);
-  // bf16 parameters whole; per element of the 1024-element shard: fp32 gradient, fp32 scratch,
-  // fp32 master weight and one fp32 momentum.
+  // bf16 parameters whole; per element of the 1024-element shard: fp32 gradient, fp32 master
+  // weight and one fp32 momentum. (The fp32 scratch, 1024 elements, counts as communication.)
   EXPECT_EQ(estimate_from_config(config, 4096, 4).model_state_bytes(),
-            2 * 4096 + (4 + 4 + 4 + 4) * 1024);
+            2 * 4096 + (4 + 4 + 4) * 1024);
+  config.communication_data_type = "fp32";
+  EXPECT_TRUE(estimate_input_from_config(config, 4096, 4).fp32_communication);
 }
 
 }  // namespace

@@ -40,6 +40,9 @@ struct EstimateInput {
   DType precision = DType::kFloat32;
   /// data_types.grad_accum_dtype = "fp32": stages 2-3 keep the gradient shard in fp32.
   bool fp32_grad_accumulation = false;
+  /// communication_data_type = "fp32" with 16-bit parameters: gradients are reduced widened, so
+  /// each bucket slot also holds an fp32 copy of the bucket and receives in fp32.
+  bool fp32_communication = false;
   /// adam, adamw, sgd, lion, adagrad (case-insensitive); sets the number of fp32 state arrays.
   std::string optimizer = "adamw";
   /// Overrides the state-array count the optimizer's name implies (-1 = from the name): SGD with
@@ -105,8 +108,9 @@ struct MemoryEstimate {
   std::int64_t host_per_node() const;
 };
 
-/// Elements of the fp32 scratch the engine widens 16-bit gradients in (charged to gradients):
-/// at most this many, and never more than the part of the flat buffer a rank updates.
+/// Elements of the fp32 scratch the engine widens 16-bit gradients in (counted under
+/// communication, with the other bounded buffers): at most this many, and never more than the
+/// part of the flat buffer a rank updates or a sub_group_size tile.
 inline constexpr std::int64_t kGradientScratchElements = std::int64_t{1} << 16;
 
 /// Estimates one configuration. Throws ConfigError on impossible input (ranks < 1, stage outside
