@@ -131,10 +131,21 @@ StepResult EngineState::step() {
       os << "(the sum of squares of the gradients overflowed fp32)";
     }
     // The check runs after the reduction, so any rank's backward may have produced the value.
-    os << " at step " << global_step_ + 1
-       << " (found after summing the ranks' gradients); the update was not applied (parameters "
-          "and optimizer states are unchanged). Check the model's backward and the learning "
-          "rate, or train with fp16 dynamic loss scaling to skip such steps";
+    os << " at step " << global_step_ + 1 << " (found after summing the ranks' gradients)";
+    if (dtype_ == DType::kBFloat16) {
+      // DeepSpeed's BF16 optimizer with check_grad_overflow skips such a step; there is no loss
+      // scale to lower, so it only says so.
+      if (rank_ == 0) {
+        std::printf("[zeroshard] %s: update skipped on every rank\n", os.str().c_str());
+        std::fflush(stdout);
+      }
+      result.skipped = true;
+      ++iteration_;
+      return result;
+    }
+    os << "; the update was not applied (parameters and optimizer states are unchanged). Check "
+          "the model's backward and the learning rate, or train with fp16 dynamic loss scaling "
+          "or bf16 to skip such steps";
     throw UsageError(os.str());
   }
   const double norm = std::sqrt(squares_total);

@@ -104,7 +104,9 @@ class ActivationBuffer {
 struct StepResult {
   /// An optimizer update ran (false inside an accumulation window and on a skipped step).
   bool updated = false;
-  /// fp16 overflow: inf/NaN in some rank's gradients; the update was skipped on every rank.
+  /// inf/NaN in some rank's gradients under fp16 (the loss scale is lowered) or bf16 with
+  /// bf16.check_grad_overflow: the update was skipped on every rank. Under fp32, step() throws
+  /// UsageError naming the parameter instead, with nothing changed.
   bool skipped = false;
   /// Global L2 norm of the unscaled gradients before clipping (0 when not computed).
   double grad_norm = 0.0;
