@@ -174,32 +174,17 @@ class MixedReference {
     for (std::size_t k = 0; k < tensors_.size(); ++k) {
       if (!tensors_[k].trainable) continue;
       for (float& g : grads[k]) g *= factor;
-      std::vector<float*> states;
-      for (auto& s : states_[k]) states.push_back(s.data());
-      ShardSlice slice;
-      slice.param_name = tensors_[k].name;
-      slice.param_numel = tensors_[k].numel;
-      slice.size = tensors_[k].numel;
-      slice.param = master_[k].data();
-      slice.grad = grads[k].data();
-      slice.states = states;
       StepContext context;
       context.step = updates_;
       context.lr = rule_.default_lr();
       context.weight_decay = rule_.default_weight_decay();
-      rule_.apply(slice, context);
+      apply_whole(rule_, tensors_[k], master_[k].data(), grads[k].data(), states_[k], context);
     }
     return norm;
   }
 
   /// Trainable master values, whole and in registration order, as consolidated_parameters().
-  std::vector<float> trainable_values() const {
-    std::vector<float> values;
-    for (std::size_t k = 0; k < tensors_.size(); ++k) {
-      if (tensors_[k].trainable) values.insert(values.end(), master_[k].begin(), master_[k].end());
-    }
-    return values;
-  }
+  std::vector<float> trainable_values() const { return trainable_concat(tensors_, master_); }
 
  private:
   std::vector<ToyTensor> tensors_;

@@ -91,6 +91,33 @@ inline void toy_micro_step(Engine& engine, const std::vector<ToyTensor>& tensors
   }
 }
 
+/// Runs `rule` over one whole tensor, as an unsharded optimizer would.
+inline void apply_whole(const UpdateRule& rule, const ToyTensor& tensor, float* param,
+                        const float* grad, std::vector<std::vector<float>>& state_arrays,
+                        const StepContext& context) {
+  std::vector<float*> states;
+  for (auto& s : state_arrays) states.push_back(s.data());
+  ShardSlice slice;
+  slice.param_name = tensor.name;
+  slice.param_numel = tensor.numel;
+  slice.size = tensor.numel;
+  slice.param = param;
+  slice.grad = grad;
+  slice.states = states;
+  rule.apply(slice, context);
+}
+
+/// The trainable tensors' values, whole and in registration order, as
+/// Engine::consolidated_parameters() returns them.
+inline std::vector<float> trainable_concat(const std::vector<ToyTensor>& tensors,
+                                           const std::vector<std::vector<float>>& values) {
+  std::vector<float> result;
+  for (std::size_t k = 0; k < tensors.size(); ++k) {
+    if (tensors[k].trainable) result.insert(result.end(), values[k].begin(), values[k].end());
+  }
+  return result;
+}
+
 /// The unsharded reference: one process, whole tensors, the same rule, the gradient of every
 /// rank summed exactly and multiplied by the same factor the engine uses.
 class ToyReference {
@@ -120,31 +147,16 @@ class ToyReference {
         }
         grad[i] *= factor;
       }
-      std::vector<float*> states;
-      for (auto& s : states_[k]) states.push_back(s.data());
-      ShardSlice slice;
-      slice.param_name = tensors_[k].name;
-      slice.param_numel = tensors_[k].numel;
-      slice.size = tensors_[k].numel;
-      slice.param = params_[k].data();
-      slice.grad = grad.data();
-      slice.states = states;
       StepContext context;
       context.step = step + 1;
       context.lr = lr_of(k);
       context.weight_decay = weight_decay;
-      rule_.apply(slice, context);
+      apply_whole(rule_, tensors_[k], params_[k].data(), grad.data(), states_[k], context);
     }
   }
 
   /// Trainable values, whole and in registration order, as Engine::consolidated_parameters().
-  std::vector<float> trainable_values() const {
-    std::vector<float> values;
-    for (std::size_t k = 0; k < tensors_.size(); ++k) {
-      if (tensors_[k].trainable) values.insert(values.end(), params_[k].begin(), params_[k].end());
-    }
-    return values;
-  }
+  std::vector<float> trainable_values() const { return trainable_concat(tensors_, params_); }
 
  private:
   std::vector<ToyTensor> tensors_;
