@@ -91,30 +91,18 @@ void micro_step(Engine& engine, const std::vector<ToyTensor>& tensors,
                 const GradientFn& gradient) {
   const DType dtype = engine.model_dtype();
   const auto scale = static_cast<float>(engine.loss_scale());
-  std::vector<ModuleId> order;
-  for (const Parameter& p : handles) {
-    if (order.empty() || order.back() != p.module()) order.push_back(p.module());
-  }
-  for (ModuleId m : order) {
-    auto guard = engine.gathered(m);
-  }
-  for (auto it = order.rbegin(); it != order.rend(); ++it) {
-    auto guard = engine.gathered(*it);
-    for (std::size_t k = tensors.size(); k-- > 0;) {
-      if (handles[k].module() != *it || !tensors[k].trainable) continue;
-      const std::int64_t n = tensors[k].numel;
-      std::vector<float> w(n);
-      std::vector<float> g(n);
-      detail::convert_to_float(handles[k].raw_data(), dtype, w.data(), n);
-      void* raw_grad = handles[k].raw_grad();
-      detail::convert_to_float(raw_grad, dtype, g.data(), n);
-      for (std::int64_t i = 0; i < n; ++i) {
-        g[i] += scale * gradient(w[i], static_cast<int>(k), i, engine.rank(), sample);
-      }
-      detail::convert_from_float(g.data(), raw_grad, dtype, n);
-      engine.grad_ready(handles[k]);
+  toy_backward(engine, tensors, handles, [&](std::size_t k) {
+    const std::int64_t n = tensors[k].numel;
+    std::vector<float> w(n);
+    std::vector<float> g(n);
+    detail::convert_to_float(handles[k].raw_data(), dtype, w.data(), n);
+    void* raw_grad = handles[k].raw_grad();
+    detail::convert_to_float(raw_grad, dtype, g.data(), n);
+    for (std::int64_t i = 0; i < n; ++i) {
+      g[i] += scale * gradient(w[i], static_cast<int>(k), i, engine.rank(), sample);
     }
-  }
+    detail::convert_from_float(g.data(), raw_grad, dtype, n);
+  });
 }
 
 /// The unsharded mixed-precision reference: fp32 master weights; the model sees them rounded to

@@ -66,10 +66,12 @@ inline std::vector<Parameter> register_toy(Engine& engine, const std::vector<Toy
   return handles;
 }
 
-/// One training micro-step the way a model does it: forward gathers every module in order,
-/// backward gathers them again in reverse and hands each gradient over.
-inline void toy_micro_step(Engine& engine, const std::vector<ToyTensor>& tensors,
-                           const std::vector<Parameter>& handles, std::int64_t step) {
+/// The module walk of one micro-step, as a model makes it: forward gathers every module in
+/// order, backward gathers them again in reverse; inside each, `add_gradient(k)` writes trainable
+/// tensor k's gradient, which is then handed over.
+inline void toy_backward(Engine& engine, const std::vector<ToyTensor>& tensors,
+                         const std::vector<Parameter>& handles,
+                         const std::function<void(std::size_t)>& add_gradient) {
   std::vector<ModuleId> order;
   for (const Parameter& p : handles) {
     if (order.empty() || order.back() != p.module()) order.push_back(p.module());
@@ -81,14 +83,22 @@ inline void toy_micro_step(Engine& engine, const std::vector<ToyTensor>& tensors
     auto guard = engine.gathered(*it);
     for (std::size_t k = tensors.size(); k-- > 0;) {
       if (handles[k].module() != *it || !tensors[k].trainable) continue;
-      const float* w = handles[k].data();
-      float* g = handles[k].grad();
-      for (std::int64_t i = 0; i < tensors[k].numel; ++i) {
-        g[i] += toy_gradient(w[i], static_cast<int>(k), i, engine.rank(), step);
-      }
+      add_gradient(k);
       engine.grad_ready(handles[k]);
     }
   }
+}
+
+/// One fp32 training micro-step with the toy gradients.
+inline void toy_micro_step(Engine& engine, const std::vector<ToyTensor>& tensors,
+                           const std::vector<Parameter>& handles, std::int64_t step) {
+  toy_backward(engine, tensors, handles, [&](std::size_t k) {
+    const float* w = handles[k].data();
+    float* g = handles[k].grad();
+    for (std::int64_t i = 0; i < tensors[k].numel; ++i) {
+      g[i] += toy_gradient(w[i], static_cast<int>(k), i, engine.rank(), step);
+    }
+  });
 }
 
 /// Runs `rule` over one whole tensor, as an unsharded optimizer would.
