@@ -58,20 +58,27 @@ std::int64_t checked(double value, std::string_view text, std::string_view optio
   return static_cast<std::int64_t>(rounded);
 }
 
+// A number with one of `units` after it, scaled to a whole count.
+template <std::size_t N>
+std::int64_t parse_scaled(std::string_view text, std::string_view option, const char* expected,
+                          const std::array<std::pair<const char*, double>, N>& units) {
+  double value = 0;
+  std::string unit;
+  double scale = 0;
+  if (!split_number(lower(text), value, unit) || !scale_for(unit, units, scale)) {
+    throw UsageError(std::string(option) + ": got \"" + std::string(text) + "\", expected " +
+                     expected);
+  }
+  return checked(value * scale, text, option, expected);
+}
+
 }  // namespace
 
 std::int64_t parse_count(std::string_view text, std::string_view option) {
   static constexpr const char* kExpected = "a count such as 7500000000, 7.5e9, 7.5B or 1.3M";
   static constexpr std::array<std::pair<const char*, double>, 6> kUnits{
       {{"", 1.0}, {"k", 1e3}, {"m", 1e6}, {"b", 1e9}, {"g", 1e9}, {"t", 1e12}}};
-  double value = 0;
-  std::string unit;
-  double scale = 0;
-  if (!split_number(lower(text), value, unit) || !scale_for(unit, kUnits, scale)) {
-    throw UsageError(std::string(option) + ": got \"" + std::string(text) + "\", expected " +
-                     kExpected);
-  }
-  return checked(value * scale, text, option, kExpected);
+  return parse_scaled(text, option, kExpected, kUnits);
 }
 
 std::int64_t parse_bytes(std::string_view text, std::string_view option) {
@@ -86,14 +93,7 @@ std::int64_t parse_bytes(std::string_view text, std::string_view option) {
                                                                           {"mib", 0x1p20},
                                                                           {"gib", 0x1p30},
                                                                           {"tib", 0x1p40}}};
-  double value = 0;
-  std::string unit;
-  double scale = 0;
-  if (!split_number(lower(text), value, unit) || !scale_for(unit, kUnits, scale)) {
-    throw UsageError(std::string(option) + ": got \"" + std::string(text) + "\", expected " +
-                     kExpected);
-  }
-  return checked(value * scale, text, option, kExpected);
+  return parse_scaled(text, option, kExpected, kUnits);
 }
 
 namespace {
