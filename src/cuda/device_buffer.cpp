@@ -32,52 +32,43 @@ namespace {
 
 }  // namespace
 
-DeviceBuffer::DeviceBuffer(std::size_t bytes, const char* what) : bytes_(bytes) {
+// The two kinds differ only in the allocation and release calls.
+template <AllocationKind Kind>
+CudaAllocation<Kind>::CudaAllocation(std::size_t bytes, const char* what) : bytes_(bytes) {
   if (bytes == 0) return;
-  const cudaError_t error = cudaMalloc(&data_, bytes);
-  if (error == cudaErrorMemoryAllocation) throw_out_of_memory("cudaMalloc", bytes, what, error);
-  if (error != cudaSuccess) throw_cuda_error(error, "cudaMalloc", __FILE__, __LINE__);
+  constexpr bool device = Kind == AllocationKind::kDevice;
+  const char* call = device ? "cudaMalloc" : "cudaMallocHost";
+  if (what == nullptr) what = device ? "device buffer" : "pinned host buffer";
+  const cudaError_t error = device ? cudaMalloc(&data_, bytes) : cudaMallocHost(&data_, bytes);
+  if (error == cudaErrorMemoryAllocation) throw_out_of_memory(call, bytes, what, error);
+  if (error != cudaSuccess) throw_cuda_error(error, call, __FILE__, __LINE__);
 }
 
-DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
+template <AllocationKind Kind>
+CudaAllocation<Kind>::CudaAllocation(CudaAllocation&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
 
-DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+template <AllocationKind Kind>
+CudaAllocation<Kind>& CudaAllocation<Kind>::operator=(CudaAllocation&& other) noexcept {
   if (this != &other) {
-    DeviceBuffer old(std::move(*this));
+    CudaAllocation old(std::move(*this));
     data_ = std::exchange(other.data_, nullptr);
     bytes_ = std::exchange(other.bytes_, 0);
   }
   return *this;
 }
 
-DeviceBuffer::~DeviceBuffer() {
-  if (data_ != nullptr) ZEROSHARD_CUDA_CHECK_NOTHROW(cudaFree(data_));
-}
-
-PinnedHostBuffer::PinnedHostBuffer(std::size_t bytes, const char* what) : bytes_(bytes) {
-  if (bytes == 0) return;
-  const cudaError_t error = cudaMallocHost(&data_, bytes);
-  if (error == cudaErrorMemoryAllocation) {
-    throw_out_of_memory("cudaMallocHost", bytes, what, error);
+template <AllocationKind Kind>
+CudaAllocation<Kind>::~CudaAllocation() {
+  if (data_ == nullptr) return;
+  if constexpr (Kind == AllocationKind::kDevice) {
+    ZEROSHARD_CUDA_CHECK_NOTHROW(cudaFree(data_));
+  } else {
+    ZEROSHARD_CUDA_CHECK_NOTHROW(cudaFreeHost(data_));
   }
-  if (error != cudaSuccess) throw_cuda_error(error, "cudaMallocHost", __FILE__, __LINE__);
 }
 
-PinnedHostBuffer::PinnedHostBuffer(PinnedHostBuffer&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
-
-PinnedHostBuffer& PinnedHostBuffer::operator=(PinnedHostBuffer&& other) noexcept {
-  if (this != &other) {
-    PinnedHostBuffer old(std::move(*this));
-    data_ = std::exchange(other.data_, nullptr);
-    bytes_ = std::exchange(other.bytes_, 0);
-  }
-  return *this;
-}
-
-PinnedHostBuffer::~PinnedHostBuffer() {
-  if (data_ != nullptr) ZEROSHARD_CUDA_CHECK_NOTHROW(cudaFreeHost(data_));
-}
+template class CudaAllocation<AllocationKind::kDevice>;
+template class CudaAllocation<AllocationKind::kPinnedHost>;
 
 }  // namespace zeroshard::cuda

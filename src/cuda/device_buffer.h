@@ -6,18 +6,23 @@
 
 namespace zeroshard::cuda {
 
-/// cudaMalloc'd memory on the current device, freed on destruction. Contents start
-/// uninitialised. A zero-byte buffer holds no allocation.
-class DeviceBuffer {
+/// Where a CudaAllocation lives: cudaMalloc'd memory on the current device, or cudaMallocHost'd
+/// host memory the GPU can copy to and from asynchronously at full bandwidth.
+enum class AllocationKind { kDevice, kPinnedHost };
+
+/// Memory of one kind, freed on destruction. Contents start uninitialised. A zero-byte buffer
+/// holds no allocation.
+template <AllocationKind Kind>
+class CudaAllocation {
  public:
-  DeviceBuffer() = default;
-  /// Throws OutOfMemoryError naming `bytes` and `what` when the device has no room.
-  explicit DeviceBuffer(std::size_t bytes, const char* what = "device buffer");
-  DeviceBuffer(DeviceBuffer&& other) noexcept;
-  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer();
+  CudaAllocation() = default;
+  /// Throws OutOfMemoryError naming `bytes` and `what` (default: the kind) when there is no room.
+  explicit CudaAllocation(std::size_t bytes, const char* what = nullptr);
+  CudaAllocation(CudaAllocation&& other) noexcept;
+  CudaAllocation& operator=(CudaAllocation&& other) noexcept;
+  CudaAllocation(const CudaAllocation&) = delete;
+  CudaAllocation& operator=(const CudaAllocation&) = delete;
+  ~CudaAllocation();
 
   void* data() const noexcept { return data_; }
   template <class T>
@@ -31,28 +36,10 @@ class DeviceBuffer {
   std::size_t bytes_ = 0;
 };
 
-/// cudaMallocHost'd memory: host memory the GPU can copy to and from asynchronously at full
-/// bandwidth. Contents start uninitialised.
-class PinnedHostBuffer {
- public:
-  PinnedHostBuffer() = default;
-  explicit PinnedHostBuffer(std::size_t bytes, const char* what = "pinned host buffer");
-  PinnedHostBuffer(PinnedHostBuffer&& other) noexcept;
-  PinnedHostBuffer& operator=(PinnedHostBuffer&& other) noexcept;
-  PinnedHostBuffer(const PinnedHostBuffer&) = delete;
-  PinnedHostBuffer& operator=(const PinnedHostBuffer&) = delete;
-  ~PinnedHostBuffer();
+using DeviceBuffer = CudaAllocation<AllocationKind::kDevice>;
+using PinnedHostBuffer = CudaAllocation<AllocationKind::kPinnedHost>;
 
-  void* data() const noexcept { return data_; }
-  template <class T>
-  T* as() const noexcept {
-    return static_cast<T*>(data_);
-  }
-  std::size_t bytes() const noexcept { return bytes_; }
-
- private:
-  void* data_ = nullptr;
-  std::size_t bytes_ = 0;
-};
+extern template class CudaAllocation<AllocationKind::kDevice>;
+extern template class CudaAllocation<AllocationKind::kPinnedHost>;
 
 }  // namespace zeroshard::cuda
