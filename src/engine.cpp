@@ -37,7 +37,6 @@ EngineState::EngineState(Config config, std::unique_ptr<Communicator> communicat
   if (config_.fp16.enabled) {
     dtype_ = DType::kFloat16;
     scaler_.emplace(config_.fp16);
-    loss_scale_ = scaler_->scale();
   }
   if (config_.bf16.enabled) dtype_ = DType::kBFloat16;
   dsize_ = size_of(dtype_);
@@ -458,7 +457,7 @@ void Engine::set_lr(double lr) {
   ZEROSHARD_CHECK_USAGE(lr >= 0.0, "Invalid learning rate: " << lr);
   state_->lr_override_ = lr;
 }
-double Engine::loss_scale() const { return state_->loss_scale_; }
+double Engine::loss_scale() const { return state_->loss_scale(); }
 double Engine::global_grad_norm() const { return state_->last_grad_norm_; }
 const Config& Engine::config() const { return state_->config_; }
 Communicator& Engine::communicator() { return *state_->comm_; }

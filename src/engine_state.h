@@ -3,7 +3,6 @@
 // grad_bucketer.cpp, param_coordinator.cpp and optimizer_step.cpp.
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -122,6 +121,8 @@ class EngineState {
   void on_overflow();
   void on_clean_step();
   std::optional<LossScaler> scaler_;
+  /// The factor the model scales its loss by: the scaler's, or 1 without fp16.
+  double loss_scale() const { return scaler_ ? scaler_->scale() : 1.0; }
 
   // Configuration and collaborators.
   Config config_;
@@ -155,7 +156,7 @@ class EngineState {
   TrackedBuffer scratch_;  ///< fp32 working chunk for 16-bit gradients (communication bytes)
 
   // Buckets.
-  std::vector<Bucket> buckets_;  ///< in launch order (last registered parameters first)
+  std::vector<Bucket> buckets_;           ///< in launch order (last registered parameters first)
   std::int64_t slot_input_elements_ = 0;  ///< model dtype
   std::int64_t slot_send_elements_ = 0;   ///< fp32, when 16-bit gradients are sent widened
   std::int64_t slot_recv_elements_ = 0;   ///< communication dtype
@@ -183,11 +184,8 @@ class EngineState {
   // Step bookkeeping.
   std::int64_t micro_step_ = 0;   ///< micro-steps in the current accumulation window
   std::int64_t global_step_ = 0;  ///< optimizer updates done
-  std::int64_t iteration_ = 0;    ///< step() calls at boundaries, skipped or not
   double lr_override_ = -1.0;
   double last_grad_norm_ = 0.0;
-  double loss_scale_ = 1.0;
-  std::chrono::steady_clock::time_point last_print_time_{};
   double reduce_seconds_ = 0.0;
   double update_seconds_ = 0.0;
   double gather_seconds_ = 0.0;

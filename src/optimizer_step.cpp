@@ -2,6 +2,7 @@
 // the global gradient norm across ranks, clip, run the update rule on this rank's shard, and
 // redistribute the updated parameters as the stage requires.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -54,7 +55,7 @@ StepResult EngineState::step() {
   };
   // Gradients arrive summed over ranks and micro-steps and multiplied by the loss scale.
   const double unscale = post_reduction_factor() /
-                         (static_cast<double>(config_.gradient_accumulation_steps) * loss_scale_);
+                         (static_cast<double>(config_.gradient_accumulation_steps) * loss_scale());
   const std::int64_t chunk = scratch_.empty() ? 0 : scratch_.bytes() / sizeof(float);
 
   // Pass 1 only inspects the gradients: the norm needs every rank's part before the clip
@@ -110,7 +111,6 @@ StepResult EngineState::step() {
     if (dtype_ == DType::kFloat16) {
       result.skipped = true;
       on_overflow();
-      ++iteration_;
       return result;
     }
     // Every rank names the same parameter: the first one, in registration order, that holds a
@@ -140,7 +140,6 @@ StepResult EngineState::step() {
         std::fflush(stdout);
       }
       result.skipped = true;
-      ++iteration_;
       return result;
     }
     os << "; the update was not applied (parameters and optimizer states are unchanged). Check "
@@ -224,7 +223,6 @@ StepResult EngineState::step() {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - gather_start).count();
   zero_grad();
   ++global_step_;
-  ++iteration_;
   on_clean_step();
   result.updated = true;
   print_progress(result);
@@ -264,12 +262,11 @@ void EngineState::all_gather_parameters() {
 
 void EngineState::on_overflow() {
   scaler_->update(true);
-  loss_scale_ = scaler_->scale();
   if (rank_ == 0) {
     std::printf(
         "[zeroshard] OVERFLOW at step %lld: update skipped on every rank, loss scale now "
         "%g\n",
-        static_cast<long long>(global_step_ + 1), loss_scale_);
+        static_cast<long long>(global_step_ + 1), loss_scale());
     std::fflush(stdout);
   }
 }
@@ -277,7 +274,6 @@ void EngineState::on_overflow() {
 void EngineState::on_clean_step() {
   if (!scaler_) return;
   scaler_->update(false);
-  loss_scale_ = scaler_->scale();
 }
 
 void EngineState::zero_grad() {
@@ -292,7 +288,7 @@ void EngineState::print_progress(const StepResult& result) {
   std::ostringstream os;
   os << "[zeroshard] step " << global_step_ << " | lr " << result.lr << " | grad_norm "
      << result.grad_norm;
-  if (dtype_ == DType::kFloat16) os << " | loss_scale " << loss_scale_;
+  if (dtype_ == DType::kFloat16) os << " | loss_scale " << loss_scale();
   if (config_.wall_clock_breakdown) {
     const double per_step = 1000.0 / static_cast<double>(every);
     os << " | reduce " << reduce_seconds_ * per_step << " ms | update "
