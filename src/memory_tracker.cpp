@@ -49,24 +49,46 @@ MemoryReport MemoryTracker::report(int rank, int world_size) const {
   return report;
 }
 
-TrackedBuffer::TrackedBuffer(MemoryTracker& tracker, MemoryCategory category, std::size_t bytes)
-    : tracker_(&tracker), category_(category), bytes_(bytes) {
-  if (bytes == 0) return;
-  const std::size_t rounded = (bytes + kBufferAlignment - 1) / kBufferAlignment * kBufferAlignment;
-  data_ = std::aligned_alloc(kBufferAlignment, rounded);
-  if (data_ == nullptr) {
-    std::ostringstream os;
-    os << "cannot allocate " << bytes << " bytes of host memory for " << to_string(category) << " ["
-       << where(__FILE__, __LINE__)
-       << "]; lower the ZeRO stage's resident bytes (higher stage, smaller buckets) or offload";
-    throw OutOfMemoryError(os.str());
+namespace {
+
+class HostMemory final : public MemoryResource {
+ public:
+  MemoryLocation location() const noexcept override { return MemoryLocation::kHost; }
+  void* allocate(std::size_t bytes, MemoryCategory category) override {
+    const std::size_t rounded =
+        (bytes + kBufferAlignment - 1) / kBufferAlignment * kBufferAlignment;
+    void* data = std::aligned_alloc(kBufferAlignment, rounded);
+    if (data == nullptr) {
+      std::ostringstream os;
+      os << "cannot allocate " << bytes << " bytes of host memory for " << to_string(category)
+         << " [" << where(__FILE__, __LINE__)
+         << "]; lower the ZeRO stage's resident bytes (higher stage, smaller buckets) or offload";
+      throw OutOfMemoryError(os.str());
+    }
+    std::memset(data, 0, rounded);
+    return data;
   }
-  std::memset(data_, 0, rounded);
-  tracker_->add(MemoryLocation::kHost, category_, static_cast<std::int64_t>(bytes_));
+  void deallocate(void* data) noexcept override { std::free(data); }
+};
+
+}  // namespace
+
+MemoryResource& host_memory() noexcept {
+  static HostMemory memory;
+  return memory;
+}
+
+TrackedBuffer::TrackedBuffer(MemoryTracker& tracker, MemoryCategory category, std::size_t bytes,
+                             MemoryResource& resource)
+    : tracker_(&tracker), resource_(&resource), category_(category), bytes_(bytes) {
+  if (bytes == 0) return;
+  data_ = resource.allocate(bytes, category);
+  tracker_->add(resource.location(), category_, static_cast<std::int64_t>(bytes_));
 }
 
 TrackedBuffer::TrackedBuffer(TrackedBuffer&& other) noexcept
     : tracker_(other.tracker_),
+      resource_(other.resource_),
       category_(other.category_),
       data_(std::exchange(other.data_, nullptr)),
       bytes_(std::exchange(other.bytes_, 0)) {}
@@ -75,6 +97,7 @@ TrackedBuffer& TrackedBuffer::operator=(TrackedBuffer&& other) noexcept {
   if (this != &other) {
     reset();
     tracker_ = other.tracker_;
+    resource_ = other.resource_;
     category_ = other.category_;
     data_ = std::exchange(other.data_, nullptr);
     bytes_ = std::exchange(other.bytes_, 0);
@@ -86,8 +109,8 @@ TrackedBuffer::~TrackedBuffer() { reset(); }
 
 void TrackedBuffer::reset() noexcept {
   if (data_ != nullptr) {
-    std::free(data_);
-    tracker_->remove(MemoryLocation::kHost, category_, static_cast<std::int64_t>(bytes_));
+    resource_->deallocate(data_);
+    tracker_->remove(resource_->location(), category_, static_cast<std::int64_t>(bytes_));
   }
   data_ = nullptr;
   bytes_ = 0;

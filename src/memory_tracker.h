@@ -30,11 +30,27 @@ class MemoryTracker {
 /// Alignment of every host buffer: a cache line, and a multiple of any SIMD width we use.
 inline constexpr std::size_t kBufferAlignment = 64;
 
-/// A zero-initialised, aligned host allocation charged to one category. Move-only.
+/// Where TrackedBuffers get their memory: host memory, or a GPU's (see compute_backend.h).
+class MemoryResource {
+ public:
+  virtual ~MemoryResource() = default;
+  virtual MemoryLocation location() const noexcept = 0;
+  /// `bytes` zero-filled bytes, aligned to at least kBufferAlignment. Throws OutOfMemoryError
+  /// naming the size and the category when there is no room.
+  virtual void* allocate(std::size_t bytes, MemoryCategory category) = 0;
+  virtual void deallocate(void* data) noexcept = 0;
+};
+
+/// Aligned host memory from the C heap.
+MemoryResource& host_memory() noexcept;
+
+/// A zero-initialised, aligned allocation charged to one category at its resource's location.
+/// Move-only.
 class TrackedBuffer {
  public:
   TrackedBuffer() = default;
-  TrackedBuffer(MemoryTracker& tracker, MemoryCategory category, std::size_t bytes);
+  TrackedBuffer(MemoryTracker& tracker, MemoryCategory category, std::size_t bytes,
+                MemoryResource& resource = host_memory());
   TrackedBuffer(TrackedBuffer&& other) noexcept;
   TrackedBuffer& operator=(TrackedBuffer&& other) noexcept;
   TrackedBuffer(const TrackedBuffer&) = delete;
@@ -48,11 +64,15 @@ class TrackedBuffer {
   }
   std::size_t bytes() const noexcept { return bytes_; }
   bool empty() const noexcept { return data_ == nullptr; }
+  MemoryLocation location() const noexcept {
+    return resource_ ? resource_->location() : MemoryLocation::kHost;
+  }
   /// Frees the memory now; the buffer becomes empty.
   void reset() noexcept;
 
  private:
   MemoryTracker* tracker_ = nullptr;
+  MemoryResource* resource_ = nullptr;
   MemoryCategory category_ = MemoryCategory::kParameters;
   void* data_ = nullptr;
   std::size_t bytes_ = 0;

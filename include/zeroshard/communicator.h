@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "zeroshard/device.h"
 #include "zeroshard/dtype.h"
 
 namespace zeroshard {
@@ -89,11 +90,23 @@ class Communicator {
   /// environment), a world of one otherwise. Each call returns a new communicator over a
   /// duplicated MPI communicator, so independent engines never mix their messages.
   static std::unique_ptr<Communicator> from_environment();
+  /// A communicator for buffers on `device`: from_environment() for the CPU. For a GPU: NCCL when
+  /// each rank has a GPU of its own (or the world is one rank), bootstrapped through MPI under an
+  /// MPI launcher and through RANK, WORLD_SIZE, LOCAL_RANK and ZEROSHARD_RDZV_FILE otherwise;
+  /// MPI with host staging ("mpi+staging") when ranks share a GPU, which NCCL refuses.
+  /// ZEROSHARD_COMM_BACKEND=nccl or mpi overrides the choice.
+  static std::unique_ptr<Communicator> from_environment(const Device& device);
 
   virtual int rank() const noexcept = 0;
   virtual int size() const noexcept = 0;
-  /// "mpi", "nccl" or "self".
+  /// "mpi", "nccl", "mpi+staging" or "self".
   virtual std::string backend() const = 0;
+  /// Where the buffers passed to the collectives live: host memory (MPI, self) or the memory of
+  /// the rank's GPU (NCCL, and MPI with host staging).
+  virtual DeviceType buffer_device() const noexcept { return DeviceType::kCpu; }
+  /// For GPU buffers: each later collective waits for the work queued on this stream (a
+  /// cudaStream_t; null is the legacy default stream) before it reads its buffers.
+  virtual void set_compute_stream(void* /*stream*/) noexcept {}
 
   /// In place: `data` (count elements) becomes the element-wise reduction over all ranks.
   virtual Request all_reduce_async(void* data, std::int64_t count, DType dtype, ReduceOp op) = 0;

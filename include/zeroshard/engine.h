@@ -14,6 +14,7 @@
 
 #include "zeroshard/communicator.h"
 #include "zeroshard/config.h"
+#include "zeroshard/device.h"
 #include "zeroshard/dtype.h"
 #include "zeroshard/memory_report.h"
 #include "zeroshard/optimizer.h"
@@ -85,7 +86,8 @@ class Parameter {
   int index_ = -1;
 };
 
-/// Host memory for the model's activations, charged to the memory report's "activations".
+/// Memory on the engine's device for the model's activations, charged to the memory report's
+/// "activations".
 class ActivationBuffer {
  public:
   ActivationBuffer();
@@ -117,8 +119,13 @@ struct StepResult {
 /// Shards a model's optimizer over the ranks of a communicator. Movable, not copyable.
 class Engine {
  public:
-  /// `rule` may be null: the config's `optimizer` section then chooses it.
+  /// Computes on the CPU. `rule` may be null: the config's `optimizer` section then chooses it.
   Engine(Config config, std::unique_ptr<Communicator> communicator,
+         std::unique_ptr<UpdateRule> rule = nullptr);
+  /// Computes on `device`: every buffer the engine hands out lives there. The communicator must
+  /// take buffers of that kind (Communicator::from_environment(device) picks one); on a GPU the
+  /// rule must be a built-in one, which runs as a fused kernel. UsageError otherwise.
+  Engine(Config config, Device device, std::unique_ptr<Communicator> communicator,
          std::unique_ptr<UpdateRule> rule = nullptr);
   Engine(Engine&&) noexcept;
   Engine& operator=(Engine&&) noexcept;
@@ -190,6 +197,12 @@ class Engine {
   double global_grad_norm() const;
 
   const Config& config() const;
+  Device device() const;
+  /// On a GPU: the stream the model's kernels run on (a cudaStream_t; null, the default, is the
+  /// legacy default stream). The engine queues its own work on it, and gradient reductions and
+  /// parameter gathers run on a communication stream that waits for it.
+  void set_compute_stream(void* stream);
+  void* compute_stream() const;
   Communicator& communicator();
   const UpdateRule& update_rule() const;
   int rank() const;
@@ -205,7 +218,7 @@ class Engine {
   std::int64_t shard_begin() const;
   std::int64_t shard_end() const;
 
-  /// Host memory for activations, counted in the memory report.
+  /// Memory on the engine's device for activations, counted in the memory report.
   ActivationBuffer allocate_activations(std::size_t bytes);
   MemoryReport memory_report() const;
 

@@ -3,6 +3,7 @@
 
 #include "zeroshard/communicator.h"
 #include "zeroshard/config.h"
+#include "zeroshard/device.h"
 #include "zeroshard/dtype.h"
 #include "zeroshard/engine.h"
 #include "zeroshard/error.h"

@@ -62,8 +62,11 @@ class NcclCommunicator final : public Communicator {
   /// The stream the collectives run on.
   cudaStream_t stream() const noexcept;
   int device() const noexcept;
+  DeviceType buffer_device() const noexcept override { return DeviceType::kCuda; }
   /// The stream whose earlier work every later collective waits for (on the device).
-  void set_compute_stream(cudaStream_t stream) noexcept { compute_stream_ = stream; }
+  void set_compute_stream(void* stream) noexcept override {
+    compute_stream_ = static_cast<cudaStream_t>(stream);
+  }
 
  private:
   // Orders the communication stream after the compute stream's work so far.
