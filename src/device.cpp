@@ -46,8 +46,9 @@ Device Device::cuda(int index) {
 #if ZEROSHARD_WITH_CUDA
   int count = 0;
   ZEROSHARD_CUDA_CHECK(cudaGetDeviceCount(&count));
-  ZEROSHARD_CHECK_USAGE(index >= 0 && index < count, "Device::cuda(" << index << "): this machine has "
-                                                                     << count << " CUDA device(s)");
+  ZEROSHARD_CHECK_USAGE(index >= 0 && index < count, "Device::cuda("
+                                                         << index << "): this machine has " << count
+                                                         << " CUDA device(s)");
 #endif
   return {DeviceType::kCuda, index};
 }
@@ -59,8 +60,8 @@ Device Device::from_environment() {
                         "ZEROSHARD_DEVICE='" << choice << "': expected cpu or cuda");
   if (choice == "cpu") return cpu();
   if (!cuda_available()) {
-    ZEROSHARD_CHECK_USAGE(choice != "cuda",
-                          "ZEROSHARD_DEVICE=cuda but no GPU is usable: " << cuda_unavailable_reason());
+    ZEROSHARD_CHECK_USAGE(choice != "cuda", "ZEROSHARD_DEVICE=cuda but no GPU is usable: "
+                                                << cuda_unavailable_reason());
     return cpu();
   }
 #if ZEROSHARD_WITH_CUDA

@@ -25,11 +25,22 @@ std::string default_module_name(const std::string& name) {
 
 }  // namespace
 
-EngineState::EngineState(Config config, std::unique_ptr<Communicator> communicator,
+EngineState::EngineState(Config config, Device device, std::unique_ptr<Communicator> communicator,
                          std::unique_ptr<UpdateRule> rule)
-    : config_(std::move(config)), comm_(std::move(communicator)), rule_(std::move(rule)) {
+    : config_(std::move(config)),
+      device_(device),
+      comm_(std::move(communicator)),
+      rule_(std::move(rule)) {
   ZEROSHARD_CHECK_USAGE(comm_ != nullptr, "Engine needs a communicator");
+  ZEROSHARD_CHECK_USAGE(comm_->buffer_device() == device_.type,
+                        "Engine on "
+                            << device_.to_string() << " with the '" << comm_->backend()
+                            << "' communicator, which takes "
+                            << (comm_->buffer_device() == DeviceType::kCuda ? "GPU" : "host")
+                            << " buffers: build the communicator with "
+                               "Communicator::from_environment(device)");
   if (!rule_) rule_ = make_update_rule(config_);
+  backend_ = make_compute_backend(device_, *rule_, tracker_);
   scheduler_ = make_lr_scheduler(config_.scheduler, rule_->default_lr(), rule_->beta1());
   rank_ = comm_->rank();
   world_ = comm_->size();
@@ -130,26 +141,21 @@ void EngineState::finalize() {
   const bool separate_master = dtype_ != DType::kFloat32;
   const std::int64_t owned = stage_ == 0 ? padded : shard;
   if (stage_ == 3) {
-    param_shard_ = TrackedBuffer(tracker_, MemoryCategory::kParameters, shard * dsize_);
+    param_shard_ = allocate(MemoryCategory::kParameters, shard * dsize_);
     for (ParamInfo& p : params_) {
-      if (p.persistent) {
-        p.persistent_copy = TrackedBuffer(tracker_, MemoryCategory::kParameters, p.numel * dsize_);
-      }
+      if (p.persistent) p.persistent_copy = allocate(MemoryCategory::kParameters, p.numel * dsize_);
     }
   } else {
-    params_full_ = TrackedBuffer(tracker_, MemoryCategory::kParameters, padded * dsize_);
+    params_full_ = allocate(MemoryCategory::kParameters, padded * dsize_);
   }
-  if (separate_master) {
-    master_ = TrackedBuffer(tracker_, MemoryCategory::kMasterWeights, owned * sizeof(float));
-  }
+  if (separate_master) master_ = allocate(MemoryCategory::kMasterWeights, owned * sizeof(float));
   if (stage_ <= 1) {
-    grads_full_ = TrackedBuffer(tracker_, MemoryCategory::kGradients, padded * dsize_);
+    grads_full_ = allocate(MemoryCategory::kGradients, padded * dsize_);
   } else {
-    grad_shard_ =
-        TrackedBuffer(tracker_, MemoryCategory::kGradients, shard * size_of(grad_shard_dtype_));
+    grad_shard_ = allocate(MemoryCategory::kGradients, shard * size_of(grad_shard_dtype_));
   }
   for (int s = 0; s < rule_->state_count(); ++s) {
-    states_.emplace_back(tracker_, MemoryCategory::kOptimizerStates, owned * sizeof(float));
+    states_.push_back(allocate(MemoryCategory::kOptimizerStates, owned * sizeof(float)));
   }
   std::int64_t frozen_total = 0;
   for (ParamInfo& p : params_) {
@@ -157,15 +163,19 @@ void EngineState::finalize() {
     p.frozen_offset = frozen_total;
     frozen_total += p.numel;
   }
-  frozen_ = TrackedBuffer(tracker_, MemoryCategory::kParameters, frozen_total * dsize_);
+  frozen_ = allocate(MemoryCategory::kParameters, frozen_total * dsize_);
   if (separate_master) {
     // 16-bit gradients are widened to fp32 one chunk at a time, never for the whole shard. The
-    // chunk is a working buffer of at most 256 KiB, not a copy of the gradients, so it is
-    // counted with the other bounded buffers under communication: the model-state categories
-    // then hold exactly the ZeRO paper's bytes.
-    const std::int64_t chunk = std::max<std::int64_t>(
-        2, std::min({owned, config_.zero_optimization.sub_group_size, std::int64_t{1} << 16}));
-    scratch_ = TrackedBuffer(tracker_, MemoryCategory::kCommunication, chunk * sizeof(float));
+    // chunk is a bounded working buffer, not a copy of the gradients, so it is counted with the
+    // other bounded buffers under communication: the model-state categories then hold exactly
+    // the ZeRO paper's bytes.
+    const std::int64_t chunk =
+        std::max<std::int64_t>(2, std::min(config_.zero_optimization.sub_group_size,
+                                           backend_->working_chunk_elements(owned)));
+    scratch_ = allocate(MemoryCategory::kCommunication, chunk * sizeof(float));
+  }
+  if (backend_->memory().location() != MemoryLocation::kHost) {
+    reduction_scalars_ = allocate(MemoryCategory::kCommunication, 2 * sizeof(float));
   }
   plan_buckets();
   finalized_ = true;
@@ -227,40 +237,67 @@ void EngineState::copy_param_from(int index, const float* values) {
   require_finalized();
   ParamInfo& p = params_[index];
   if (!p.trainable) {
-    convert_from_float(values, frozen_.as<char>() + p.frozen_offset * dsize_, dtype_, p.numel);
+    store_host_values(values, frozen_.as<char>() + p.frozen_offset * dsize_, p.numel);
     return;
   }
   const std::int64_t lo = layout_.offset(p.tensor);
   const std::int64_t hi = lo + p.numel;
   if (stage_ != 3) {
-    convert_from_float(values, params_full_.as<char>() + lo * dsize_, dtype_, p.numel);
+    store_host_values(values, params_full_.as<char>() + lo * dsize_, p.numel);
   } else {
     const std::int64_t a = std::max(lo, layout_.shard_begin(rank_));
     const std::int64_t b = std::min(hi, layout_.shard_end(rank_));
-    if (b > a) convert_from_float(values + (a - lo), model_param_at(a), dtype_, b - a);
-    if (p.persistent) convert_from_float(values, p.persistent_copy.data(), dtype_, p.numel);
+    if (b > a) store_host_values(values + (a - lo), model_param_at(a), b - a);
+    if (p.persistent) store_host_values(values, p.persistent_copy.data(), p.numel);
     ModuleInfo& m = modules_[p.module];
     if (m.residency == ModuleResidency::kAvailable) {
-      convert_from_float(values, m.gathered.as<char>() + (lo - m.flat_begin) * dsize_, dtype_,
-                         p.numel);
+      store_host_values(values, m.gathered.as<char>() + (lo - m.flat_begin) * dsize_, p.numel);
     }
   }
   if (dtype_ != DType::kFloat32) {
     const std::int64_t a = std::max(lo, update_begin());
     const std::int64_t b = std::min(hi, update_end());
-    if (b > a) std::memcpy(master_at(a), values + (a - lo), (b - a) * sizeof(float));
+    if (b > a) backend_->copy_from_host(master_at(a), values + (a - lo), (b - a) * sizeof(float));
   }
+}
+
+void EngineState::store_host_values(const float* values, void* destination, std::int64_t count) {
+  if (dtype_ == DType::kFloat32) {
+    backend_->copy_from_host(destination, values, count * sizeof(float));
+    return;
+  }
+  std::vector<char> rounded(count * dsize_);
+  convert_from_float(values, rounded.data(), dtype_, count);
+  backend_->copy_from_host(destination, rounded.data(), rounded.size());
+}
+
+TrackedBuffer EngineState::allocate(MemoryCategory category, std::size_t bytes) {
+  return TrackedBuffer(tracker_, category, bytes, backend_->memory());
+}
+
+void EngineState::all_reduce_host(float* values, int count, ReduceOp op) {
+  if (reduction_scalars_.empty()) {
+    comm_->all_reduce(values, count, DType::kFloat32, op);
+    return;
+  }
+  float* buffer = reduction_scalars_.as<float>();
+  backend_->copy_from_host(buffer, values, count * sizeof(float));
+  comm_->all_reduce(buffer, count, DType::kFloat32, op);
+  backend_->copy_to_host(values, buffer, count * sizeof(float));
 }
 
 std::vector<float> EngineState::consolidated_parameters() {
   require_finalized();
-  std::vector<float> flat(layout_.padded_total());
+  const std::int64_t padded = layout_.padded_total();
+  // Gathered in engine memory, where the communicator expects its buffers, then read back.
+  TrackedBuffer gathered = allocate(MemoryCategory::kCommunication, padded * sizeof(float));
   const std::int64_t lo = update_begin();
-  std::memcpy(flat.data() + lo, master_at(lo), (update_end() - lo) * sizeof(float));
+  backend_->copy(gathered.as<float>() + lo, master_at(lo), (update_end() - lo) * sizeof(float));
   if (stage_ != 0) {
-    const std::vector<std::int64_t> counts = layout_.rank_counts(0, layout_.padded_total());
-    comm_->all_gather(flat.data(), counts, DType::kFloat32);
+    comm_->all_gather(gathered.data(), layout_.rank_counts(0, padded), DType::kFloat32);
   }
+  std::vector<float> flat(padded);
+  backend_->copy_to_host(flat.data(), gathered.data(), padded * sizeof(float));
   std::vector<float> values;
   values.reserve(layout_.unpadded_total());
   for (int t = 0; t < layout_.tensor_count(); ++t) {
@@ -339,8 +376,11 @@ std::size_t ActivationBuffer::bytes() const noexcept { return buffer_ ? buffer_-
 
 Engine::Engine(Config config, std::unique_ptr<Communicator> communicator,
                std::unique_ptr<UpdateRule> rule)
-    : state_(std::make_unique<detail::EngineState>(std::move(config), std::move(communicator),
-                                                   std::move(rule))) {}
+    : Engine(std::move(config), Device::cpu(), std::move(communicator), std::move(rule)) {}
+Engine::Engine(Config config, Device device, std::unique_ptr<Communicator> communicator,
+               std::unique_ptr<UpdateRule> rule)
+    : state_(std::make_unique<detail::EngineState>(std::move(config), device,
+                                                   std::move(communicator), std::move(rule))) {}
 Engine::Engine(Engine&&) noexcept = default;
 Engine& Engine::operator=(Engine&&) noexcept = default;
 Engine::~Engine() = default;
@@ -460,6 +500,12 @@ void Engine::set_lr(double lr) {
 double Engine::loss_scale() const { return state_->loss_scale(); }
 double Engine::global_grad_norm() const { return state_->last_grad_norm_; }
 const Config& Engine::config() const { return state_->config_; }
+Device Engine::device() const { return state_->device_; }
+void Engine::set_compute_stream(void* stream) {
+  state_->backend_->set_stream(stream);
+  state_->comm_->set_compute_stream(stream);
+}
+void* Engine::compute_stream() const { return state_->backend_->stream(); }
 Communicator& Engine::communicator() { return *state_->comm_; }
 const UpdateRule& Engine::update_rule() const { return *state_->rule_; }
 int Engine::rank() const { return state_->rank_; }
@@ -485,8 +531,8 @@ std::int64_t Engine::shard_end() const {
 
 ActivationBuffer Engine::allocate_activations(std::size_t bytes) {
   ActivationBuffer buffer;
-  buffer.buffer_ = std::make_unique<detail::TrackedBuffer>(state_->tracker_,
-                                                           MemoryCategory::kActivations, bytes);
+  buffer.buffer_ = std::make_unique<detail::TrackedBuffer>(
+      state_->allocate(MemoryCategory::kActivations, bytes));
   return buffer;
 }
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "compute_backend.h"
 #include "loss_scaler.h"
 #include "memory_tracker.h"
 #include "shard_layout.h"
@@ -74,7 +75,7 @@ struct Slot {
 
 class EngineState {
  public:
-  EngineState(Config config, std::unique_ptr<Communicator> communicator,
+  EngineState(Config config, Device device, std::unique_ptr<Communicator> communicator,
               std::unique_ptr<UpdateRule> rule);
   /// Waits for every transfer still in flight before any buffer it touches is freed.
   ~EngineState();
@@ -89,6 +90,13 @@ class EngineState {
   void* param_data(int index);
   void* param_grad(int index);
   void copy_param_from(int index, const float* values);
+  /// Rounds `count` host fp32 values into `destination` (engine memory, model dtype).
+  void store_host_values(const float* values, void* destination, std::int64_t count);
+  /// A buffer of `bytes` in the backend's memory, charged to `category`.
+  TrackedBuffer allocate(MemoryCategory category, std::size_t bytes);
+  /// Sums (or maxes) a few host floats over the ranks through engine memory, which is where the
+  /// communicator expects its buffers.
+  void all_reduce_host(float* values, int count, ReduceOp op);
   std::vector<float> consolidated_parameters();
   std::int64_t update_begin() const;  ///< range of the flat buffer this rank updates
   std::int64_t update_end() const;
@@ -126,8 +134,11 @@ class EngineState {
 
   // Configuration and collaborators.
   Config config_;
+  Device device_;
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<UpdateRule> rule_;
+  MemoryTracker tracker_;  ///< before backend_, which may charge working memory to it
+  std::unique_ptr<ComputeBackend> backend_;
   int rank_ = 0;
   int world_ = 1;
   int stage_ = 0;
@@ -143,17 +154,18 @@ class EngineState {
   // Layout and buffers.
   ShardLayout layout_;
   std::vector<int> tensor_param_;  ///< trainable tensor index -> parameter index
-  MemoryTracker tracker_;
-  TrackedBuffer params_full_;  ///< stages 0-2: every trainable parameter, model dtype
-  TrackedBuffer param_shard_;  ///< stage 3: this rank's shard, model dtype
-  TrackedBuffer master_;       ///< 16-bit training: fp32 master (full at stage 0, else shard)
-  TrackedBuffer grads_full_;   ///< stages 0-1: every gradient, model dtype
-  TrackedBuffer grad_shard_;   ///< stages 2-3: this rank's reduced gradient shard
+  TrackedBuffer params_full_;      ///< stages 0-2: every trainable parameter, model dtype
+  TrackedBuffer param_shard_;      ///< stage 3: this rank's shard, model dtype
+  TrackedBuffer master_;           ///< 16-bit training: fp32 master (full at stage 0, else shard)
+  TrackedBuffer grads_full_;       ///< stages 0-1: every gradient, model dtype
+  TrackedBuffer grad_shard_;       ///< stages 2-3: this rank's reduced gradient shard
   DType grad_shard_dtype_ = DType::kFloat32;  ///< stages 2-3: the shard's accumulation type
   DType comm_dtype_ = DType::kFloat32;        ///< what gradient reductions send
   std::vector<TrackedBuffer> states_;
   TrackedBuffer frozen_;
   TrackedBuffer scratch_;  ///< fp32 working chunk for 16-bit gradients (communication bytes)
+  /// Device memory only: where the step's few all-reduced floats (norm, overflow) travel.
+  TrackedBuffer reduction_scalars_;
 
   // Buckets.
   std::vector<Bucket> buckets_;           ///< in launch order (last registered parameters first)

@@ -3,11 +3,9 @@
 // same collectives in the same order whatever order its gradients arrive in.
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 
 #include "check.h"
 #include "engine_state.h"
-#include "half_conversion.h"
 
 namespace zeroshard::detail {
 
@@ -16,45 +14,6 @@ namespace {
 // More reductions in flight than this wait for the oldest: it bounds the communication buffers
 // at two buckets (one being reduced while the next fills) as DeepSpeed's double buffering does.
 constexpr std::size_t kMaxInFlight = 2;
-
-void add_into(void* dst, DType dst_dtype, const void* src, DType src_dtype, std::int64_t count,
-              float* scratch, std::int64_t scratch_count) {
-  if (dst_dtype == DType::kFloat32 && src_dtype == DType::kFloat32) {
-    float* d = static_cast<float*>(dst);
-    const float* s = static_cast<const float*>(src);
-#pragma omp simd
-    for (std::int64_t i = 0; i < count; ++i) d[i] += s[i];
-    return;
-  }
-  // 16-bit operands are widened chunk by chunk; the sum is rounded once when stored.
-  const std::int64_t half = scratch_count / 2;
-  for (std::int64_t done = 0; done < count; done += half) {
-    const std::int64_t n = std::min(half, count - done);
-    float* a = scratch;
-    float* b = scratch + half;
-    convert_to_float(static_cast<const char*>(dst) + done * size_of(dst_dtype), dst_dtype, a, n);
-    convert_to_float(static_cast<const char*>(src) + done * size_of(src_dtype), src_dtype, b, n);
-    for (std::int64_t i = 0; i < n; ++i) a[i] += b[i];
-    convert_from_float(a, static_cast<char*>(dst) + done * size_of(dst_dtype), dst_dtype, n);
-  }
-}
-
-void scale_in_place(void* data, DType dtype, std::int64_t count, float factor, float* scratch,
-                    std::int64_t scratch_count) {
-  if (dtype == DType::kFloat32) {
-    float* d = static_cast<float*>(data);
-#pragma omp simd
-    for (std::int64_t i = 0; i < count; ++i) d[i] *= factor;
-    return;
-  }
-  for (std::int64_t done = 0; done < count; done += scratch_count) {
-    const std::int64_t n = std::min(scratch_count, count - done);
-    char* at = static_cast<char*>(data) + done * size_of(dtype);
-    convert_to_float(at, dtype, scratch, n);
-    for (std::int64_t i = 0; i < n; ++i) scratch[i] *= factor;
-    convert_from_float(scratch, at, dtype, n);
-  }
-}
 
 }  // namespace
 
@@ -114,7 +73,7 @@ int EngineState::acquire_slot() {
     for (std::size_t s = 0; s < slots_.size(); ++s) {
       if (!slots_[s].busy) {
         slots_[s].busy = true;
-        std::memset(slots_[s].buffer.data(), 0, slots_[s].buffer.bytes());
+        backend_->zero(slots_[s].buffer.data(), slots_[s].buffer.bytes());
         return static_cast<int>(s);
       }
     }
@@ -123,7 +82,7 @@ int EngineState::acquire_slot() {
   }
   const std::int64_t bytes = slot_input_elements_ * dsize_ + slot_send_elements_ * sizeof(float) +
                              slot_recv_elements_ * size_of(comm_dtype_);
-  slots_.push_back({TrackedBuffer(tracker_, MemoryCategory::kCommunication, bytes), true});
+  slots_.push_back({allocate(MemoryCategory::kCommunication, bytes), true});
   return static_cast<int>(slots_.size()) - 1;
 }
 
@@ -180,13 +139,12 @@ void EngineState::launch(int b) {
     // in fp32 and the sum is rounded at most once, when it is stored.
     if (bucket.slot < 0) bucket.slot = acquire_slot();
     float* send = reinterpret_cast<float*>(slot_send(bucket.slot));
-    convert_to_float(input, dtype_, send, length);
+    backend_->widen(input, dtype_, send, length, 1.0f);
     input = send;
   }
   // After the widening, as DeepSpeed divides the tensor already cast to the communication type.
   if (const double factor = pre_reduction_factor(); factor != 1.0) {
-    scale_in_place(input, comm_dtype_, length, static_cast<float>(factor), scratch_.as<float>(),
-                   static_cast<std::int64_t>(scratch_.bytes() / sizeof(float)));
+    backend_->scale(input, comm_dtype_, length, static_cast<float>(factor));
   }
   if (scatter) {
     if (bucket.slot < 0) bucket.slot = acquire_slot();
@@ -216,9 +174,9 @@ void EngineState::complete_oldest() {
   // Stage 0 keeps the whole reduced gradients in grads_full_: a sum reduced in fp32 is stored
   // back rounded, once.
   if (stage_ == 0 && widened) {
-    convert_from_float(reinterpret_cast<const float*>(slot_send(bucket.slot)),
-                       grads_full_.as<char>() + bucket.begin * dsize_, dtype_,
-                       bucket.end - bucket.begin);
+    backend_->narrow(reinterpret_cast<const float*>(slot_send(bucket.slot)),
+                     grads_full_.as<char>() + bucket.begin * dsize_, dtype_,
+                     bucket.end - bucket.begin);
   }
   const std::int64_t shard_lo = layout_.shard_begin(rank_);
   const std::int64_t lo = std::max(bucket.begin, shard_lo);
@@ -238,14 +196,13 @@ void EngineState::complete_oldest() {
     if (stage_ == 1) {
       char* dst = grads_full_.as<char>() + lo * dsize_;
       if (widened) {
-        convert_from_float(reinterpret_cast<const float*>(reduced), dst, dtype_, hi - lo);
+        backend_->narrow(reinterpret_cast<const float*>(reduced), dst, dtype_, hi - lo);
       } else if (scatter) {
-        std::memcpy(dst, reduced, (hi - lo) * dsize_);
+        backend_->copy(dst, reduced, (hi - lo) * dsize_);
       }
     } else {
       void* dst = grad_shard_.as<char>() + (lo - shard_lo) * size_of(grad_shard_dtype_);
-      add_into(dst, grad_shard_dtype_, reduced, comm_dtype_, hi - lo, scratch_.as<float>(),
-               static_cast<std::int64_t>(scratch_.bytes() / sizeof(float)));
+      backend_->accumulate(dst, grad_shard_dtype_, reduced, comm_dtype_, hi - lo);
     }
   }
   if (bucket.slot >= 0) {

@@ -5,22 +5,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <sstream>
 
 #include "check.h"
 #include "engine_state.h"
-#include "half_conversion.h"
 
 namespace zeroshard::detail {
 
 namespace {
-
-struct GradScan {
-  double sum_of_squares = 0.0;
-  std::int64_t nonfinite = 0;
-  int first_nonfinite_param = -1;
-};
 
 // DeepSpeed's clip coefficient: max_norm / (norm + 1e-6), applied only when below 1.
 constexpr double kClipEpsilon = 1e-6;
@@ -56,71 +48,48 @@ StepResult EngineState::step() {
   // Gradients arrive summed over ranks and micro-steps and multiplied by the loss scale.
   const double unscale = post_reduction_factor() /
                          (static_cast<double>(config_.gradient_accumulation_steps) * loss_scale());
-  const std::int64_t chunk = scratch_.empty() ? 0 : scratch_.bytes() / sizeof(float);
 
   // Pass 1 only inspects the gradients: the norm needs every rank's part before the clip
   // coefficient is known, and pass 2 then unscales and clips with one fp32 factor, one rounding,
-  // whatever the gradients' type. 16-bit gradients are widened chunk by chunk in both passes, so
-  // the shard is never held twice in fp32.
-  GradScan scan;
-  for (const TensorPiece& piece : pieces) {
-    const int param = tensor_param_[piece.tensor];
-    const std::int64_t before = scan.nonfinite;
-    if (grad_dtype == DType::kFloat32) {
-      const float* g = reinterpret_cast<const float*>(grad_at(piece.flat_offset));
-      double squares = 0.0;
-      std::int64_t bad = 0;
-#pragma omp simd reduction(+ : squares, bad)
-      for (std::int64_t i = 0; i < piece.size; ++i) {
-        const double v = g[i] * unscale;
-        bad += std::isfinite(v) ? 0 : 1;
-        squares += v * v;
-      }
-      scan.sum_of_squares += squares;
-      scan.nonfinite += bad;
-    } else {
-      float* w = scratch_.as<float>();
-      for (std::int64_t done = 0; done < piece.size; done += chunk) {
-        const std::int64_t n = std::min(chunk, piece.size - done);
-        convert_to_float(grad_at(piece.flat_offset + done), grad_dtype, w, n);
-        for (std::int64_t i = 0; i < n; ++i) {
-          const double v = w[i] * unscale;
-          scan.nonfinite += std::isfinite(v) ? 0 : 1;
-          scan.sum_of_squares += v * v;
-        }
-      }
-    }
-    if (scan.nonfinite > before && scan.first_nonfinite_param < 0) {
-      scan.first_nonfinite_param = param;
-    }
-  }
+  // whatever the gradients' type. The owned range is contiguous (padding between tensors stays
+  // zero), so it is one scan.
+  const GradientScan scan = backend_->scan(grad_at(lo), grad_dtype, hi - lo);
   // Stage 0 holds identical whole gradients on every rank; the other stages sum their shards.
-  std::int64_t nonfinite_total = scan.nonfinite;
-  double squares_total = scan.sum_of_squares;
+  bool nonfinite = scan.nonfinite;
+  double squares_total = scan.sum_of_squares * unscale * unscale;
   if (stage_ != 0) {
-    float partial[2] = {static_cast<float>(scan.sum_of_squares),
-                        static_cast<float>(scan.nonfinite)};
-    comm_->all_reduce(partial, 2, DType::kFloat32, ReduceOp::kSum);
+    float partial[2] = {static_cast<float>(squares_total), scan.nonfinite ? 1.0f : 0.0f};
+    all_reduce_host(partial, 2, ReduceOp::kSum);
     squares_total = partial[0];
-    nonfinite_total = partial[1] != 0.0f || !std::isfinite(partial[0]) ? 1 : 0;
+    nonfinite = partial[1] != 0.0f || !std::isfinite(partial[0]);
+  } else {
+    nonfinite = nonfinite || !std::isfinite(squares_total);
   }
   // bf16 with check_grad_overflow off trusts the gradients, as DeepSpeed's BF16 optimizer does.
   const bool check = dtype_ != DType::kBFloat16 || config_.bf16.check_grad_overflow;
-  if (nonfinite_total > 0 && check) {
-    zero_grad();
+  if (nonfinite && check) {
     if (dtype_ == DType::kFloat16) {
+      zero_grad();
       result.skipped = true;
       on_overflow();
       return result;
     }
     // Every rank names the same parameter: the first one, in registration order, that holds a
     // non-finite value in some rank's shard. A float carries the index exactly below 2^24
-    // parameters; this extra all-reduce runs only on the way to the error.
-    int culprit = scan.first_nonfinite_param;
+    // parameters; the per-tensor scans and this extra all-reduce run only on the way to the
+    // error.
+    int culprit = -1;
+    for (const TensorPiece& piece : pieces) {
+      if (backend_->scan(grad_at(piece.flat_offset), grad_dtype, piece.size).nonfinite) {
+        culprit = tensor_param_[piece.tensor];
+        break;
+      }
+    }
+    zero_grad();
     if (stage_ != 0) {
       const auto count = static_cast<float>(params_.size());
       float key = culprit >= 0 ? count - static_cast<float>(culprit) : 0.0f;
-      comm_->all_reduce(&key, 1, DType::kFloat32, ReduceOp::kMax);
+      all_reduce_host(&key, 1, ReduceOp::kMax);
       culprit = key > 0.0f ? static_cast<int>(count - key) : -1;
     }
     std::ostringstream os;
@@ -156,14 +125,32 @@ StepResult EngineState::step() {
     if (coefficient < 1.0) clip = coefficient;
   }
 
-  // Pass 2: the update rule on every tensor piece this rank owns.
+  // Pass 2: the update rule over runs of the owned range. A run is one tensor piece, or on a
+  // backend with fused kernels every consecutive piece of one parameter group (the zero padding
+  // between them stays zero under every rule), so a step is one launch per group.
+  struct Run {
+    std::int64_t begin;
+    std::int64_t end;
+    int first_param;
+    std::int64_t offset_in_param;
+  };
+  std::vector<Run> runs;
+  for (const TensorPiece& piece : pieces) {
+    const int param = tensor_param_[piece.tensor];
+    if (backend_->fuses_tensors() && !runs.empty() &&
+        params_[runs.back().first_param].group == params_[param].group) {
+      runs.back().end = piece.flat_offset + piece.size;
+    } else {
+      runs.push_back(
+          {piece.flat_offset, piece.flat_offset + piece.size, param, piece.offset_in_tensor});
+    }
+  }
   const ScheduledValues schedule = scheduled();
   const double base_lr = schedule.lr;
   const double default_lr = rule_->default_lr();
   std::vector<float*> state_pointers(states_.size());
-  auto apply = [&](const TensorPiece& piece, std::int64_t offset, std::int64_t size,
-                   const float* grad) {
-    const ParamInfo& p = params_[tensor_param_[piece.tensor]];
+  auto apply = [&](const Run& run, std::int64_t offset, std::int64_t size, const float* grad) {
+    const ParamInfo& p = params_[run.first_param];
     const ParamGroupOptions& group = groups_[p.group].options;
     StepContext context;
     context.step = global_step_ + 1;
@@ -171,48 +158,43 @@ StepResult EngineState::step() {
         group.lr ? (default_lr > 0.0 ? *group.lr * base_lr / default_lr : *group.lr) : base_lr;
     context.weight_decay = group.weight_decay.value_or(rule_->default_weight_decay());
     context.momentum = schedule.momentum;
-    const std::int64_t flat = piece.flat_offset + offset;
+    const std::int64_t flat = run.begin + offset;
     for (std::size_t s = 0; s < states_.size(); ++s) {
       state_pointers[s] = state_at(static_cast<int>(s), flat);
     }
     ShardSlice slice;
     slice.param_name = p.name;
     slice.param_numel = p.numel;
-    slice.offset_in_param = piece.offset_in_tensor + offset;
+    slice.offset_in_param = run.offset_in_param + offset;
     slice.size = size;
     slice.param = master_at(flat);
     slice.grad = grad;
     slice.states = state_pointers;
-    rule_->apply(slice, context);
+    backend_->apply_rule(slice, context);
   };
   const float factor = static_cast<float>(unscale * clip);
-  for (const TensorPiece& piece : pieces) {
+  for (const Run& run : runs) {
+    const std::int64_t length = run.end - run.begin;
     if (grad_dtype == DType::kFloat32) {
-      float* g = reinterpret_cast<float*>(grad_at(piece.flat_offset));
-      if (factor != 1.0f) {
-#pragma omp simd
-        for (std::int64_t i = 0; i < piece.size; ++i) g[i] *= factor;
-      }
+      float* g = reinterpret_cast<float*>(grad_at(run.begin));
+      if (factor != 1.0f) backend_->widen(g, DType::kFloat32, g, length, factor);
       // The rule runs in tiles of sub_group_size elements, as DeepSpeed's step does.
       const std::int64_t tile = config_.zero_optimization.sub_group_size;
-      for (std::int64_t done = 0; done < piece.size; done += tile) {
-        apply(piece, done, std::min(tile, piece.size - done), g + done);
+      for (std::int64_t done = 0; done < length; done += tile) {
+        apply(run, done, std::min(tile, length - done), g + done);
       }
     } else {
       float* w = scratch_.as<float>();
-      for (std::int64_t done = 0; done < piece.size; done += chunk) {
-        const std::int64_t n = std::min(chunk, piece.size - done);
-        convert_to_float(grad_at(piece.flat_offset + done), grad_dtype, w, n);
-        for (std::int64_t i = 0; i < n; ++i) w[i] *= factor;
-        apply(piece, done, n, w);
+      const std::int64_t chunk = static_cast<std::int64_t>(scratch_.bytes() / sizeof(float));
+      for (std::int64_t done = 0; done < length; done += chunk) {
+        const std::int64_t n = std::min(chunk, length - done);
+        backend_->widen(grad_at(run.begin + done), grad_dtype, w, n, factor);
+        apply(run, done, n, w);
       }
     }
-  }
-  if (dtype_ != DType::kFloat32) {
     // The model sees the rounded copy of the fp32 master weights it owns.
-    for (const TensorPiece& piece : pieces) {
-      convert_from_float(master_at(piece.flat_offset), model_param_at(piece.flat_offset), dtype_,
-                         piece.size);
+    if (dtype_ != DType::kFloat32) {
+      backend_->narrow(master_at(run.begin), model_param_at(run.begin), dtype_, length);
     }
   }
   const auto gather_start = std::chrono::steady_clock::now();
@@ -278,8 +260,8 @@ void EngineState::on_clean_step() {
 
 void EngineState::zero_grad() {
   require_finalized();
-  if (!grads_full_.empty()) std::memset(grads_full_.data(), 0, grads_full_.bytes());
-  if (!grad_shard_.empty()) std::memset(grad_shard_.data(), 0, grad_shard_.bytes());
+  backend_->zero(grads_full_.data(), grads_full_.bytes());
+  backend_->zero(grad_shard_.data(), grad_shard_.bytes());
 }
 
 void EngineState::print_progress(const StepResult& result) {
@@ -298,9 +280,12 @@ void EngineState::print_progress(const StepResult& result) {
   }
   if (config_.memory_breakdown) {
     const MemoryReport report = tracker_.report(rank_, world_);
-    os << " | model states " << report.model_state_bytes() / 1048576.0 << " MiB, communication "
-       << report.at(MemoryCategory::kCommunication).current / 1048576.0 << " MiB, peak total "
-       << report.total_peak[0] / 1048576.0 << " MiB";
+    const MemoryLocation where = backend_->memory().location();
+    os << " | model states " << report.model_state_bytes(where) / 1048576.0
+       << " MiB, communication "
+       << report.at(MemoryCategory::kCommunication, where).current / 1048576.0
+       << " MiB, peak total " << report.total_peak[static_cast<int>(where)] / 1048576.0 << " MiB"
+       << (where == MemoryLocation::kDevice ? " on the GPU" : "");
   }
   std::printf("%s\n", os.str().c_str());
   std::fflush(stdout);

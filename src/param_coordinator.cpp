@@ -4,7 +4,6 @@
 // collectives in the same order.
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 
 #include "check.h"
 #include "engine_state.h"
@@ -59,12 +58,12 @@ void EngineState::gather(ModuleId module) {
 void EngineState::start_gather(ModuleId module) {
   ModuleInfo& m = modules_[module];
   const auto start = std::chrono::steady_clock::now();
-  m.gathered = TrackedBuffer(tracker_, MemoryCategory::kParameters, module_size(m) * dsize_);
+  m.gathered = allocate(MemoryCategory::kParameters, module_size(m) * dsize_);
   const std::int64_t lo = std::max(m.flat_begin, layout_.shard_begin(rank_));
   const std::int64_t hi = std::min(m.flat_end, layout_.shard_end(rank_));
   if (hi > lo) {
-    std::memcpy(m.gathered.as<char>() + (lo - m.flat_begin) * dsize_, model_param_at(lo),
-                (hi - lo) * dsize_);
+    backend_->copy(m.gathered.as<char>() + (lo - m.flat_begin) * dsize_, model_param_at(lo),
+                   (hi - lo) * dsize_);
   }
   const auto counts = layout_.rank_counts(m.flat_begin, m.flat_end);
   m.pending = comm_->all_gather_async(m.gathered.data(), counts, dtype_);
@@ -159,8 +158,8 @@ void EngineState::refresh_persistent_params() {
     const std::int64_t a = std::max(lo, layout_.shard_begin(rank_));
     const std::int64_t b = std::min(hi, layout_.shard_end(rank_));
     if (b > a) {
-      std::memcpy(p.persistent_copy.as<char>() + (a - lo) * dsize_, model_param_at(a),
-                  (b - a) * dsize_);
+      backend_->copy(p.persistent_copy.as<char>() + (a - lo) * dsize_, model_param_at(a),
+                     (b - a) * dsize_);
     }
     requests.push_back(
         comm_->all_gather_async(p.persistent_copy.data(), layout_.rank_counts(lo, hi), dtype_));
