@@ -155,3 +155,13 @@ std::vector<std::string> Communicator::all_gather_text(const std::string& text) 
 }
 
 }  // namespace zeroshard
+
+namespace zeroshard {
+
+// Placeholder until the device-aware factory lands: GPU communicators are not picked here yet.
+std::unique_ptr<Communicator> Communicator::from_environment(const Device& device) {
+  ZEROSHARD_CHECK_USAGE(!device.is_cuda(), "no GPU communicator factory yet");
+  return from_environment();
+}
+
+}  // namespace zeroshard

@@ -1,7 +1,6 @@
 // The engine's public surface: registration, the flat layout and the buffers each stage owns,
 // parameter handles, and the forwarding from Engine to its state.
 #include <algorithm>
-#include <cstring>
 #include <sstream>
 #include <utility>
 

@@ -66,7 +66,7 @@ class EngineEquivalence : public ::testing::TestWithParam<std::tuple<int, int>> 
 TEST_P(EngineEquivalence, ShardedParametersEqualOneUnshardedRankAfterTenSteps) {
   const int stage = std::get<0>(GetParam());
   const RuleCase rule_case = rule_cases()[std::get<1>(GetParam())];
-  Engine engine(toy_config(stage), Communicator::from_environment(), rule_case.make());
+  Engine engine = make_engine(toy_config(stage), rule_case.make());
   ParamGroupOptions slow;
   slow.name = "slow";
   slow.lr = engine.update_rule().default_lr() * 0.5;
@@ -123,7 +123,7 @@ TEST_P(EngineCommunicationSwitches, DeepSpeedsAlternativesKeepTheMath) {
   config.zero_optimization.sub_group_size = 10;
   config.prescale_gradients = stage % 2 == 0;
   config.gradient_predivide_factor = 2.0;
-  Engine engine(config, Communicator::from_environment(), rule_cases()[0].make());
+  Engine engine = make_engine(config, rule_cases()[0].make());
   const auto tensors = uneven_toy_tensors();
   const auto handles = register_toy(engine, tensors);
   auto reference_rule = rule_cases()[0].make();
@@ -151,7 +151,7 @@ TEST(EngineEquivalence, GradientsArrivingInAnyOrderGiveTheSameResult) {
   // Each rank hands its gradients over in a different order; buckets still reduce in a fixed
   // order, so no rank deadlocks and the result matches the in-order run.
   auto run = [](bool shuffled) {
-    Engine engine(toy_config(2), Communicator::from_environment(), rule_cases()[0].make());
+    Engine engine = make_engine(toy_config(2), rule_cases()[0].make());
     const auto tensors = uneven_toy_tensors();
     const auto handles = register_toy(engine, tensors);
     for (std::int64_t step = 0; step < 3; ++step) {
@@ -161,11 +161,7 @@ TEST(EngineEquivalence, GradientsArrivingInAnyOrderGiveTheSameResult) {
       }
       if (shuffled) std::rotate(order.begin(), order.begin() + engine.rank() % 3, order.end());
       for (std::size_t k : order) {
-        float* g = handles[k].grad();
-        const float* w = handles[k].data();
-        for (std::int64_t i = 0; i < tensors[k].numel; ++i) {
-          g[i] += toy_gradient(w[i], static_cast<int>(k), i, engine.rank(), step);
-        }
+        add_toy_gradient(engine, handles[k], k, step);
         engine.grad_ready(handles[k]);
       }
       engine.step();

@@ -4,6 +4,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <string_view>
+
+#include "zeroshard/device.h"
 
 namespace {
 
@@ -29,9 +32,22 @@ int launcher_rank() {
   return 0;
 }
 
+// CTest reports this exit code as a skipped test (SKIP_RETURN_CODE in tests/CMakeLists.txt).
+constexpr int kSkipped = 77;
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The gpu-labelled copies of the engine tests ask for the CUDA backend; without a GPU they
+  // are skipped, saying why, rather than passed on the CPU.
+  const char* device = std::getenv("ZEROSHARD_TEST_DEVICE");
+  if (device != nullptr && std::string_view(device) == "cuda" && !zeroshard::cuda_available()) {
+    if (launcher_rank() == 0) {
+      std::printf("SKIPPED: ZEROSHARD_TEST_DEVICE=cuda but no GPU is usable: %s\n",
+                  zeroshard::cuda_unavailable_reason().c_str());
+    }
+    return kSkipped;
+  }
   ::testing::InitGoogleTest(&argc, argv);
   if (int rank = launcher_rank(); rank != 0) {
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();

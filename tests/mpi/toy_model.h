@@ -5,14 +5,60 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "zeroshard/zeroshard.h"
 
 namespace zeroshard::testing {
+
+/// The device the engine tests run on: the GPU the local rank picks when ZEROSHARD_TEST_DEVICE is
+/// cuda (the gpu-labelled copies of these tests), the CPU otherwise.
+inline Device test_device() {
+  const char* value = std::getenv("ZEROSHARD_TEST_DEVICE");
+  return value != nullptr && std::string_view(value) == "cuda" ? Device::from_environment()
+                                                               : Device::cpu();
+}
+
+/// An engine on the test device, with the communicator that device needs.
+inline Engine make_engine(Config config, std::unique_ptr<UpdateRule> rule) {
+  const Device device = test_device();
+  return Engine(std::move(config), device, Communicator::from_environment(device), std::move(rule));
+}
+
+/// Where the engine's buffers are counted in its memory report.
+inline MemoryLocation engine_memory(const Engine& engine) {
+  return engine.device().is_cuda() ? MemoryLocation::kDevice : MemoryLocation::kHost;
+}
+
+/// Working memory a GPU backend holds under communication beyond the engine's buckets: the two
+/// all-reduced step scalars, CUB's reduction workspace and its result scalars. None on the CPU.
+inline std::int64_t backend_workspace_allowance(const Engine& engine) {
+  return engine.device().is_cuda() ? std::int64_t{1} << 20 : 0;
+}
+
+/// Host copies of engine memory, and back: the toy models compute on the host whatever the
+/// engine's device.
+inline std::vector<char> to_host(const Engine& engine, const void* source, std::size_t bytes) {
+  std::vector<char> host(bytes);
+  copy_to_host(engine.device(), host.data(), source, bytes, engine.compute_stream());
+  return host;
+}
+inline std::vector<float> floats_to_host(const Engine& engine, const float* source,
+                                         std::int64_t count) {
+  std::vector<float> host(count);
+  copy_to_host(engine.device(), host.data(), source, count * sizeof(float),
+               engine.compute_stream());
+  return host;
+}
+inline void from_host(const Engine& engine, void* destination, const void* host,
+                      std::size_t bytes) {
+  copy_from_host(engine.device(), destination, host, bytes, engine.compute_stream());
+}
 
 struct ToyTensor {
   std::string name;
@@ -89,16 +135,25 @@ inline void toy_backward(Engine& engine, const std::vector<ToyTensor>& tensors,
   }
 }
 
+/// Adds the toy gradient of trainable tensor k, computed from its current values, into its
+/// gradient buffer.
+inline void add_toy_gradient(Engine& engine, const Parameter& handle, std::size_t k,
+                             std::int64_t step) {
+  const std::int64_t n = handle.numel();
+  const std::vector<float> w = floats_to_host(engine, handle.data(), n);
+  float* grad = handle.grad();
+  std::vector<float> g = floats_to_host(engine, grad, n);
+  for (std::int64_t i = 0; i < n; ++i) {
+    g[i] += toy_gradient(w[i], static_cast<int>(k), i, engine.rank(), step);
+  }
+  from_host(engine, grad, g.data(), n * sizeof(float));
+}
+
 /// One fp32 training micro-step with the toy gradients.
 inline void toy_micro_step(Engine& engine, const std::vector<ToyTensor>& tensors,
                            const std::vector<Parameter>& handles, std::int64_t step) {
-  toy_backward(engine, tensors, handles, [&](std::size_t k) {
-    const float* w = handles[k].data();
-    float* g = handles[k].grad();
-    for (std::int64_t i = 0; i < tensors[k].numel; ++i) {
-      g[i] += toy_gradient(w[i], static_cast<int>(k), i, engine.rank(), step);
-    }
-  });
+  toy_backward(engine, tensors, handles,
+               [&](std::size_t k) { add_toy_gradient(engine, handles[k], k, step); });
 }
 
 /// Runs `rule` over one whole tensor, as an unsharded optimizer would.
