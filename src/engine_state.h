@@ -110,6 +110,10 @@ class EngineState {
   void launch_ready_buckets();
   void launch_all_buckets();
   void finish_reductions();
+  /// Lets the transport advance the transfers in flight (MPI moves non-blocking collectives only
+  /// inside MPI calls): called at every grad_ready() and gather(), so that a reduction or a
+  /// prefetch proceeds while the model computes instead of all at once when it is waited for.
+  void poll_transfers();
   void* bucket_grad_pointer(int index);
   double pre_reduction_factor() const;
   double post_reduction_factor() const;

@@ -102,6 +102,14 @@ void EngineState::mark_grad_ready(int index) {
   p.grad_ready = true;
   ++buckets_[p.bucket].ready;
   launch_ready_buckets();
+  poll_transfers();
+}
+
+void EngineState::poll_transfers() {
+  for (int b : in_flight_) buckets_[b].request.test();
+  for (ModuleInfo& m : modules_) {
+    if (m.residency == ModuleResidency::kInFlight) m.pending.test();
+  }
 }
 
 void EngineState::launch_ready_buckets() {

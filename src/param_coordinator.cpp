@@ -53,6 +53,7 @@ void EngineState::gather(ModuleId module) {
   }
   if (m.residency == ModuleResidency::kInFlight) finish_gather(module);
   if (trace_valid_) prefetch_after(trace_position_);
+  poll_transfers();
 }
 
 void EngineState::start_gather(ModuleId module) {
