@@ -59,6 +59,14 @@ void cast_from_float(const float* in, void* out, DType to, std::int64_t count, c
 void cast_to_float_scaled(const void* in, DType from, float* out, std::int64_t count,
                           float multiplier, int* nonfinite_flag, cudaStream_t stream);
 
+/// destination[i] += source[i], computed in fp32 and rounded once into destination's type (the
+/// accumulation of a micro-batch's gradients). The arrays must not overlap.
+void accumulate(void* destination, DType destination_dtype, const void* source, DType source_dtype,
+                std::int64_t count, cudaStream_t stream);
+
+/// data[i] *= factor, computed in fp32 and rounded once into `dtype`.
+void scale_in_place(void* data, DType dtype, std::int64_t count, float factor, cudaStream_t stream);
+
 // --- checks and reductions -------------------------------------------------------------------
 
 /// Sets *flag = 1 if any of the `count` elements is inf or NaN; never clears it.

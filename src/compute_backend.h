@@ -43,6 +43,7 @@ class ComputeBackend {
   virtual bool fuses_tensors() const noexcept = 0;
 
   virtual void zero(void* data, std::size_t bytes) = 0;
+  /// The ranges must not overlap (cudaMemcpy's rule).
   virtual void copy(void* destination, const void* source, std::size_t bytes) = 0;
   /// Blocking copies between host memory and this backend's memory.
   virtual void copy_to_host(void* host, const void* source, std::size_t bytes) = 0;

@@ -49,7 +49,7 @@ class CpuBackend final : public ComputeBackend {
     if (bytes > 0) std::memset(data, 0, bytes);
   }
   void copy(void* destination, const void* source, std::size_t bytes) override {
-    if (bytes > 0) std::memmove(destination, source, bytes);
+    if (bytes > 0) std::memcpy(destination, source, bytes);
   }
   void copy_to_host(void* host, const void* source, std::size_t bytes) override {
     copy(host, source, bytes);

@@ -425,6 +425,78 @@ TEST_P(CudaPrecisionKernels, SumOfSquaresMatchesDoubleReference) {
   }
 }
 
+// Values of any dtype on the device, one element past an aligned start.
+class TypedDeviceArray {
+ public:
+  TypedDeviceArray(const std::vector<float>& values, DType dtype)
+      : dtype_(dtype),
+        buffer_((values.size() + 1) * size_of(dtype)),
+        data_(static_cast<char*>(buffer_.data()) + size_of(dtype)),
+        count_(values.size()) {
+    if (dtype == DType::kFloat32) {
+      EXPECT_EQ(cudaMemcpy(data_, values.data(), count_ * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    } else {
+      const std::vector<std::uint16_t> bits = to_16_bit(values, dtype);
+      EXPECT_EQ(cudaMemcpy(data_, bits.data(), count_ * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    }
+  }
+
+  void* get() const { return data_; }
+
+  std::vector<float> download() const {
+    std::vector<float> values(count_);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    if (dtype_ == DType::kFloat32) {
+      EXPECT_EQ(cudaMemcpy(values.data(), data_, count_ * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      return values;
+    }
+    std::vector<std::uint16_t> bits(count_);
+    EXPECT_EQ(cudaMemcpy(bits.data(), data_, count_ * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (std::size_t i = 0; i < count_; ++i) values[i] = from_16_bit(bits[i], dtype_);
+    return values;
+  }
+
+ private:
+  DType dtype_;
+  DeviceBuffer buffer_;
+  char* data_;
+  std::size_t count_;
+};
+
+// What a value becomes when stored in `dtype`.
+float round_to(float value, DType dtype) {
+  if (dtype == DType::kFloat32) return value;
+  return from_16_bit(to_16_bit({value}, dtype)[0], dtype);
+}
+
+TEST_P(CudaPrecisionKernels, AccumulateAddsInFloatAndRoundsOnceFromEverySourceType) {
+  const std::vector<float> sums = random_floats(static_cast<std::size_t>(count_), 13, -8.0f, 8.0f);
+  const std::vector<float> addends =
+      random_floats(static_cast<std::size_t>(count_), 14, -8.0f, 8.0f);
+  for (DType source_dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    TypedDeviceArray destination(sums, dtype_);
+    const TypedDeviceArray source(addends, source_dtype);
+    kernels::accumulate(destination.get(), dtype_, source.get(), source_dtype, count_, nullptr);
+    std::vector<float> want(sums.size());
+    for (std::size_t i = 0; i < sums.size(); ++i) {
+      want[i] = round_to(round_to(sums[i], dtype_) + round_to(addends[i], source_dtype), dtype_);
+    }
+    EXPECT_EQ(destination.download(), want) << "source " << to_string(source_dtype);
+  }
+}
+
+TEST_P(CudaPrecisionKernels, ScaleInPlaceMultipliesInFloatAndRoundsOnce) {
+  const std::vector<float> values =
+      random_floats(static_cast<std::size_t>(count_), 15, -100.0f, 100.0f);
+  TypedDeviceArray data(values, dtype_);
+  kernels::scale_in_place(data.get(), dtype_, count_, 0.3f, nullptr);
+  std::vector<float> want(values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    want[i] = round_to(round_to(values[i], dtype_) * 0.3f, dtype_);
+  }
+  EXPECT_EQ(data.download(), want);
+}
+
 std::string precision_case_name(
     const ::testing::TestParamInfo<std::tuple<std::int64_t, DType>>& info) {
   const DType dtype = std::get<1>(info.param);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <utility>
 
 namespace zeroshard::cuda {
 
@@ -30,6 +31,12 @@ class CudaAllocation {
     return static_cast<T*>(data_);
   }
   std::size_t bytes() const noexcept { return bytes_; }
+  /// Hands the allocation to the caller, who frees it (cudaFree / cudaFreeHost); the buffer
+  /// becomes empty.
+  void* release() noexcept {
+    bytes_ = 0;
+    return std::exchange(data_, nullptr);
+  }
 
  private:
   void* data_ = nullptr;

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "update_rules/builtin_rule.h"
 #include "update_rules/rule_checks.h"
 #include "update_rules/simd.h"
 #include "zeroshard/optimizer.h"
@@ -32,7 +33,7 @@ void adagrad_loop(const ShardSlice& slice, const AdagradScalars& s) {
   }
 }
 
-class AdagradRule final : public UpdateRule {
+class AdagradRule final : public detail::BuiltinRule {
  public:
   explicit AdagradRule(const AdagradOptions& options) : options_(options) {}
 
@@ -40,6 +41,7 @@ class AdagradRule final : public UpdateRule {
   int state_count() const override { return 1; }
   double default_lr() const override { return options_.lr; }
   double default_weight_decay() const override { return options_.weight_decay; }
+  detail::BuiltinRuleOptions options() const override { return options_; }
 
   void apply(const ShardSlice& slice, const StepContext& context) const override {
     detail::check_apply_arguments(slice, context, state_count(), name());

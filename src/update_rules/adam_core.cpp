@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "update_rules/builtin_rule.h"
 #include "update_rules/rule_checks.h"
 #include "update_rules/simd.h"
 
@@ -54,7 +55,7 @@ void adam_loop(const ShardSlice& slice, const AdamScalars& s) {
   }
 }
 
-class AdamRule final : public UpdateRule {
+class AdamRule final : public BuiltinRule {
  public:
   AdamRule(const AdamCoreOptions& options, AdamWeightDecay weight_decay)
       : options_(options), weight_decay_mode_(weight_decay) {}
@@ -66,6 +67,22 @@ class AdamRule final : public UpdateRule {
   double default_lr() const override { return options_.lr; }
   double default_weight_decay() const override { return options_.weight_decay; }
   std::optional<double> beta1() const override { return options_.beta1; }
+  BuiltinRuleOptions options() const override {
+    if (weight_decay_mode_ == AdamWeightDecay::kDecoupled) {
+      return AdamWOptions{.lr = options_.lr,
+                          .beta1 = options_.beta1,
+                          .beta2 = options_.beta2,
+                          .eps = options_.eps,
+                          .weight_decay = options_.weight_decay,
+                          .amsgrad = options_.amsgrad};
+    }
+    return AdamOptions{.lr = options_.lr,
+                       .beta1 = options_.beta1,
+                       .beta2 = options_.beta2,
+                       .eps = options_.eps,
+                       .weight_decay = options_.weight_decay,
+                       .amsgrad = options_.amsgrad};
+  }
 
   void apply(const ShardSlice& slice, const StepContext& context) const override {
     check_apply_arguments(slice, context, state_count(), name());

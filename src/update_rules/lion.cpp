@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <string>
 
+#include "update_rules/builtin_rule.h"
 #include "update_rules/rule_checks.h"
 #include "update_rules/simd.h"
 #include "zeroshard/optimizer.h"
@@ -37,7 +38,7 @@ void lion_loop(const ShardSlice& slice, const LionScalars& s) {
   }
 }
 
-class LionRule final : public UpdateRule {
+class LionRule final : public detail::BuiltinRule {
  public:
   explicit LionRule(const LionOptions& options) : options_(options) {}
 
@@ -45,6 +46,7 @@ class LionRule final : public UpdateRule {
   int state_count() const override { return 1; }
   double default_lr() const override { return options_.lr; }
   double default_weight_decay() const override { return options_.weight_decay; }
+  detail::BuiltinRuleOptions options() const override { return options_; }
   std::optional<double> beta1() const override { return options_.beta1; }
 
   void apply(const ShardSlice& slice, const StepContext& context) const override {

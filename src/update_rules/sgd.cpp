@@ -4,6 +4,7 @@
 #include <string>
 
 #include "check.h"
+#include "update_rules/builtin_rule.h"
 #include "update_rules/rule_checks.h"
 #include "update_rules/simd.h"
 #include "zeroshard/optimizer.h"
@@ -41,7 +42,7 @@ void sgd_momentum_loop(const ShardSlice& slice, float neg_lr, float weight_decay
   }
 }
 
-class SgdRule final : public UpdateRule {
+class SgdRule final : public detail::BuiltinRule {
  public:
   explicit SgdRule(const SgdOptions& options) : options_(options) {}
 
@@ -49,6 +50,7 @@ class SgdRule final : public UpdateRule {
   int state_count() const override { return options_.momentum != 0.0 ? 1 : 0; }
   double default_lr() const override { return options_.lr; }
   double default_weight_decay() const override { return options_.weight_decay; }
+  detail::BuiltinRuleOptions options() const override { return options_; }
 
   void apply(const ShardSlice& slice, const StepContext& context) const override {
     detail::check_apply_arguments(slice, context, state_count(), name());
