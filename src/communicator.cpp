@@ -2,13 +2,17 @@
 // names, and the choice of backend from the launcher's environment.
 #include "zeroshard/communicator.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <string>
 #include <utility>
 
 #include "check.h"
+#include "gpu_communicator_factory.h"
 #include "mpi_communicator.h"
 #include "self_communicator.h"
 
@@ -158,10 +162,40 @@ std::vector<std::string> Communicator::all_gather_text(const std::string& text) 
 
 namespace zeroshard {
 
-// Placeholder until the device-aware factory lands: GPU communicators are not picked here yet.
+namespace detail {
+
+GpuTransport gpu_transport_from_environment() {
+  const char* value = std::getenv("ZEROSHARD_COMM_BACKEND");
+  if (value == nullptr || *value == '\0') return GpuTransport::kAuto;
+  std::string name(value);
+  std::transform(name.begin(), name.end(), name.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (name == "nccl") return GpuTransport::kNccl;
+  if (name == "mpi") return GpuTransport::kMpiStaging;
+  throw UsageError("ZEROSHARD_COMM_BACKEND='" + std::string(value) +
+                   "': expected nccl or mpi (MPI with host staging), or unset to let zeroshard "
+                   "choose");
+}
+
+}  // namespace detail
+
 std::unique_ptr<Communicator> Communicator::from_environment(const Device& device) {
-  ZEROSHARD_CHECK_USAGE(!device.is_cuda(), "no GPU communicator factory yet");
-  return from_environment();
+  const detail::GpuTransport transport = detail::gpu_transport_from_environment();
+  if (!device.is_cuda()) {
+    ZEROSHARD_CHECK_USAGE(transport != detail::GpuTransport::kNccl,
+                          "ZEROSHARD_COMM_BACKEND=nccl moves GPU buffers, but the device is "
+                              << device.to_string()
+                              << "; unset it or construct the engine on a CUDA device");
+    return from_environment();
+  }
+#if ZEROSHARD_WITH_CUDA
+  std::unique_ptr<Communicator> communicator =
+      detail::make_gpu_communicator(device, transport, launched_by_mpi_launcher());
+  detail::set_rank_for_messages(communicator->rank());
+  return communicator;
+#else
+  throw UsageError("a communicator for " + device.to_string() + ": " + cuda_unavailable_reason());
+#endif
 }
 
 }  // namespace zeroshard

@@ -221,5 +221,34 @@ TEST(CollectiveTimeout, ComesFromTheEnvironmentWithA600SecondDefault) {
   unsetenv("ZEROSHARD_COLLECTIVE_TIMEOUT_S");
 }
 
+TEST(CommunicatorForDevice, TheCpuGetsTheHostCommunicator) {
+  unsetenv("ZEROSHARD_COMM_BACKEND");
+  EXPECT_EQ(Communicator::from_environment(Device::cpu())->backend(),
+            communicator_without_launcher()->backend());
+}
+
+TEST(CommunicatorForDevice, AnUnknownTransportIsAUsageErrorNamingTheVariable) {
+  setenv("ZEROSHARD_COMM_BACKEND", "gloo", 1);
+  try {
+    Communicator::from_environment(Device::cpu());
+    ADD_FAILURE() << "accepted ZEROSHARD_COMM_BACKEND=gloo";
+  } catch (const UsageError& error) {
+    EXPECT_THAT(error.what(), HasSubstr("ZEROSHARD_COMM_BACKEND='gloo'"));
+    EXPECT_THAT(error.what(), HasSubstr("expected nccl or mpi"));
+  }
+  unsetenv("ZEROSHARD_COMM_BACKEND");
+}
+
+TEST(CommunicatorForDevice, NcclForCpuBuffersIsAUsageError) {
+  setenv("ZEROSHARD_COMM_BACKEND", "NCCL", 1);
+  try {
+    Communicator::from_environment(Device::cpu());
+    ADD_FAILURE() << "accepted ZEROSHARD_COMM_BACKEND=NCCL for the CPU";
+  } catch (const UsageError& error) {
+    EXPECT_THAT(error.what(), HasSubstr("the device is cpu"));
+  }
+  unsetenv("ZEROSHARD_COMM_BACKEND");
+}
+
 }  // namespace
 }  // namespace zeroshard

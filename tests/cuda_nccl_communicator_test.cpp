@@ -71,29 +71,12 @@ DeviceBuffer upload(const std::vector<T>& host) {
 
 // --- environment: no GPU needed ----------------------------------------------------------------
 
-TEST(NcclEnvironment, CollectiveTimeoutDefaultsToTenMinutes) {
-  ScopedEnv unset("ZEROSHARD_COLLECTIVE_TIMEOUT_S", nullptr);
-  EXPECT_DOUBLE_EQ(collective_timeout_from_environment().count(), 600.0);
-}
-
-TEST(NcclEnvironment, CollectiveTimeoutReadsFractionalSeconds) {
-  ScopedEnv timeout("ZEROSHARD_COLLECTIVE_TIMEOUT_S", "2.5");
-  EXPECT_DOUBLE_EQ(collective_timeout_from_environment().count(), 2.5);
-}
-
-TEST(NcclEnvironment, CollectiveTimeoutRejectsNonPositiveAndMalformedValues) {
-  for (const char* value : {"0", "-1", "ten", "5s", "", "inf"}) {
-    ScopedEnv timeout("ZEROSHARD_COLLECTIVE_TIMEOUT_S", value);
-    EXPECT_THROW(collective_timeout_from_environment(), UsageError) << "'" << value << "'";
-  }
-}
-
 TEST(NcclEnvironment, SeveralRanksWithoutRendezvousFileIsAUsageError) {
   ScopedEnv rank("RANK", "0");
   ScopedEnv world("WORLD_SIZE", "2");
   ScopedEnv file("ZEROSHARD_RDZV_FILE", nullptr);
   try {
-    make_nccl_communicator_from_environment();
+    make_nccl_communicator_from_environment(0);
     FAIL() << "expected UsageError";
   } catch (const UsageError& error) {
     EXPECT_NE(std::string(error.what()).find("ZEROSHARD_RDZV_FILE"), std::string::npos)
@@ -104,7 +87,7 @@ TEST(NcclEnvironment, SeveralRanksWithoutRendezvousFileIsAUsageError) {
 TEST(NcclEnvironment, RankWithoutWorldSizeIsAUsageError) {
   ScopedEnv rank("RANK", "1");
   ScopedEnv world("WORLD_SIZE", nullptr);
-  EXPECT_THROW(make_nccl_communicator_from_environment(), UsageError);
+  EXPECT_THROW(make_nccl_communicator_from_environment(0), UsageError);
 }
 
 TEST(NcclEnvironment, MalformedLocalRankIsAUsageError) {
@@ -126,7 +109,7 @@ class NcclOneRank : public ::testing::Test {
 TEST_F(NcclOneRank, WorldOfOneRunsEveryCollectiveAndCountsTraffic) {
   ScopedEnv rank("RANK", nullptr);
   ScopedEnv world("WORLD_SIZE", nullptr);
-  auto communicator = make_nccl_communicator_from_environment();
+  auto communicator = make_nccl_communicator_from_environment(0);
   EXPECT_EQ(communicator->rank(), 0);
   EXPECT_EQ(communicator->size(), 1);
   EXPECT_EQ(communicator->backend(), "nccl");
@@ -156,7 +139,7 @@ TEST_F(NcclOneRank, WorldOfOneRunsEveryCollectiveAndCountsTraffic) {
 }
 
 TEST_F(NcclOneRank, CollectiveWaitsForWorkOnTheComputeStream) {
-  auto communicator = make_nccl_communicator(0, 1, [](void*, std::size_t) {});
+  auto communicator = make_nccl_communicator(0, 0, 1, [](void*, std::size_t) {});
   cudaStream_t compute = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking), cudaSuccess);
   communicator->set_compute_stream(compute);
@@ -179,7 +162,7 @@ TEST_F(NcclOneRank, MissingPeerTimesOutNamingRankAndAbortsInsteadOfHanging) {
   ScopedEnv timeout("ZEROSHARD_COLLECTIVE_TIMEOUT_S", "3");
   // Rank 0 of a world of two whose rank 1 never starts.
   try {
-    make_nccl_communicator(0, 2, [](void*, std::size_t) {});
+    make_nccl_communicator(0, 0, 2, [](void*, std::size_t) {});
     FAIL() << "expected TimeoutError";
   } catch (const TimeoutError& error) {
     EXPECT_NE(std::string(error.what()).find("rank 0 of 2"), std::string::npos) << error.what();

@@ -4,7 +4,7 @@
 #include <nccl.h>
 
 #include <charconv>
-#include <cmath>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -18,8 +18,8 @@
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_stream.h"
 #include "cuda/device_buffer.h"
-#include "cuda/device_selection.h"
 #include "cuda/rendezvous_file.h"
+#include "mpi_communicator.h"
 
 namespace zeroshard::cuda {
 
@@ -253,7 +253,8 @@ NcclCommunicator::NcclCommunicator(int rank, int world, int device, const void* 
   ZEROSHARD_CHECK_USAGE(world >= 1 && rank >= 0 && rank < world,
                         "NCCL communicator: rank " << rank << " is not in a world of " << world);
   DeviceGuard guard(device);
-  state_ = std::make_shared<State>(rank, world, device, collective_timeout_from_environment());
+  state_ =
+      std::make_shared<State>(rank, world, device, detail::collective_timeout_from_environment());
   ncclUniqueId id;
   std::memcpy(&id, unique_id, sizeof id);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -412,18 +413,17 @@ int nccl_version() {
 }
 
 std::unique_ptr<NcclCommunicator> make_nccl_communicator(
-    int rank, int world, const BroadcastFromRank0& broadcast_from_rank0) {
+    int device, int rank, int world, const BroadcastFromRank0& broadcast_from_rank0) {
   ZEROSHARD_CHECK_USAGE(world >= 1 && rank >= 0 && rank < world,
                         "NCCL communicator: rank " << rank << " is not in a world of " << world);
   detail::set_rank_for_messages(rank);
-  const int device = select_device_for_local_rank();
   std::vector<std::byte> id(sizeof(ncclUniqueId));
   if (rank == 0) id = new_nccl_unique_id();
   broadcast_from_rank0(id.data(), id.size());
   return std::make_unique<NcclCommunicator>(rank, world, device, id.data());
 }
 
-std::unique_ptr<NcclCommunicator> make_nccl_communicator_from_environment() {
+std::unique_ptr<NcclCommunicator> make_nccl_communicator_from_environment(int device) {
   const bool launched = std::getenv("RANK") != nullptr || std::getenv("WORLD_SIZE") != nullptr;
   ZEROSHARD_CHECK_USAGE(!launched || (std::getenv("RANK") && std::getenv("WORLD_SIZE")),
                         "set both RANK and WORLD_SIZE, or neither for a world of one");
@@ -434,10 +434,11 @@ std::unique_ptr<NcclCommunicator> make_nccl_communicator_from_environment() {
                         "ZEROSHARD_RDZV_FILE is not set: with WORLD_SIZE="
                             << world << " rank 0 passes NCCL's id to the others through that "
                             << "file; set it to a fresh path on a file system all ranks share");
-  const std::chrono::duration<double> timeout = collective_timeout_from_environment();
-  auto communicator = make_nccl_communicator(rank, world, [&](void* bytes, std::size_t count) {
-    if (world > 1) exchange_through_file(path, rank, bytes, count, timeout);
-  });
+  const std::chrono::duration<double> timeout = detail::collective_timeout_from_environment();
+  auto communicator =
+      make_nccl_communicator(device, rank, world, [&](void* bytes, std::size_t count) {
+        if (world > 1) exchange_through_file(path, rank, bytes, count, timeout);
+      });
   if (rank == 0 && world > 1) {
     // Initialisation completes only once every rank has joined, so all have read the id; removing
     // the file keeps a later job at the same path from reading a stale one.
@@ -445,17 +446,6 @@ std::unique_ptr<NcclCommunicator> make_nccl_communicator_from_environment() {
     std::filesystem::remove(path, ignored);
   }
   return communicator;
-}
-
-std::chrono::duration<double> collective_timeout_from_environment() {
-  const char* value = std::getenv("ZEROSHARD_COLLECTIVE_TIMEOUT_S");
-  if (value == nullptr) return std::chrono::seconds(600);
-  char* end = nullptr;
-  const double seconds = std::strtod(value, &end);
-  ZEROSHARD_CHECK_USAGE(
-      end != value && *end == '\0' && std::isfinite(seconds) && seconds > 0,
-      "ZEROSHARD_COLLECTIVE_TIMEOUT_S='" << value << "': expected a number of seconds > 0");
-  return std::chrono::duration<double>(seconds);
 }
 
 }  // namespace zeroshard::cuda

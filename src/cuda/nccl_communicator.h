@@ -5,7 +5,6 @@
 
 #include <cuda_runtime_api.h>
 
-#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -85,17 +84,13 @@ std::vector<std::byte> new_nccl_unique_id();
 int nccl_version();
 
 /// Rank 0 creates the unique id, `broadcast_from_rank0` hands it to the others, and every rank
-/// joins on the device select_device_for_local_rank() picks.
+/// joins on its `device` (see Device::from_environment()).
 std::unique_ptr<NcclCommunicator> make_nccl_communicator(
-    int rank, int world, const BroadcastFromRank0& broadcast_from_rank0);
+    int device, int rank, int world, const BroadcastFromRank0& broadcast_from_rank0);
 
-/// Without MPI: rank and world from RANK and WORLD_SIZE, the device from LOCAL_RANK, and the id
+/// Without MPI: rank and world from RANK and WORLD_SIZE, and the id
 /// passed through the file ZEROSHARD_RDZV_FILE names (see exchange_through_file; rank 0 removes
 /// it once every rank has joined). Throws UsageError naming a missing or malformed variable.
-std::unique_ptr<NcclCommunicator> make_nccl_communicator_from_environment();
-
-/// ZEROSHARD_COLLECTIVE_TIMEOUT_S as a duration, 600 s when unset. Throws UsageError unless it is
-/// a number of seconds > 0.
-std::chrono::duration<double> collective_timeout_from_environment();
+std::unique_ptr<NcclCommunicator> make_nccl_communicator_from_environment(int device);
 
 }  // namespace zeroshard::cuda
