@@ -1,8 +1,6 @@
-// Forward, softmax cross-entropy and backward of the example MLP on OpenBLAS, with its parameters
-// and gradients held by the engine and, at stage 3, gathered one layer at a time.
+// Forward, softmax cross-entropy and backward of the example MLP, with its parameters and
+// gradients held by the engine (on its device) and, at stage 3, gathered one layer at a time.
 #include "mlp_model.h"
-
-#include <cblas.h>
 
 #include <algorithm>
 #include <cmath>
@@ -40,14 +38,18 @@ void require_positive(const char* what, int value) {
 }  // namespace
 
 MlpModel::MlpModel(Engine& engine, const MlpShape& shape, int max_batch)
-    : engine_(engine), shape_(shape), max_batch_(max_batch) {
+    : engine_(engine), shape_(shape), max_batch_(max_batch), math_(make_mlp_math(engine.device())) {
   require_positive("inputs", shape.inputs);
   require_positive("width", shape.width);
   require_positive("layers", shape.layers);
   require_positive("classes", shape.classes);
   require_positive("max_batch", max_batch);
 
+  engine.set_compute_stream(math_->stream());
   const std::size_t batch = static_cast<std::size_t>(max_batch);
+  input_ = engine.allocate_activations(batch * shape.inputs * sizeof(float));
+  labels_ = engine.allocate_activations(batch * sizeof(int));
+  sample_losses_ = engine.allocate_activations(batch * sizeof(double));
   layers_.resize(static_cast<std::size_t>(shape.layers));
   for (int i = 0; i < shape.layers; ++i) {
     Layer& layer = layers_[static_cast<std::size_t>(i)];
@@ -70,6 +72,7 @@ MlpModel::MlpModel(Engine& engine, const MlpShape& shape, int max_batch)
     weight_work_ = engine.allocate_activations(largest_weight * sizeof(float));
     bias_work_ = engine.allocate_activations(widest * sizeof(float));
     grad_work_ = engine.allocate_activations(largest_weight * sizeof(float));
+    bias_grad_work_ = engine.allocate_activations(widest * sizeof(float));
   }
 }
 
@@ -109,12 +112,20 @@ float MlpModel::train_micro_step(const float* x, const int* labels, int batch) {
     }
   }
 
+  math_->upload(input_.data(), x, static_cast<std::size_t>(batch) * shape_.inputs * sizeof(float));
+  math_->upload(labels_.data(), labels, static_cast<std::size_t>(batch) * sizeof(int));
+  const float* input_batch = input_.data();
+
   const std::size_t last = layers_.size() - 1;
   for (std::size_t i = 0; i < layers_.size(); ++i) {
-    const float* input = i == 0 ? x : layers_[i - 1].output.data();
+    const float* input = i == 0 ? input_batch : layers_[i - 1].output.data();
     forward_layer(layers_[i], input, batch, i != last);
   }
-  const float loss = softmax_cross_entropy(labels, batch);
+  // Under fp16 the engine asks for the loss to be scaled before backward; 1 otherwise.
+  const float grad_scale = static_cast<float>(engine_.loss_scale()) / static_cast<float>(batch);
+  const float loss = math_->softmax_cross_entropy(
+      layers_[last].output.data(), reinterpret_cast<const int*>(labels_.data()),
+      reinterpret_cast<double*>(sample_losses_.data()), batch, shape_.classes, grad_scale);
 
   // The last layer's output buffer now holds d(loss)/d(logits); each hidden layer's gradient
   // arrives in one ping-pong buffer and its input's gradient leaves in the other.
@@ -123,14 +134,10 @@ float MlpModel::train_micro_step(const float* x, const int* labels, int batch) {
   for (std::size_t i = layers_.size(); i-- > 0;) {
     const Layer& layer = layers_[i];
     if (i != last) {
-      // ReLU backward: the gradient passes where the stored output is positive.
-      const float* activation = layer.output.data();
-      const std::size_t n = static_cast<std::size_t>(batch) * layer.out;
-      for (std::size_t k = 0; k < n; ++k) {
-        if (activation[k] <= 0.0f) output_grad[k] = 0.0f;
-      }
+      math_->relu_backward(layer.output.data(), output_grad,
+                           static_cast<std::int64_t>(batch) * layer.out);
     }
-    const float* input = i == 0 ? x : layers_[i - 1].output.data();
+    const float* input = i == 0 ? input_batch : layers_[i - 1].output.data();
     float* input_grad = i == 0 ? nullptr : spare[i % 2];
     backward_layer(layer, input, output_grad, input_grad, batch);
     output_grad = input_grad;
@@ -139,85 +146,46 @@ float MlpModel::train_micro_step(const float* x, const int* labels, int batch) {
 }
 
 // The only places the model reads parameter memory or writes gradient memory. Under fp16/bf16
-// the engine's buffers are 16-bit: the layer math runs on fp32 working copies, so the BLAS code
-// stays fp32 whatever the precision, as mixed-precision training on a CPU does.
+// the engine's buffers are 16-bit: the layer math runs on fp32 working copies, so the matrix
+// products stay fp32 whatever the precision.
 const float* MlpModel::values_of(const Parameter& parameter, const ActivationBuffer& work) {
   if (parameter.dtype() == DType::kFloat32) return parameter.data();
-  convert(parameter.raw_data(), parameter.dtype(), work.data(), DType::kFloat32, parameter.numel());
+  math_->convert(parameter.raw_data(), parameter.dtype(), work.data(), DType::kFloat32,
+                 parameter.numel());
   return work.data();
 }
 
 float* MlpModel::begin_grad(const Parameter& parameter, const ActivationBuffer& work) {
   if (parameter.dtype() == DType::kFloat32) return parameter.grad();
-  convert(parameter.raw_grad(), parameter.dtype(), work.data(), DType::kFloat32, parameter.numel());
+  math_->convert(parameter.raw_grad(), parameter.dtype(), work.data(), DType::kFloat32,
+                 parameter.numel());
   return work.data();
 }
 
 void MlpModel::end_grad(const Parameter& parameter, const ActivationBuffer& work) {
   if (parameter.dtype() == DType::kFloat32) return;
-  convert(work.data(), DType::kFloat32, parameter.raw_grad(), parameter.dtype(), parameter.numel());
+  math_->convert(work.data(), DType::kFloat32, parameter.raw_grad(), parameter.dtype(),
+                 parameter.numel());
 }
 
 void MlpModel::forward_layer(const Layer& layer, const float* input, int batch, bool relu) {
   // Stage 3 all-gathers the layer's parameters for the guard's lifetime; other stages hold them.
   const Engine::GatheredModule gathered = engine_.gathered(layer.module);
-  const float* weight = values_of(layer.weight, weight_work_);
-  const float* bias = values_of(layer.bias, bias_work_);
-  float* output = layer.output.data();
-  for (int b = 0; b < batch; ++b) {
-    std::copy(bias, bias + layer.out, output + static_cast<std::size_t>(b) * layer.out);
-  }
-  // output[batch, out] += input[batch, in] * weight[out, in]^T
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, batch, layer.out, layer.in, 1.0f, input,
-              layer.in, weight, layer.in, 1.0f, output, layer.out);
-  if (relu) {
-    const std::size_t n = static_cast<std::size_t>(batch) * layer.out;
-    for (std::size_t k = 0; k < n; ++k) output[k] = std::max(output[k], 0.0f);
-  }
-}
-
-float MlpModel::softmax_cross_entropy(const int* labels, int batch) {
-  const int classes = shape_.classes;
-  float* logits = layers_.back().output.data();
-  // Under fp16 the engine asks for the loss to be scaled before backward; 1 otherwise.
-  const float grad_scale = static_cast<float>(engine_.loss_scale()) / static_cast<float>(batch);
-  double loss = 0.0;
-  for (int b = 0; b < batch; ++b) {
-    float* row = logits + static_cast<std::size_t>(b) * classes;
-    // Subtracting the row maximum keeps exp() finite; it cancels out of the softmax.
-    const float max_logit = *std::max_element(row, row + classes);
-    double sum = 0.0;
-    for (int c = 0; c < classes; ++c) sum += std::exp(static_cast<double>(row[c] - max_logit));
-    const double log_sum = std::log(sum);
-    loss += log_sum - static_cast<double>(row[labels[b]] - max_logit);
-    // d(mean loss)/d(logit) = (softmax - one_hot) / batch, written over the logits.
-    for (int c = 0; c < classes; ++c) {
-      const double p = std::exp(static_cast<double>(row[c] - max_logit) - log_sum);
-      row[c] = static_cast<float>(p - (c == labels[b] ? 1.0 : 0.0)) * grad_scale;
-    }
-  }
-  return static_cast<float>(loss / batch);
+  math_->linear_forward(input, values_of(layer.weight, weight_work_),
+                        values_of(layer.bias, bias_work_), layer.output.data(), batch, layer.in,
+                        layer.out, relu);
 }
 
 void MlpModel::backward_layer(const Layer& layer, const float* input, float* output_grad,
                               float* input_grad, int batch) {
   const Engine::GatheredModule gathered = engine_.gathered(layer.module);
-  // weight_grad[out, in] += output_grad[batch, out]^T * input[batch, in]
-  float* weight_grad = begin_grad(layer.weight, grad_work_);
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, layer.out, layer.in, batch, 1.0f,
-              output_grad, layer.out, input, layer.in, 1.0f, weight_grad, layer.in);
+  math_->add_linear_grads(output_grad, input, begin_grad(layer.weight, grad_work_),
+                          begin_grad(layer.bias, bias_grad_work_), batch, layer.in, layer.out);
   end_grad(layer.weight, grad_work_);
-  float* bias_grad = begin_grad(layer.bias, grad_work_);
-  for (int b = 0; b < batch; ++b) {
-    const float* row = output_grad + static_cast<std::size_t>(b) * layer.out;
-    for (int o = 0; o < layer.out; ++o) bias_grad[o] += row[o];
-  }
-  end_grad(layer.bias, grad_work_);
+  end_grad(layer.bias, bias_grad_work_);
   if (input_grad != nullptr) {
-    // input_grad[batch, in] = output_grad[batch, out] * weight[out, in]
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, batch, layer.in, layer.out, 1.0f,
-                output_grad, layer.out, values_of(layer.weight, weight_work_), layer.in, 0.0f,
-                input_grad, layer.in);
+    math_->input_grad(output_grad, values_of(layer.weight, weight_work_), input_grad, batch,
+                      layer.in, layer.out);
   }
   // Marked while the module is still gathered, so stage 3 can reduce-scatter straight from it.
   engine_.grad_ready(layer.weight);

@@ -1,10 +1,13 @@
 // A multi-layer perceptron classifier written the way a user writes their model: its parameters
-// live in a zeroshard Engine, its forward and backward are plain OpenBLAS calls.
+// live in a zeroshard Engine, its forward and backward run where the engine's buffers are
+// (OpenBLAS on the CPU, cuBLAS on a GPU).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "mlp_math.h"
 #include "zeroshard/engine.h"
 
 namespace zeroshard::examples {
@@ -26,7 +29,8 @@ class MlpModel {
   /// Registers the parameters and allocates activations for micro-batches of up to `max_batch`
   /// samples through the engine (so the memory report counts them). Throws UsageError for a
   /// shape or batch that is not positive. Under fp16/bf16 the layers compute in
-  /// fp32 on working copies of the 16-bit parameters.
+  /// fp32 on working copies of the 16-bit parameters. On a GPU engine the model computes on a
+  /// stream of its own, which it hands to Engine::set_compute_stream.
   MlpModel(Engine& engine, const MlpShape& shape, int max_batch);
   MlpModel(const MlpModel&) = delete;
   MlpModel& operator=(const MlpModel&) = delete;
@@ -59,21 +63,27 @@ class MlpModel {
   float* begin_grad(const Parameter& parameter, const ActivationBuffer& work);
   void end_grad(const Parameter& parameter, const ActivationBuffer& work);
   void forward_layer(const Layer& layer, const float* input, int batch, bool relu);
-  float softmax_cross_entropy(const int* labels, int batch);
   void backward_layer(const Layer& layer, const float* input, float* output_grad, float* input_grad,
                       int batch);
 
   Engine& engine_;
   MlpShape shape_;
   int max_batch_ = 0;
+  std::unique_ptr<MlpMath> math_;
   std::vector<Layer> layers_;
+  /// The micro-batch on the engine's device: samples [max_batch, inputs], labels, and the
+  /// per-sample losses the loss is summed from.
+  ActivationBuffer input_;
+  ActivationBuffer labels_;
+  ActivationBuffer sample_losses_;
   /// Gradients flowing back between layers, [max_batch, max(width, classes)] each, ping-ponged.
   ActivationBuffer grad_a_;
   ActivationBuffer grad_b_;
-  /// fp16/bf16 only: fp32 working copies of one layer's weight, bias and a gradient.
+  /// fp16/bf16 only: fp32 working copies of one layer's weight, bias and their gradients.
   ActivationBuffer weight_work_;
   ActivationBuffer bias_work_;
   ActivationBuffer grad_work_;
+  ActivationBuffer bias_grad_work_;
 };
 
 }  // namespace zeroshard::examples

@@ -30,7 +30,8 @@ using zeroshard::examples::SyntheticClassification;
 
 constexpr const char* kUsage =
     "usage: zeroshard-train-mlp --config FILE --steps N [--layers L] [--width W] [--inputs I]\n"
-    "                           [--classes C] [--seed S] [--precision P] [--report-json FILE]\n"
+    "                           [--classes C] [--seed S] [--precision P] [--device D]\n"
+    "                           [--report-json FILE]\n"
     "  --config FILE       DeepSpeed-style JSON config (zero_optimization.stage picks the stage)\n"
     "  --steps N           optimizer steps to run, each over one global batch\n"
     "  --layers L          linear layers (default 4)\n"
@@ -39,6 +40,8 @@ constexpr const char* kUsage =
     "  --classes C         classes of the synthetic task (default 10)\n"
     "  --seed S            seed of the weights and the data (default 1)\n"
     "  --precision P       fp32, fp16 or bf16; overrides the config's fp16/bf16 sections\n"
+    "  --device D          cpu, cuda or auto (default): auto takes the GPU the local rank picks\n"
+    "                      when there is one (see ZEROSHARD_DEVICE), the CPU otherwise\n"
     "  --report-json FILE  rank 0 writes losses, a parameter checksum and memory reports\n"
     "Run under mpirun for several ranks, e.g.\n"
     "  mpirun -np 4 zeroshard-train-mlp --config examples/configs/zero3.json --steps 30\n";
@@ -50,6 +53,7 @@ struct Options {
   std::uint64_t seed = 1;
   std::string report_json;
   std::string precision;  ///< empty: as the config says
+  std::string device = "auto";
 };
 
 template <typename T>
@@ -95,6 +99,11 @@ std::optional<std::string> parse_options(int argc, char** argv, Options& options
         problem = "--precision: expected fp32, fp16 or bf16, got '" + std::string(value) + "'";
       }
       options.precision = value;
+    } else if (flag == "--device") {
+      if (value != "cpu" && value != "cuda" && value != "auto") {
+        problem = "--device: expected cpu, cuda or auto, got '" + std::string(value) + "'";
+      }
+      options.device = value;
     } else if (flag == "--report-json") {
       options.report_json = value;
     } else {
@@ -105,6 +114,20 @@ std::optional<std::string> parse_options(int argc, char** argv, Options& options
   if (options.config_path.empty()) return "--config is required";
   if (!has_steps) return "--steps is required";
   return std::nullopt;
+}
+
+// The device --device names; `cuda` without a usable GPU is an error that says why.
+zeroshard::Device choose_device(const std::string& choice) {
+  if (choice == "cpu") return zeroshard::Device::cpu();
+  if (choice == "auto") return zeroshard::Device::from_environment();
+  if (!zeroshard::cuda_available()) {
+    throw zeroshard::UsageError("--device cuda: " + zeroshard::cuda_unavailable_reason());
+  }
+  const zeroshard::Device device = zeroshard::Device::from_environment();
+  if (!device.is_cuda()) {
+    throw zeroshard::UsageError("--device cuda, but ZEROSHARD_DEVICE asks for the CPU");
+  }
+  return device;
 }
 
 double mib(std::int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
@@ -135,18 +158,20 @@ int train(const Options& options, Communicator* communicator, Progress& progress
   const int micro_batch = static_cast<int>(config.train_micro_batch_size_per_gpu);
   const int accumulation = static_cast<int>(config.gradient_accumulation_steps);
 
+  const zeroshard::Device device = choose_device(options.device);
   progress.in_lockstep = false;
-  zeroshard::Engine engine(config, Communicator::from_environment());
+  zeroshard::Engine engine(config, device, Communicator::from_environment(device));
   MlpModel model(engine, options.shape, micro_batch);
   model.initialize(options.seed);
   const SyntheticClassification data(options.shape.inputs, options.shape.classes, options.seed);
 
   if (rank == 0) {
     std::printf(
-        "zeroshard-train-mlp: stage %d, %d rank(s), %s, %s, MLP %d-%dx%d-%d with %lld parameters, "
-        "global batch %d x %d x %d = %lld\n",
-        engine.stage(), world, to_string(engine.model_dtype()), engine.update_rule().name().c_str(),
-        options.shape.inputs, options.shape.layers, options.shape.width, options.shape.classes,
+        "zeroshard-train-mlp: stage %d, %d rank(s) on %s (%s), %s, %s, MLP %d-%dx%d-%d with %lld "
+        "parameters, global batch %d x %d x %d = %lld\n",
+        engine.stage(), world, device.to_string().c_str(), engine.communicator().backend().c_str(),
+        to_string(engine.model_dtype()), engine.update_rule().name().c_str(), options.shape.inputs,
+        options.shape.layers, options.shape.width, options.shape.classes,
         static_cast<long long>(model.parameter_count()), micro_batch, accumulation, world,
         static_cast<long long>(micro_batch) * accumulation * world);
     std::fflush(stdout);
@@ -213,6 +238,7 @@ int train(const Options& options, Communicator* communicator, Progress& progress
     out["stage"] = engine.stage();
     out["precision"] = to_string(engine.model_dtype());
     out["world_size"] = world;
+    out["device"] = device.to_string();
     out["parameters"] = model.parameter_count();
     out["padded_parameters"] = engine.padded_numel();
     out["memory"] = nlohmann::json::array();

@@ -1,0 +1,98 @@
+// The MLP's arithmetic on the CPU: OpenBLAS sgemm for the matrix products, plain loops for the
+// rest, in the order that makes every rank's results bit-identical from run to run.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "mlp_math.h"
+#include "zeroshard/error.h"
+
+namespace zeroshard::examples {
+namespace {
+
+class CpuMlpMath final : public MlpMath {
+ public:
+  void* stream() const noexcept override { return nullptr; }
+
+  void linear_forward(const float* input, const float* weight, const float* bias, float* output,
+                      int batch, int in, int out, bool relu) override {
+    for (int b = 0; b < batch; ++b) {
+      std::copy(bias, bias + out, output + static_cast<std::size_t>(b) * out);
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, batch, out, in, 1.0f, input, in, weight,
+                in, 1.0f, output, out);
+    if (relu) {
+      const std::size_t n = static_cast<std::size_t>(batch) * out;
+      for (std::size_t k = 0; k < n; ++k) output[k] = std::max(output[k], 0.0f);
+    }
+  }
+
+  void relu_backward(const float* activation, float* grad, std::int64_t count) override {
+    for (std::int64_t k = 0; k < count; ++k) {
+      if (activation[k] <= 0.0f) grad[k] = 0.0f;
+    }
+  }
+
+  void add_linear_grads(const float* output_grad, const float* input, float* weight_grad,
+                        float* bias_grad, int batch, int in, int out) override {
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, batch, 1.0f, output_grad, out,
+                input, in, 1.0f, weight_grad, in);
+    for (int b = 0; b < batch; ++b) {
+      const float* row = output_grad + static_cast<std::size_t>(b) * out;
+      for (int o = 0; o < out; ++o) bias_grad[o] += row[o];
+    }
+  }
+
+  void input_grad(const float* output_grad, const float* weight, float* input_grad, int batch,
+                  int in, int out) override {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, batch, in, out, 1.0f, output_grad, out,
+                weight, in, 0.0f, input_grad, in);
+  }
+
+  float softmax_cross_entropy(float* logits, const int* labels, double* sample_losses, int batch,
+                              int classes, float grad_scale) override {
+    double loss = 0.0;
+    for (int b = 0; b < batch; ++b) {
+      float* row = logits + static_cast<std::size_t>(b) * classes;
+      // Subtracting the row maximum keeps exp() finite; it cancels out of the softmax.
+      const float max_logit = *std::max_element(row, row + classes);
+      double sum = 0.0;
+      for (int c = 0; c < classes; ++c) sum += std::exp(static_cast<double>(row[c] - max_logit));
+      const double log_sum = std::log(sum);
+      sample_losses[b] = log_sum - static_cast<double>(row[labels[b]] - max_logit);
+      loss += sample_losses[b];
+      // d(mean loss)/d(logit) = (softmax - one_hot) / batch, written over the logits.
+      for (int c = 0; c < classes; ++c) {
+        const double p = std::exp(static_cast<double>(row[c] - max_logit) - log_sum);
+        row[c] = static_cast<float>(p - (c == labels[b] ? 1.0 : 0.0)) * grad_scale;
+      }
+    }
+    return static_cast<float>(loss / batch);
+  }
+
+  void convert(const void* in, DType from, void* out, DType to, std::int64_t count) override {
+    zeroshard::convert(in, from, out, to, count);
+  }
+
+  void upload(void* destination, const void* host, std::size_t bytes) override {
+    if (bytes > 0) std::memcpy(destination, host, bytes);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<MlpMath> make_cpu_mlp_math() { return std::make_unique<CpuMlpMath>(); }
+
+std::unique_ptr<MlpMath> make_mlp_math(const Device& device) {
+  if (!device.is_cuda()) return make_cpu_mlp_math();
+#if ZEROSHARD_EXAMPLE_WITH_CUDA
+  return make_cuda_mlp_math(device.index);
+#else
+  throw UsageError("the MLP example was built without CUDA; it cannot compute on " +
+                   device.to_string());
+#endif
+}
+
+}  // namespace zeroshard::examples
