@@ -11,4 +11,5 @@ bash scripts/build.sh
 # keeps them from fighting over those cores; containers often forbid the single-copy (CMA) path.
 mpirun --allow-run-as-root --oversubscribe --bind-to none \
   --mca btl self,vader --mca btl_vader_single_copy_mechanism none -np 4 -x OPENBLAS_NUM_THREADS=1 \
-  build/examples/mlp/zeroshard-train-mlp --config examples/configs/zero3.json --steps 30
+  build/examples/mlp/zeroshard-train-mlp --config examples/configs/zero3.json --steps 30 \
+  --device cpu
