@@ -68,20 +68,8 @@ class AdamRule final : public BuiltinRule {
   double default_weight_decay() const override { return options_.weight_decay; }
   std::optional<double> beta1() const override { return options_.beta1; }
   BuiltinRuleOptions options() const override {
-    if (weight_decay_mode_ == AdamWeightDecay::kDecoupled) {
-      return AdamWOptions{.lr = options_.lr,
-                          .beta1 = options_.beta1,
-                          .beta2 = options_.beta2,
-                          .eps = options_.eps,
-                          .weight_decay = options_.weight_decay,
-                          .amsgrad = options_.amsgrad};
-    }
-    return AdamOptions{.lr = options_.lr,
-                       .beta1 = options_.beta1,
-                       .beta2 = options_.beta2,
-                       .eps = options_.eps,
-                       .weight_decay = options_.weight_decay,
-                       .amsgrad = options_.amsgrad};
+    if (weight_decay_mode_ == AdamWeightDecay::kDecoupled) return public_options<AdamWOptions>();
+    return public_options<AdamOptions>();
   }
 
   void apply(const ShardSlice& slice, const StepContext& context) const override {
@@ -110,6 +98,17 @@ class AdamRule final : public BuiltinRule {
   }
 
  private:
+  // AdamOptions and AdamWOptions have the same fields; only their defaults differ.
+  template <class Options>
+  Options public_options() const {
+    return {.lr = options_.lr,
+            .beta1 = options_.beta1,
+            .beta2 = options_.beta2,
+            .eps = options_.eps,
+            .weight_decay = options_.weight_decay,
+            .amsgrad = options_.amsgrad};
+  }
+
   AdamCoreOptions options_;
   AdamWeightDecay weight_decay_mode_;
 };
