@@ -1,0 +1,325 @@
+// zeroshard-overlap-bench: does the engine's communication hide behind the model's compute? For
+// each ZeRO stage it times, on a chain of square linear layers, one training step as the engine
+// runs it (bucket reductions started by grad_ready() while backward goes on, stage-3 gathers
+// prefetched), and beside it the same step's compute alone and communication alone. A ratio
+// overlapped / (compute + communication) under 1 is time the overlap saved.
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "mlp_math.h"
+#include "zeroshard/zeroshard.h"
+
+namespace {
+
+using zeroshard::Communicator;
+using zeroshard::Device;
+using zeroshard::Engine;
+using zeroshard::examples::MlpMath;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kUsage =
+    "usage: zeroshard-overlap-bench [--device cpu|cuda] [--stages 0123] [--layers L] [--width W]\n"
+    "                               [--batch B] [--steps N] [--warmup N] [--check]\n"
+    "  --device    where the engine and the model compute (default cpu)\n"
+    "  --stages    the ZeRO stages to measure, as digits (default 0123)\n"
+    "  --layers    linear layers of W x W weights (default 8)\n"
+    "  --width     W (default 512)\n"
+    "  --batch     samples per step and rank (default 64)\n"
+    "  --steps     timed steps per measurement; the median is reported (default 10)\n"
+    "  --warmup    untimed steps first (default 2)\n"
+    "  --check     exit 1 unless every time is positive and finite (for the test suite)\n"
+    "Run under mpirun for several ranks, e.g. mpirun -np 2 zeroshard-overlap-bench\n";
+
+struct Options {
+  std::string device = "cpu";
+  std::string stages = "0123";
+  int layers = 8;
+  int width = 512;
+  int batch = 64;
+  int steps = 10;
+  int warmup = 2;
+  bool check = false;
+};
+
+std::optional<std::string> parse_options(int argc, char** argv, Options& options) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view flag = argv[i];
+    if (flag == "--check") {
+      options.check = true;
+      continue;
+    }
+    if (i + 1 >= argc) return "missing value after " + std::string(flag);
+    const std::string_view value = argv[++i];
+    auto positive = [&](int& target) -> std::optional<std::string> {
+      const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), target);
+      if (error != std::errc() || end != value.data() + value.size() || target <= 0) {
+        return std::string(flag) + ": expected a positive integer, got '" + std::string(value) +
+               "'";
+      }
+      return std::nullopt;
+    };
+    std::optional<std::string> problem;
+    if (flag == "--device") {
+      if (value != "cpu" && value != "cuda") problem = "--device: expected cpu or cuda";
+      options.device = value;
+    } else if (flag == "--stages") {
+      if (value.empty() || value.find_first_not_of("0123") != std::string_view::npos) {
+        problem = "--stages: expected digits 0-3, got '" + std::string(value) + "'";
+      }
+      options.stages = value;
+    } else if (flag == "--layers") {
+      problem = positive(options.layers);
+    } else if (flag == "--width") {
+      problem = positive(options.width);
+    } else if (flag == "--batch") {
+      problem = positive(options.batch);
+    } else if (flag == "--steps") {
+      problem = positive(options.steps);
+    } else if (flag == "--warmup") {
+      problem = positive(options.warmup);
+    } else {
+      return "unknown flag " + std::string(flag);
+    }
+    if (problem) return problem;
+  }
+  return std::nullopt;
+}
+
+std::string config_json(int stage, const Options& options) {
+  // One layer's weights per bucket, so that each layer's grad_ready() can start a reduction, and
+  // two layers prefetched ahead at stage 3.
+  const long long layer = static_cast<long long>(options.width) * options.width;
+  return R"({"train_micro_batch_size_per_gpu": )" + std::to_string(options.batch) +
+         R"(, "optimizer": {"type": "SGD", "params": {"lr": 0.001}},)"
+         R"( "zero_optimization": {"stage": )" +
+         std::to_string(stage) + R"(, "overlap_comm": true, "reduce_bucket_size": )" +
+         std::to_string(layer) + R"(, "allgather_bucket_size": )" + std::to_string(layer) +
+         R"(, "stage3_prefetch_bucket_size": )" + std::to_string(2 * layer) + "}}";
+}
+
+// A chain of linear layers y = x W^T without bias or activation: enough arithmetic per layer
+// (three matrix products of batch x W x W) for a reduction to hide behind.
+class LayerChain {
+ public:
+  LayerChain(Engine& engine, MlpMath& math, const Options& options)
+      : engine_(engine), math_(math), width_(options.width), batch_(options.batch) {
+    const std::size_t activation = static_cast<std::size_t>(batch_) * width_ * sizeof(float);
+    for (int i = 0; i <= options.layers; ++i) {
+      activations_.push_back(engine.allocate_activations(activation));
+    }
+    grad_a_ = engine.allocate_activations(activation);
+    grad_b_ = engine.allocate_activations(activation);
+    bias_grad_ = engine.allocate_activations(static_cast<std::size_t>(width_) * sizeof(float));
+    weight_grad_scratch_ =
+        engine.allocate_activations(static_cast<std::size_t>(width_) * width_ * sizeof(float));
+    zero_bias_ = engine.allocate_activations(static_cast<std::size_t>(width_) * sizeof(float));
+    for (int i = 0; i < options.layers; ++i) {
+      const std::string name = "layer" + std::to_string(i);
+      weights_.push_back(engine.register_parameter(name + ".weight", {width_, width_}));
+      modules_.push_back(engine.module(name));
+    }
+  }
+
+  void initialize() {
+    std::vector<float> values(static_cast<std::size_t>(width_) * width_);
+    for (std::size_t k = 0; k < values.size(); ++k) {
+      values[k] = (static_cast<float>(k % 17) - 8.0f) / (8.0f * static_cast<float>(width_));
+    }
+    for (const zeroshard::Parameter& weight : weights_) weight.copy_from(values);
+    std::vector<float> input(static_cast<std::size_t>(batch_) * width_, 0.5f);
+    math_.upload(activations_[0].data(), input.data(), input.size() * sizeof(float));
+  }
+
+  /// Forward and backward through every layer; with `communicate` the engine gathers (stage 3)
+  /// and reduces as training does, without it only the arithmetic runs.
+  void forward_backward(bool communicate) {
+    const std::size_t layers = weights_.size();
+    for (std::size_t i = 0; i < layers; ++i) {
+      std::optional<Engine::GatheredModule> gathered;
+      if (communicate) gathered.emplace(engine_.gathered(modules_[i]));
+      math_.linear_forward(activations_[i].data(), weights_[i].data(), zero_bias_.data(),
+                           activations_[i + 1].data(), batch_, width_, width_, false);
+    }
+    float* output_grad = activations_[layers].data();
+    float* spare[2] = {grad_a_.data(), grad_b_.data()};
+    for (std::size_t i = layers; i-- > 0;) {
+      std::optional<Engine::GatheredModule> gathered;
+      if (communicate) gathered.emplace(engine_.gathered(modules_[i]));
+      // Without communication the gradient goes to scratch memory: the engine's gradient buffer
+      // is borrowed only between grad() and grad_ready().
+      float* weight_grad = communicate ? weights_[i].grad() : weight_grad_scratch_.data();
+      math_.add_linear_grads(output_grad, activations_[i].data(), weight_grad, bias_grad_.data(),
+                             batch_, width_, width_);
+      math_.input_grad(output_grad, weights_[i].data(), spare[i % 2], batch_, width_, width_);
+      output_grad = spare[i % 2];
+      if (communicate) engine_.grad_ready(weights_[i]);
+    }
+  }
+
+  /// The engine's part of a step with the arithmetic left out: the same gathers, gradients
+  /// handed over in the same order, and the same reductions.
+  void communicate_only() {
+    for (zeroshard::ModuleId module : modules_) {
+      const Engine::GatheredModule gathered = engine_.gathered(module);
+    }
+    for (std::size_t i = weights_.size(); i-- > 0;) {
+      const Engine::GatheredModule gathered = engine_.gathered(modules_[i]);
+      engine_.grad_ready(weights_[i]);
+    }
+  }
+
+  /// The arithmetic with every layer gathered beforehand, so that it runs without communication
+  /// at every stage.
+  void compute_only() {
+    std::vector<Engine::GatheredModule> all;
+    for (zeroshard::ModuleId module : modules_) all.push_back(engine_.gathered(module));
+    forward_backward(false);
+  }
+
+  /// Waits until the device has finished the work queued so far.
+  void synchronize() {
+    float probe = 0.0f;
+    zeroshard::copy_to_host(engine_.device(), &probe, zero_bias_.data(), sizeof probe,
+                            engine_.compute_stream());
+  }
+
+ private:
+  Engine& engine_;
+  MlpMath& math_;
+  int width_;
+  int batch_;
+  std::vector<zeroshard::Parameter> weights_;
+  std::vector<zeroshard::ModuleId> modules_;
+  std::vector<zeroshard::ActivationBuffer> activations_;
+  zeroshard::ActivationBuffer grad_a_;
+  zeroshard::ActivationBuffer grad_b_;
+  zeroshard::ActivationBuffer bias_grad_;
+  zeroshard::ActivationBuffer weight_grad_scratch_;
+  zeroshard::ActivationBuffer zero_bias_;
+};
+
+struct StageTimes {
+  int stage = 0;
+  double compute_ms = 0.0;
+  double comm_ms = 0.0;
+  double overlapped_ms = 0.0;
+};
+
+// The median over `steps` runs of `body`, every rank starting together and the slowest rank's
+// time kept: a step is as slow as its slowest rank.
+template <class Body>
+double median_ms(Communicator& host, LayerChain& chain, const Options& options, Body body) {
+  std::vector<float> times;
+  for (int step = 0; step < options.warmup + options.steps; ++step) {
+    chain.synchronize();
+    host.barrier();
+    const Clock::time_point start = Clock::now();
+    body();
+    chain.synchronize();
+    float ms = std::chrono::duration<float, std::milli>(Clock::now() - start).count();
+    host.all_reduce(&ms, 1, zeroshard::DType::kFloat32, zeroshard::ReduceOp::kMax);
+    if (step >= options.warmup) times.push_back(ms);
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+StageTimes measure(int stage, const Device& device, Communicator& host, const Options& options) {
+  const zeroshard::Config config =
+      zeroshard::Config::from_json_string(config_json(stage, options), host.size());
+  Engine engine(config, device, Communicator::from_environment(device));
+  const std::unique_ptr<MlpMath> math = zeroshard::examples::make_mlp_math(device);
+  engine.set_compute_stream(math->stream());
+  LayerChain chain(engine, *math, options);
+  chain.initialize();
+
+  StageTimes times{.stage = stage};
+  times.compute_ms = median_ms(host, chain, options, [&] { chain.compute_only(); });
+  times.comm_ms = median_ms(host, chain, options, [&] {
+    chain.communicate_only();
+    engine.step();
+  });
+  times.overlapped_ms = median_ms(host, chain, options, [&] {
+    chain.forward_backward(true);
+    engine.step();
+  });
+  return times;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options options;
+  if (argc == 2 && (std::string_view(argv[1]) == "--help" || std::string_view(argv[1]) == "-h")) {
+    std::printf("%s", kUsage);
+    return 0;
+  }
+  if (const std::optional<std::string> problem = parse_options(argc, argv, options)) {
+    std::fprintf(stderr, "zeroshard-overlap-bench: %s\n%s", problem->c_str(), kUsage);
+    return 2;
+  }
+  // The program's own timing collectives go through a host communicator of their own.
+  std::unique_ptr<Communicator> host;
+  try {
+    host = Communicator::from_environment();
+    Device device = Device::cpu();
+    if (options.device == "cuda") {
+      if (!zeroshard::cuda_available()) {
+        if (host->rank() == 0) {
+          std::printf("zeroshard-overlap-bench: skipped, no GPU: %s\n",
+                      zeroshard::cuda_unavailable_reason().c_str());
+        }
+        return 0;
+      }
+      device = Device::from_environment();
+    }
+    const bool print = host->rank() == 0;
+    const long long parameters =
+        static_cast<long long>(options.layers) * options.width * options.width;
+    if (print) {
+      std::printf(
+          "zeroshard-overlap-bench: %d rank(s) on %s, %d layers of %dx%d (%lld parameters), batch "
+          "%d per rank, median of %d steps after %d warm-up, slowest rank\n"
+          "  compute:     forward + backward arithmetic, every layer gathered beforehand\n"
+          "  comm:        the same gathers, gradient hand-overs and step() (with its update), no "
+          "model\n"
+          "               arithmetic\n"
+          "  overlapped:  the training step as the engine runs it (overlap_comm, prefetch)\n\n"
+          "stage | compute ms | comm ms | compute+comm ms | overlapped ms | "
+          "overlapped/(compute+comm)\n",
+          host->size(), device.to_string().c_str(), options.layers, options.width, options.width,
+          parameters, options.batch, options.steps, options.warmup);
+    }
+    bool sane = true;
+    for (char digit : options.stages) {
+      const StageTimes t = measure(digit - '0', device, *host, options);
+      const double serial = t.compute_ms + t.comm_ms;
+      const double ratio = t.overlapped_ms / serial;
+      for (double value : {t.compute_ms, t.comm_ms, t.overlapped_ms}) {
+        sane = sane && std::isfinite(value) && value > 0.0;
+      }
+      if (print) {
+        std::printf("%5d | %10.2f | %7.2f | %15.2f | %13.2f | %25.3f\n", t.stage, t.compute_ms,
+                    t.comm_ms, serial, t.overlapped_ms, ratio);
+        std::fflush(stdout);
+      }
+    }
+    if (options.check && !sane) {
+      std::fprintf(stderr, "zeroshard-overlap-bench: a time was not positive and finite\n");
+      return 1;
+    }
+    return 0;
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "zeroshard-overlap-bench: %s\n", error.what());
+    if (host && host->size() > 1) host->abort(1);
+    return 1;
+  }
+}
