@@ -2,8 +2,6 @@
 // names, and the choice of backend from the launcher's environment.
 #include "zeroshard/communicator.h"
 
-#include <algorithm>
-#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -12,6 +10,7 @@
 #include <utility>
 
 #include "check.h"
+#include "config_values.h"
 #include "gpu_communicator_factory.h"
 #include "mpi_communicator.h"
 #include "self_communicator.h"
@@ -167,9 +166,7 @@ namespace detail {
 GpuTransport gpu_transport_from_environment() {
   const char* value = std::getenv("ZEROSHARD_COMM_BACKEND");
   if (value == nullptr || *value == '\0') return GpuTransport::kAuto;
-  std::string name(value);
-  std::transform(name.begin(), name.end(), name.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  const std::string name = ascii_lower(value);
   if (name == "nccl") return GpuTransport::kNccl;
   if (name == "mpi") return GpuTransport::kMpiStaging;
   throw UsageError("ZEROSHARD_COMM_BACKEND='" + std::string(value) +

@@ -3,9 +3,9 @@
 #include "zeroshard/memory_estimator.h"
 
 #include <algorithm>
-#include <cctype>
 #include <string>
 
+#include "config_values.h"
 #include "shard_layout.h"
 #include "zeroshard/error.h"
 
@@ -49,9 +49,7 @@ std::int64_t MemoryEstimate::host_per_node() const {
 }
 
 int optimizer_state_arrays(const std::string& optimizer) {
-  std::string name = optimizer;
-  std::transform(name.begin(), name.end(), name.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  const std::string name = detail::ascii_lower(optimizer);
   if (name == "adam" || name == "adamw") return 2;
   if (name == "lion" || name == "adagrad") return 1;
   if (name == "sgd") return 0;

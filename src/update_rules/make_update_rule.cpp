@@ -1,11 +1,11 @@
 // Builds the update rule a config's `optimizer` section names, with DeepSpeed's type names,
 // parameter names and per-type defaults.
 #include <algorithm>
-#include <cctype>
 #include <initializer_list>
 #include <string>
 #include <string_view>
 
+#include "config_values.h"
 #include "format_number.h"
 #include "zeroshard/config.h"
 #include "zeroshard/error.h"
@@ -13,13 +13,6 @@
 
 namespace zeroshard {
 namespace {
-
-std::string lower_case(std::string_view text) {
-  std::string result(text);
-  std::transform(result.begin(), result.end(), result.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return result;
-}
 
 std::string key_path(std::string_view param) { return "optimizer.params." + std::string(param); }
 
@@ -155,7 +148,7 @@ std::unique_ptr<UpdateRule> make_update_rule(const Config& config) {
                       "(make_adamw(...) or your own UpdateRule) or add "
                       "\"optimizer\": {\"type\": \"AdamW\", \"params\": {...}}");
   }
-  const std::string type = lower_case(optimizer.type);
+  const std::string type = detail::ascii_lower(optimizer.type);
   if (type == "adam" || type == "adamw") return make_adam_family(optimizer, type);
   if (type == "sgd") return make_sgd_from(optimizer);
   if (type == "lion") return make_lion_from(optimizer);
