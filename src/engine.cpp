@@ -7,6 +7,7 @@
 #include "check.h"
 #include "engine_state.h"
 #include "half_conversion.h"
+#include "host_staged_communicator.h"
 
 namespace zeroshard {
 namespace detail {
@@ -38,6 +39,11 @@ EngineState::EngineState(Config config, Device device, std::unique_ptr<Communica
                             << (comm_->buffer_device() == DeviceType::kCuda ? "GPU" : "host")
                             << " buffers: build the communicator with "
                                "Communicator::from_environment(device)");
+  // Ranks that share a GPU stage their collectives through pinned host memory: that is
+  // communication memory of this engine too.
+  if (auto* staged = dynamic_cast<HostStagedCommunicator*>(comm_.get())) {
+    staged->charge_staging_to(tracker_);
+  }
   if (!rule_) rule_ = make_update_rule(config_);
   backend_ = make_compute_backend(device_, *rule_, tracker_);
   scheduler_ = make_lr_scheduler(config_.scheduler, rule_->default_lr(), rule_->beta1());

@@ -139,9 +139,10 @@ class EngineState {
   // Configuration and collaborators.
   Config config_;
   Device device_;
+  /// Before comm_ and backend_, which may charge memory of their own to it.
+  MemoryTracker tracker_;
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<UpdateRule> rule_;
-  MemoryTracker tracker_;  ///< before backend_, which may charge working memory to it
   std::unique_ptr<ComputeBackend> backend_;
   int rank_ = 0;
   int world_ = 1;

@@ -52,6 +52,7 @@ struct HostStagedCommunicator::Core {
   std::unique_ptr<StagingCopier> copier;
   std::vector<std::unique_ptr<StagingBuffer>> free_buffers;
   std::size_t pool_bytes = 0;
+  MemoryTracker* tracker = nullptr;
   // Issued but not yet handed to the host communicator, in call order.
   std::deque<std::shared_ptr<StagedOp>> unstarted;
 
@@ -71,7 +72,22 @@ struct HostStagedCommunicator::Core {
     }
     std::unique_ptr<StagingBuffer> buffer = copier->allocate(bytes);
     pool_bytes += buffer->bytes();
+    charge(static_cast<std::int64_t>(buffer->bytes()));
     return buffer;
+  }
+
+  void charge(std::int64_t bytes) {
+    if (tracker != nullptr)
+      tracker->add(MemoryLocation::kHost, MemoryCategory::kCommunication, bytes);
+  }
+
+  // The last pending request has gone (each holds the core), so the pool's bytes, a buffer a
+  // failed request leaked included, leave the report together.
+  ~Core() {
+    if (tracker != nullptr) {
+      tracker->remove(MemoryLocation::kHost, MemoryCategory::kCommunication,
+                      static_cast<std::int64_t>(pool_bytes));
+    }
   }
 
   /// Starts the host collectives whose copies in have finished, in call order, stopping at the
@@ -184,6 +200,14 @@ void HostStagedCommunicator::set_compute_stream(void* stream) noexcept {
 }
 
 std::size_t HostStagedCommunicator::staging_bytes() const noexcept { return core_->pool_bytes; }
+
+void HostStagedCommunicator::charge_staging_to(MemoryTracker& tracker) {
+  ZEROSHARD_CHECK_USAGE(core_->tracker == nullptr,
+                        "the staging memory of this communicator is already charged to an engine; "
+                        "give each engine a communicator of its own");
+  core_->tracker = &tracker;
+  core_->charge(static_cast<std::int64_t>(core_->pool_bytes));
+}
 
 Request HostStagedCommunicator::all_reduce_async(void* data, std::int64_t count, DType dtype,
                                                  ReduceOp op) {

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <memory>
 
+#include "memory_tracker.h"
 #include "zeroshard/communicator.h"
 
 namespace zeroshard::detail {
@@ -74,6 +75,9 @@ class HostStagedCommunicator final : public Communicator {
 
   /// Bytes of host memory the staging pool holds (in use or kept for reuse).
   std::size_t staging_bytes() const noexcept;
+  /// Counts the staging pool, now and as it grows, as host communication memory in `tracker`,
+  /// which must outlive this communicator and its requests.
+  void charge_staging_to(MemoryTracker& tracker);
 
  private:
   std::shared_ptr<Core> core_;

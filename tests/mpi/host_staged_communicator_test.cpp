@@ -14,6 +14,7 @@
 #include "host_staged_communicator.h"
 #include "mpi_communicator.h"
 #include "zeroshard/communicator.h"
+#include "zeroshard/error.h"
 
 #if ZEROSHARD_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -190,6 +191,21 @@ TEST_P(HostStaged, TheStagingPoolStopsGrowingAfterTheFirstStep) {
   EXPECT_GT(after_first, 0u);
   for (int step = 5; step < 9; ++step) run_step(step);
   EXPECT_EQ(staged_->staging_bytes(), after_first);
+}
+
+TEST_P(HostStaged, TheStagingPoolIsHostCommunicationMemoryOfTheTrackerItIsChargedTo) {
+  detail::MemoryTracker tracker;
+  staged_->charge_staging_to(tracker);
+  run_step(9);
+  EXPECT_GT(staged_->staging_bytes(), 0u);
+  EXPECT_EQ(tracker.current(MemoryCategory::kCommunication, MemoryLocation::kHost),
+            static_cast<std::int64_t>(staged_->staging_bytes()));
+  run_step(10);
+  EXPECT_EQ(tracker.current(MemoryCategory::kCommunication, MemoryLocation::kHost),
+            static_cast<std::int64_t>(staged_->staging_bytes()));
+  EXPECT_THROW(staged_->charge_staging_to(tracker), UsageError);
+  staged_.reset();
+  EXPECT_EQ(tracker.current(MemoryCategory::kCommunication, MemoryLocation::kHost), 0);
 }
 
 TEST_P(HostStaged, PollingAloneCompletesARequest) {
