@@ -39,4 +39,24 @@ void report_cuda_error(cudaError_t error, const char* expression, const char* fi
                cudaGetErrorName(error), cudaGetErrorString(error), file, line);
 }
 
+void throw_allocation_error(const char* call, std::size_t bytes, const char* what,
+                            cudaError_t error) {
+  if (error != cudaErrorMemoryAllocation) throw_cuda_error(error, call, __FILE__, __LINE__);
+  // Clears the error so that the next, unrelated check does not report it again.
+  cudaGetLastError();
+  std::ostringstream os;
+  os << call << " of " << bytes << " bytes for " << what
+     << " failed: " << cudaGetErrorString(error);
+  if (int device = -1; cudaGetDevice(&device) == cudaSuccess) {
+    std::size_t free_bytes = 0;
+    std::size_t total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+      os << " (device " << device << " has " << free_bytes << " of " << total_bytes
+         << " bytes free)";
+    }
+  }
+  os << " [" << detail::where(__FILE__, __LINE__) << "]";
+  throw OutOfMemoryError(os.str());
+}
+
 }  // namespace zeroshard::cuda

@@ -4,6 +4,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
+
 #include "check.h"
 
 namespace zeroshard::cuda {
@@ -13,6 +15,11 @@ namespace zeroshard::cuda {
 /// `result` is an ncclResult_t passed as int so that this header does not need nccl.h.
 [[noreturn]] void throw_nccl_error(int result, const char* error_string, const char* expression,
                                    const char* file, int line);
+/// For a failed allocation `call` of `bytes` bytes for `what`: OutOfMemoryError naming the size
+/// and the device's free memory when the device is full, CudaError otherwise.
+[[noreturn]] void throw_allocation_error(const char* call, std::size_t bytes, const char* what,
+                                         cudaError_t error);
+
 /// For destructors, which must not throw: prints the failure to stderr instead. Stays silent on
 /// cudaErrorCudartUnloading, which only says the process is already tearing CUDA down.
 void report_cuda_error(cudaError_t error, const char* expression, const char* file,

@@ -3,34 +3,11 @@
 
 #include <cuda_runtime_api.h>
 
-#include <sstream>
 #include <utility>
 
 #include "cuda/cuda_check.h"
 
 namespace zeroshard::cuda {
-namespace {
-
-[[noreturn]] void throw_out_of_memory(const char* call, std::size_t bytes, const char* what,
-                                      cudaError_t error) {
-  // Clears the error so that the next, unrelated check does not report it again.
-  cudaGetLastError();
-  std::ostringstream os;
-  os << call << " of " << bytes << " bytes for " << what
-     << " failed: " << cudaGetErrorString(error);
-  if (int device = -1; cudaGetDevice(&device) == cudaSuccess) {
-    std::size_t free_bytes = 0;
-    std::size_t total_bytes = 0;
-    if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
-      os << " (device " << device << " has " << free_bytes << " of " << total_bytes
-         << " bytes free)";
-    }
-  }
-  os << " [" << detail::where(__FILE__, __LINE__) << "]";
-  throw OutOfMemoryError(os.str());
-}
-
-}  // namespace
 
 // The two kinds differ only in the allocation and release calls.
 template <AllocationKind Kind>
@@ -40,8 +17,7 @@ CudaAllocation<Kind>::CudaAllocation(std::size_t bytes, const char* what) : byte
   const char* call = device ? "cudaMalloc" : "cudaMallocHost";
   if (what == nullptr) what = device ? "device buffer" : "pinned host buffer";
   const cudaError_t error = device ? cudaMalloc(&data_, bytes) : cudaMallocHost(&data_, bytes);
-  if (error == cudaErrorMemoryAllocation) throw_out_of_memory(call, bytes, what, error);
-  if (error != cudaSuccess) throw_cuda_error(error, call, __FILE__, __LINE__);
+  if (error != cudaSuccess) throw_allocation_error(call, bytes, what, error);
 }
 
 template <AllocationKind Kind>

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstddef>
-#include <utility>
 
 namespace zeroshard::cuda {
 
@@ -31,12 +30,6 @@ class CudaAllocation {
     return static_cast<T*>(data_);
   }
   std::size_t bytes() const noexcept { return bytes_; }
-  /// Hands the allocation to the caller, who frees it (cudaFree / cudaFreeHost); the buffer
-  /// becomes empty.
-  void* release() noexcept {
-    bytes_ = 0;
-    return std::exchange(data_, nullptr);
-  }
 
  private:
   void* data_ = nullptr;
