@@ -166,6 +166,7 @@ Request stage(const std::shared_ptr<HostStagedCommunicator::Core>& core, std::si
               std::function<Request(char* host)> start, CopyOut out) {
   auto op = std::make_shared<StagedOp>();
   op->buffer = core->take(std::max<std::size_t>(staging_bytes, 1));
+  core->copier->follow_compute();
   if (in_bytes > 0) op->copy = core->copier->to_host(op->host() + in_offset, in_device, in_bytes);
   op->start = std::move(start);
   op->out = out;

@@ -33,8 +33,9 @@ class StagingCopier {
  public:
   virtual ~StagingCopier() = default;
   virtual std::unique_ptr<StagingBuffer> allocate(std::size_t bytes) = 0;
-  /// Starts copying `bytes` from device memory to host memory once the work queued on the
-  /// compute stream so far has finished (the data may still be being computed).
+  /// Makes every later copy wait for the work queued on the compute stream so far: the input may
+  /// still be being computed, and the output may still be being allocated or zeroed.
+  virtual void follow_compute() = 0;
   virtual std::unique_ptr<StagingCopy> to_host(void* host, const void* device,
                                                std::size_t bytes) = 0;
   virtual std::unique_ptr<StagingCopy> to_device(void* device, const void* host,

@@ -41,12 +41,16 @@ class CudaStagingCopier final : public detail::StagingCopier {
     return std::make_unique<PinnedStagingBuffer>(bytes);
   }
 
-  std::unique_ptr<detail::StagingCopy> to_host(void* host, const void* device,
-                                               std::size_t bytes) override {
+  void follow_compute() override {
     const DeviceGuard guard(device_);
     CudaEvent computed;
     computed.record(compute_stream_);
     computed.make_wait(copy_stream_.get());
+  }
+
+  std::unique_ptr<detail::StagingCopy> to_host(void* host, const void* device,
+                                               std::size_t bytes) override {
+    const DeviceGuard guard(device_);
     ZEROSHARD_CUDA_CHECK(
         cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, copy_stream_.get()));
     return std::make_unique<EventCopy>(copy_stream_.get());

@@ -7,8 +7,8 @@
 
 namespace zeroshard::cuda {
 
-/// Copies on a non-blocking copy stream of `device`: a copy to the host first waits, on the
-/// device, for the work queued on the compute stream; completion is an event the host polls.
+/// Copies on a non-blocking copy stream of `device`, ordered after the compute stream's work by
+/// events (follow_compute); completion is an event the host polls.
 std::unique_ptr<detail::StagingCopier> make_cuda_staging_copier(int device);
 
 }  // namespace zeroshard::cuda

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <memory>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "half_conversion.h"
@@ -70,6 +71,8 @@ class DeferredCopier final : public detail::StagingCopier {
   std::unique_ptr<StagingBuffer> allocate(std::size_t bytes) override {
     return std::make_unique<HeapStagingBuffer>(bytes);
   }
+  void follow_compute() override { ++follows_; }
+  int follows() const { return follows_; }
   std::unique_ptr<StagingCopy> to_host(void* host, const void* device, std::size_t bytes) override {
     return std::make_unique<DeferredCopy>(host, device, bytes, polls_);
   }
@@ -81,6 +84,7 @@ class DeferredCopier final : public detail::StagingCopier {
 
  private:
   int polls_;
+  int follows_ = 0;
 };
 
 // `count` values of `dtype` that differ per rank and per element, as raw bytes.
@@ -105,8 +109,10 @@ class HostStaged : public ::testing::TestWithParam<DType> {
  protected:
   void SetUp() override {
     plain_ = detail::make_mpi_communicator({});
+    auto copier = std::make_unique<DeferredCopier>(3);
+    copier_ = copier.get();
     staged_ = std::make_unique<detail::HostStagedCommunicator>(detail::make_mpi_communicator({}),
-                                                               std::make_unique<DeferredCopier>(3));
+                                                               std::move(copier));
     rank_ = plain_->rank();
     size_ = plain_->size();
   }
@@ -163,6 +169,7 @@ class HostStaged : public ::testing::TestWithParam<DType> {
 
   std::unique_ptr<Communicator> plain_;
   std::unique_ptr<detail::HostStagedCommunicator> staged_;
+  const DeferredCopier* copier_ = nullptr;
   int rank_ = 0;
   int size_ = 1;
 };
@@ -170,6 +177,13 @@ class HostStaged : public ::testing::TestWithParam<DType> {
 TEST_P(HostStaged, EveryCollectiveGivesThePlainMpiResultWithRequestsInFlightTogether) {
   run_step(1);
   run_step(2);
+}
+
+// Every collective, a broadcast's receivers with nothing to copy in included, orders its copies
+// after the compute stream: its output may still be being allocated or zeroed there.
+TEST_P(HostStaged, EveryCollectiveFollowsTheComputeStream) {
+  run_step(11);
+  EXPECT_EQ(copier_->follows(), 4);
 }
 
 TEST_P(HostStaged, CountsTheSameTrafficAsPlainMpi) {
