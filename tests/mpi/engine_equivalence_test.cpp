@@ -80,7 +80,7 @@ TEST_P(EngineEquivalence, ShardedParametersEqualOneUnshardedRankAfterTenSteps) {
   auto lr_of = [&](std::size_t k) {
     return tensors[k].name.rfind("b.", 0) == 0 ? base_lr * 0.5 : base_lr;
   };
-  const std::vector<float> frozen_before(handles[2].data(), handles[2].data() + 15);
+  const std::vector<float> frozen_before = floats_to_host(engine, handles[2].data(), 15);
   for (std::int64_t step = 0; step < 10; ++step) {
     toy_micro_step(engine, tensors, handles, step);
     const StepResult result = engine.step();
@@ -98,7 +98,7 @@ TEST_P(EngineEquivalence, ShardedParametersEqualOneUnshardedRankAfterTenSteps) {
   }
   EXPECT_LE(worst, 1e-6) << rule_case.name << " stage " << stage << " world "
                          << engine.world_size();
-  const std::vector<float> frozen_after(handles[2].data(), handles[2].data() + 15);
+  const std::vector<float> frozen_after = floats_to_host(engine, handles[2].data(), 15);
   EXPECT_EQ(frozen_before, frozen_after) << "a frozen parameter changed";
 }
 

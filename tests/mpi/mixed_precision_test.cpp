@@ -348,7 +348,9 @@ TEST_P(MixedPrecisionEquivalence, MatchesAnUnshardedMixedPrecisionReferenceAfter
     if (!tensors[k].trainable) continue;
     auto guard = engine.gathered(handles[k].module());
     std::vector<float> values(tensors[k].numel);
-    detail::convert_to_float(handles[k].raw_data(), dtype, values.data(), tensors[k].numel);
+    detail::convert_to_float(
+        to_host(engine, handles[k].raw_data(), tensors[k].numel * size_of(dtype)).data(), dtype,
+        values.data(), tensors[k].numel);
     model_values.insert(model_values.end(), values.begin(), values.end());
   }
   for (std::size_t i = 0; i < expected.size(); ++i) {
