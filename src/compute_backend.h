@@ -34,6 +34,11 @@ class ComputeBackend {
   /// the legacy default stream and the only value on the CPU).
   virtual void* stream() const noexcept = 0;
   virtual void set_stream(void* stream) = 0;
+  /// Waits for all work on the device, whatever stream it was queued on, then returns to the
+  /// legacy default stream without touching the one set before: the engine calls it first when
+  /// it is destroyed, because a model commonly destroys its stream before the engine, and freeing
+  /// a buffer in stream order on a destroyed stream is undefined behaviour.
+  virtual void detach_stream() noexcept = 0;
   /// How many fp32 elements the working buffer that 16-bit gradients are widened in should hold,
   /// for a rank that updates `owned` elements: small on the CPU (cache), large on a GPU (fewer
   /// launches).

@@ -40,6 +40,7 @@ class CpuBackend final : public ComputeBackend {
                           "set_compute_stream: the engine computes on the CPU, which has no "
                           "streams; construct it with a CUDA Device to use one");
   }
+  void detach_stream() noexcept override {}
   std::int64_t working_chunk_elements(std::int64_t owned) const noexcept override {
     return std::max<std::int64_t>(2, std::min(owned, kWorkingChunk));
   }

@@ -65,6 +65,10 @@ EngineState::EngineState(Config config, Device device, std::unique_ptr<Communica
 EngineState::~EngineState() {
   for (Bucket& bucket : buckets_) bucket.request = Request();
   for (ModuleInfo& module : modules_) module.pending = Request();
+  // The model's compute stream may already be destroyed; the buffers below must not be freed on
+  // it, nor may the communicator order anything after it.
+  backend_->detach_stream();
+  comm_->set_compute_stream(nullptr);
 }
 
 void EngineState::resolve_gradient_dtypes() {

@@ -87,10 +87,18 @@ class CudaBackend final : public detail::ComputeBackend {
         scan_result_(tracker, MemoryCategory::kCommunication, sizeof(double) + sizeof(int),
                      memory_) {}
 
+  // The backend's own buffers are freed after this body, on the stream detached to.
+  ~CudaBackend() override { detach_stream(); }
+
   Device device() const noexcept override { return device_; }
   detail::MemoryResource& memory() noexcept override { return memory_; }
   void* stream() const noexcept override { return stream_; }
   void set_stream(void* stream) override { stream_ = static_cast<cudaStream_t>(stream); }
+  void detach_stream() noexcept override {
+    const DeviceGuard guard(device_.index);
+    ZEROSHARD_CUDA_CHECK_NOTHROW(cudaDeviceSynchronize());
+    stream_ = nullptr;
+  }
   std::int64_t working_chunk_elements(std::int64_t owned) const noexcept override {
     return std::max<std::int64_t>(2, std::min(owned, kWorkingChunk));
   }
