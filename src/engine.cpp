@@ -549,6 +549,8 @@ MemoryReport Engine::memory_report() const {
   return state_->tracker_.report(state_->rank_, state_->world_);
 }
 
+MemoryLocation Engine::memory_location() const { return state_->backend_->memory().location(); }
+
 std::vector<float> Engine::consolidated_parameters() { return state_->consolidated_parameters(); }
 
 }  // namespace zeroshard

@@ -177,9 +177,6 @@ int train(const Options& options, Communicator* communicator, Progress& progress
     std::fflush(stdout);
   }
 
-  // The engine's buffers, model states among them, live on its device.
-  const zeroshard::MemoryLocation state_location =
-      device.is_cuda() ? zeroshard::MemoryLocation::kDevice : zeroshard::MemoryLocation::kHost;
   std::vector<float> x(static_cast<std::size_t>(micro_batch) * options.shape.inputs);
   std::vector<int> labels(static_cast<std::size_t>(micro_batch));
   std::vector<double> losses;
@@ -199,9 +196,9 @@ int train(const Options& options, Communicator* communicator, Progress& progress
     }
     // Every rank's micro-batches are the same size, so the mean of the rank means is the mean
     // over the global batch.
-    float stats[2] = {
-        loss / static_cast<float>(accumulation),
-        static_cast<float>(mib(engine.memory_report().model_state_bytes(state_location)))};
+    float stats[2] = {loss / static_cast<float>(accumulation),
+                      static_cast<float>(
+                          mib(engine.memory_report().model_state_bytes(engine.memory_location())))};
     communicator->all_reduce(&stats[0], 1, DType::kFloat32, zeroshard::ReduceOp::kSum);
     communicator->all_reduce(&stats[1], 1, DType::kFloat32, zeroshard::ReduceOp::kMax);
     const double global_loss = static_cast<double>(stats[0]) / world;

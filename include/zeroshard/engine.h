@@ -224,6 +224,8 @@ class Engine {
   /// Memory on the engine's device for activations, counted in the memory report.
   ActivationBuffer allocate_activations(std::size_t bytes);
   MemoryReport memory_report() const;
+  /// Where the report counts the engine's buffers: the device location on a GPU, else the host.
+  MemoryLocation memory_location() const;
 
   /// Collective: the fp32 master values of every trainable parameter, whole and in registration
   /// order without padding, on every rank (for checks and exports, not for the training loop).

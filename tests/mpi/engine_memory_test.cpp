@@ -44,6 +44,7 @@ TEST_P(EngineMemory, ModelStateBytesMatchTheZeroFormulas) {
   const std::int64_t grads = stage <= 1 ? 4 * kP : 4 * kP / n;
   const std::int64_t states = stage == 0 ? 8 * kP : 8 * kP / n;
   const MemoryLocation where = engine_memory(engine);
+  ASSERT_EQ(engine.memory_location(), where);
   for (int step = 0; step < 2; ++step) {
     toy_micro_step(engine, tensors, handles, step);
     engine.step();
