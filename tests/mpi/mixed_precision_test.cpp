@@ -83,6 +83,16 @@ GradientFn planted(GradientFn base, int rank, std::int64_t sample, float value) 
   };
 }
 
+/// `count` values of the engine's model dtype in its memory, widened to fp32 on the host.
+std::vector<float> model_floats_to_host(const Engine& engine, const void* source,
+                                        std::int64_t count) {
+  const DType dtype = engine.model_dtype();
+  std::vector<float> values(count);
+  detail::convert_to_float(to_host(engine, source, count * size_of(dtype)).data(), dtype,
+                           values.data(), count);
+  return values;
+}
+
 /// One micro-step the way a 16-bit model does it: forward gathers every module, backward
 /// computes each gradient from the 16-bit parameter values, multiplies it by the loss scale (the
 /// scaled loss's backward) and adds it into the 16-bit gradient buffer.
@@ -94,10 +104,8 @@ void micro_step(Engine& engine, const std::vector<ToyTensor>& tensors,
   toy_backward(engine, tensors, handles, [&](std::size_t k) {
     const std::int64_t n = tensors[k].numel;
     const std::size_t bytes = n * size_of(dtype);
-    std::vector<float> w(n);
+    const std::vector<float> w = model_floats_to_host(engine, handles[k].raw_data(), n);
     std::vector<float> g(n);
-    detail::convert_to_float(to_host(engine, handles[k].raw_data(), bytes).data(), dtype, w.data(),
-                             n);
     void* raw_grad = handles[k].raw_grad();
     std::vector<char> grad_bytes = to_host(engine, raw_grad, bytes);
     detail::convert_to_float(grad_bytes.data(), dtype, g.data(), n);
@@ -347,10 +355,8 @@ TEST_P(MixedPrecisionEquivalence, MatchesAnUnshardedMixedPrecisionReferenceAfter
   for (std::size_t k = 0; k < tensors.size(); ++k) {
     if (!tensors[k].trainable) continue;
     auto guard = engine.gathered(handles[k].module());
-    std::vector<float> values(tensors[k].numel);
-    detail::convert_to_float(
-        to_host(engine, handles[k].raw_data(), tensors[k].numel * size_of(dtype)).data(), dtype,
-        values.data(), tensors[k].numel);
+    const std::vector<float> values =
+        model_floats_to_host(engine, handles[k].raw_data(), tensors[k].numel);
     model_values.insert(model_values.end(), values.begin(), values.end());
   }
   for (std::size_t i = 0; i < expected.size(); ++i) {
