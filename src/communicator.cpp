@@ -2,7 +2,6 @@
 // names, and the choice of backend from the launcher's environment.
 #include "zeroshard/communicator.h"
 
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -12,6 +11,7 @@
 #include "check.h"
 #include "config_values.h"
 #include "gpu_communicator_factory.h"
+#include "log.h"
 #include "mpi_communicator.h"
 #include "self_communicator.h"
 
@@ -19,15 +19,14 @@ namespace zeroshard {
 namespace {
 
 // The implicit wait of a destructor or a move assignment: it cannot throw, so errors go to
-// stderr. A request that already failed is not waited on again (the Impl's destructor abandons
+// the log. A request that already failed is not waited on again (the Impl's destructor abandons
 // it), so an error never becomes a hang.
 void finish_quietly(std::unique_ptr<Request::Impl> impl, bool failed) noexcept {
   if (!impl || failed) return;
   try {
     impl->wait();
   } catch (const std::exception& error) {
-    std::fprintf(stderr, "zeroshard [rank %d]: error while waiting for a dropped request: %s\n",
-                 detail::rank_for_messages(), error.what());
+    ZEROSHARD_LOG(kError, "error while waiting for a dropped request: " << error.what());
   }
 }
 

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <cstdio>
 #include <cstdlib>
 #include <numeric>
 #include <optional>
@@ -18,6 +17,7 @@
 
 #include "check.h"
 #include "collective_checks.h"
+#include "log.h"
 #include "mpi_runtime.h"
 
 namespace zeroshard::detail {
@@ -69,10 +69,10 @@ class MpiRequest final : public Request::Impl {
     if (!active || mpi_finalized()) return;
     // A failed non-blocking collective can be neither cancelled nor freed (MPI forbids both), and
     // MPI may still read its arrays or write its buffers: leak them rather than free them.
-    std::fprintf(stderr,
-                 "zeroshard [rank %d]: abandoning %s while it is still in flight; its buffers may "
-                 "still be used by MPI, so this communicator must not be used again\n",
-                 operation_.rank, operation_.describe().c_str());
+    ZEROSHARD_LOG(kError, "abandoning "
+                              << operation_.describe()
+                              << " while it is still in flight; its buffers may still be "
+                                 "used by MPI, so this communicator must not be used again");
     static_cast<void>(in_flight_.release());
   }
 
@@ -161,7 +161,7 @@ class OwnedComm {
  private:
   void reset() noexcept {
     if (comm_ != MPI_COMM_NULL && !mpi_finalized() && MPI_Comm_free(&comm_) != MPI_SUCCESS) {
-      std::fprintf(stderr, "zeroshard [rank %d]: MPI_Comm_free failed\n", rank_for_messages());
+      ZEROSHARD_LOG(kError, "MPI_Comm_free failed");
     }
     comm_ = MPI_COMM_NULL;
   }

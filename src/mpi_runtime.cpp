@@ -4,10 +4,10 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 
 #include "check.h"
 #include "half_conversion.h"
+#include "log.h"
 
 namespace zeroshard::detail {
 namespace {
@@ -87,7 +87,7 @@ MpiRuntime::~MpiRuntime() {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (initialized && MPI_Finalize() != MPI_SUCCESS) {
-    std::fprintf(stderr, "zeroshard [rank %d]: MPI_Finalize failed\n", rank_for_messages());
+    ZEROSHARD_LOG(kError, "MPI_Finalize failed");
   }
 }
 

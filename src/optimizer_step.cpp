@@ -4,11 +4,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <sstream>
 
 #include "check.h"
 #include "engine_state.h"
+#include "log.h"
 
 namespace zeroshard::detail {
 
@@ -105,8 +105,7 @@ StepResult EngineState::step() {
       // DeepSpeed's BF16 optimizer with check_grad_overflow skips such a step; there is no loss
       // scale to lower, so it only says so.
       if (rank_ == 0) {
-        std::printf("[zeroshard] %s: update skipped on every rank\n", os.str().c_str());
-        std::fflush(stdout);
+        ZEROSHARD_LOG(kProgress, os.str() << ": update skipped on every rank");
       }
       result.skipped = true;
       return result;
@@ -245,11 +244,10 @@ void EngineState::all_gather_parameters() {
 void EngineState::on_overflow() {
   scaler_->update(true);
   if (rank_ == 0) {
-    std::printf(
-        "[zeroshard] OVERFLOW at step %lld: update skipped on every rank, loss scale now "
-        "%g\n",
-        static_cast<long long>(global_step_ + 1), loss_scale());
-    std::fflush(stdout);
+    ZEROSHARD_LOG(kProgress, "OVERFLOW at step "
+                                 << global_step_ + 1
+                                 << ": update skipped on every rank, loss scale now "
+                                 << loss_scale());
   }
 }
 
@@ -268,8 +266,7 @@ void EngineState::print_progress(const StepResult& result) {
   const std::int64_t every = config_.steps_per_print;
   if (rank_ != 0 || every <= 0 || global_step_ % every != 0) return;
   std::ostringstream os;
-  os << "[zeroshard] step " << global_step_ << " | lr " << result.lr << " | grad_norm "
-     << result.grad_norm;
+  os << "step " << global_step_ << " | lr " << result.lr << " | grad_norm " << result.grad_norm;
   if (dtype_ == DType::kFloat16) os << " | loss_scale " << loss_scale();
   if (config_.wall_clock_breakdown) {
     const double per_step = 1000.0 / static_cast<double>(every);
@@ -287,8 +284,7 @@ void EngineState::print_progress(const StepResult& result) {
        << " MiB, peak total " << report.total_peak[static_cast<int>(where)] / 1048576.0 << " MiB"
        << (where == MemoryLocation::kDevice ? " on the GPU" : "");
   }
-  std::printf("%s\n", os.str().c_str());
-  std::fflush(stdout);
+  detail::log(LogLevel::kProgress, os.str());
 }
 
 }  // namespace zeroshard::detail

@@ -36,7 +36,7 @@ struct TrafficCounters {
 
 /// Completion of an asynchronous collective. Move-only; destroying a pending request, or assigning
 /// over it, waits for it, so a buffer never outlives the transfer that reads or writes it. Errors
-/// met by that implicit wait are written to stderr, since a destructor cannot throw.
+/// met by that implicit wait are logged (zeroshard/log.h), since a destructor cannot throw.
 ///
 /// When wait() or test() throws (a timeout, a transport error) the request stays pending: wait()
 /// may be called again to keep waiting for a slow peer. Destroying a failed request abandons the

@@ -7,6 +7,7 @@
 #include "zeroshard/dtype.h"
 #include "zeroshard/engine.h"
 #include "zeroshard/error.h"
+#include "zeroshard/log.h"
 #include "zeroshard/lr_scheduler.h"
 #include "zeroshard/memory_estimator.h"
 #include "zeroshard/memory_report.h"

@@ -1,9 +1,10 @@
 // Builds the messages of the CUDA and NCCL check macros.
 #include "cuda/cuda_check.h"
 
-#include <cstdio>
 #include <sstream>
 #include <string>
+
+#include "log.h"
 
 namespace zeroshard::cuda {
 namespace {
@@ -35,8 +36,9 @@ void throw_nccl_error(int result, const char* error_string, const char* expressi
 void report_cuda_error(cudaError_t error, const char* expression, const char* file,
                        int line) noexcept {
   if (error == cudaErrorCudartUnloading) return;
-  std::fprintf(stderr, "zeroshard: %s failed: %s (%s) [%s:%d]\n", expression,
-               cudaGetErrorName(error), cudaGetErrorString(error), file, line);
+  ZEROSHARD_LOG(kError, expression << " failed: " << cudaGetErrorName(error) << " ("
+                                   << cudaGetErrorString(error) << ") [" << file << ":" << line
+                                   << "]");
 }
 
 void throw_allocation_error(const char* call, std::size_t bytes, const char* what,

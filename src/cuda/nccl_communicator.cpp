@@ -19,6 +19,7 @@
 #include "cuda/cuda_stream.h"
 #include "cuda/device_buffer.h"
 #include "cuda/rendezvous_file.h"
+#include "log.h"
 #include "mpi_communicator.h"
 
 namespace zeroshard::cuda {
@@ -177,13 +178,13 @@ NcclCommunicator::State::~State() {
   if (result == ncclSuccess) {
     result = ncclCommDestroy(comm);
   } else {
-    std::fprintf(stderr, "zeroshard: %s did not finish (%s); aborting it\n",
-                 describe("finalize").c_str(), ncclGetErrorString(result));
+    ZEROSHARD_LOG(kWarning, describe("finalize") << " did not finish ("
+                                                 << ncclGetErrorString(result) << "); aborting it");
     result = ncclCommAbort(comm);
   }
   if (result != ncclSuccess) {
-    std::fprintf(stderr, "zeroshard: releasing the NCCL communicator of rank %d failed: %s\n", rank,
-                 ncclGetErrorString(result));
+    ZEROSHARD_LOG(kError, "releasing the NCCL communicator of rank "
+                              << rank << " failed: " << ncclGetErrorString(result));
   }
 }
 
@@ -241,8 +242,8 @@ void NcclCommunicator::State::await(const char* what, Done done) {
 void NcclCommunicator::State::abort(std::string reason) noexcept {
   if (comm != nullptr) {
     if (const ncclResult_t result = ncclCommAbort(comm); result != ncclSuccess) {
-      std::fprintf(stderr, "zeroshard: ncclCommAbort on rank %d failed: %s\n", rank,
-                   ncclGetErrorString(result));
+      ZEROSHARD_LOG(kError,
+                    "ncclCommAbort on rank " << rank << " failed: " << ncclGetErrorString(result));
     }
     comm = nullptr;
   }
