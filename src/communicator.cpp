@@ -3,7 +3,6 @@
 #include "zeroshard/communicator.h"
 
 #include <cstdlib>
-#include <cstring>
 #include <exception>
 #include <string>
 #include <utility>
@@ -14,6 +13,7 @@
 #include "log.h"
 #include "mpi_communicator.h"
 #include "self_communicator.h"
+#include "text_gather.h"
 
 namespace zeroshard {
 namespace {
@@ -125,35 +125,11 @@ std::unique_ptr<Communicator> Communicator::from_environment() {
   return communicator;
 }
 
-// The communicator moves floating-point element types only; an all-gather copies elements bit for
-// bit without arithmetic, so the bytes travel packed two to a 16-bit element, and the lengths as
-// fp32 (exact for any text under 16 MiB).
 std::vector<std::string> Communicator::all_gather_text(const std::string& text) {
-  const int world = size();
-  const int r_self = rank();
-  std::vector<float> lengths(static_cast<std::size_t>(world), 0.0f);
-  lengths[static_cast<std::size_t>(r_self)] = static_cast<float>(text.size());
-  const std::vector<std::int64_t> ones(static_cast<std::size_t>(world), 1);
-  all_gather(lengths.data(), ones, DType::kFloat32);
-
-  std::vector<std::int64_t> counts(static_cast<std::size_t>(world));
-  std::vector<std::int64_t> offsets(static_cast<std::size_t>(world));
-  std::int64_t total = 0;
-  for (int r = 0; r < world; ++r) {
-    counts[static_cast<std::size_t>(r)] = (static_cast<std::int64_t>(lengths[r]) + 1) / 2;
-    offsets[static_cast<std::size_t>(r)] = total;
-    total += counts[static_cast<std::size_t>(r)];
-  }
-  std::vector<std::uint16_t> packed(static_cast<std::size_t>(total), 0);
-  std::memcpy(packed.data() + offsets[static_cast<std::size_t>(r_self)], text.data(), text.size());
-  all_gather(packed.data(), counts, DType::kFloat16);
-
-  std::vector<std::string> texts;
-  for (int r = 0; r < world; ++r) {
-    const char* begin = reinterpret_cast<const char*>(packed.data() + offsets[r]);
-    texts.emplace_back(begin, static_cast<std::size_t>(lengths[r]));
-  }
-  return texts;
+  return detail::gather_text(text, rank(), size(),
+                             [this](void* data, std::span<const std::int64_t> counts, DType dtype) {
+                               all_gather(data, counts, dtype);
+                             });
 }
 
 }  // namespace zeroshard
