@@ -1,6 +1,8 @@
 // The engine's public surface: registration, the flat layout and the buffers each stage owns,
 // parameter handles, and the forwarding from Engine to its state.
 #include <algorithm>
+#include <cmath>
+#include <optional>
 #include <sstream>
 #include <utility>
 
@@ -8,6 +10,7 @@
 #include "engine_state.h"
 #include "half_conversion.h"
 #include "host_staged_communicator.h"
+#include "shape.h"
 
 namespace zeroshard {
 namespace detail {
@@ -108,7 +111,21 @@ void EngineState::resolve_gradient_dtypes() {
 
 void EngineState::finalize() {
   if (finalized_) return;
+  if (backend_->memory().location() != MemoryLocation::kHost) {
+    reduction_scalars_ = allocate(MemoryCategory::kCommunication, 2 * sizeof(float));
+  }
+  check_ranks_agree();
   std::vector<std::int64_t> numels;
+  std::int64_t totals[2] = {};  // frozen, trainable; each with its worst-case alignment padding
+  for (const ParamInfo& p : params_) {
+    std::int64_t& total = totals[p.trainable ? 1 : 0];
+    total += p.numel + kTensorAlignment;
+    ZEROSHARD_CHECK_USAGE(total <= kMaxElements,
+                          "parameter '" << p.name << "' brings the "
+                                        << (p.trainable ? "trainable" : "frozen")
+                                        << " parameters past 2^56 elements, more than zeroshard "
+                                           "can address");
+  }
   for (ParamInfo& p : params_) {
     if (!p.trainable) continue;
     p.tensor = static_cast<int>(numels.size());
@@ -182,9 +199,6 @@ void EngineState::finalize() {
         std::max<std::int64_t>(2, std::min(config_.zero_optimization.sub_group_size,
                                            backend_->working_chunk_elements(owned)));
     scratch_ = allocate(MemoryCategory::kCommunication, chunk * sizeof(float));
-  }
-  if (backend_->memory().location() != MemoryLocation::kHost) {
-    reduction_scalars_ = allocate(MemoryCategory::kCommunication, 2 * sizeof(float));
   }
   plan_buckets();
   finalized_ = true;
@@ -399,11 +413,14 @@ int Engine::add_param_group(const ParamGroupOptions& options) {
                                                                  << "') after the engine was "
                                                                     "finalized");
   if (options.lr) {
-    ZEROSHARD_CHECK_USAGE(*options.lr >= 0.0, "Invalid learning rate: " << *options.lr);
+    ZEROSHARD_CHECK_USAGE(
+        std::isfinite(*options.lr) && *options.lr >= 0.0,
+        "Invalid learning rate: " << *options.lr << " (expected a finite value >= 0)");
   }
   if (options.weight_decay) {
-    ZEROSHARD_CHECK_USAGE(*options.weight_decay >= 0.0,
-                          "Invalid weight_decay value: " << *options.weight_decay);
+    ZEROSHARD_CHECK_USAGE(std::isfinite(*options.weight_decay) && *options.weight_decay >= 0.0,
+                          "Invalid weight_decay value: " << *options.weight_decay
+                                                         << " (expected a finite value >= 0)");
   }
   state_->groups_.push_back({options});
   return static_cast<int>(state_->groups_.size()) - 1;
@@ -424,11 +441,14 @@ Parameter Engine::register_parameter(const std::string& name, std::vector<std::i
   ZEROSHARD_CHECK_USAGE(options.group >= 0 && options.group < static_cast<int>(s.groups_.size()),
                         "parameter '" << name << "': group " << options.group
                                       << " does not exist (add_param_group first)");
-  std::int64_t numel = 1;
   for (std::int64_t d : shape) {
     ZEROSHARD_CHECK_USAGE(d >= 0, "parameter '" << name << "': negative dimension " << d);
-    numel *= d;
   }
+  const std::optional<std::int64_t> numel = detail::element_product(shape);
+  ZEROSHARD_CHECK_USAGE(numel.has_value(),
+                        "parameter '" << name << "': shape " << detail::format_shape(shape)
+                                      << " has more than 2^56 elements, more than zeroshard can "
+                                         "address (did a dimension overflow?)");
   const std::string module_name =
       options.module.empty() ? detail::default_module_name(name) : options.module;
   ModuleId module = -1;
@@ -450,7 +470,7 @@ Parameter Engine::register_parameter(const std::string& name, std::vector<std::i
   detail::ParamInfo p;
   p.name = name;
   p.shape = std::move(shape);
-  p.numel = numel;
+  p.numel = *numel;
   p.trainable = options.trainable;
   p.group = options.group;
   p.module = module;
@@ -503,7 +523,8 @@ bool Engine::is_gradient_accumulation_boundary() const {
 std::int64_t Engine::global_step() const { return state_->global_step_; }
 double Engine::lr() const { return state_->current_lr(); }
 void Engine::set_lr(double lr) {
-  ZEROSHARD_CHECK_USAGE(lr >= 0.0, "Invalid learning rate: " << lr);
+  ZEROSHARD_CHECK_USAGE(std::isfinite(lr) && lr >= 0.0,
+                        "Invalid learning rate: " << lr << " (expected a finite value >= 0)");
   state_->lr_override_ = lr;
 }
 double Engine::loss_scale() const { return state_->loss_scale(); }

@@ -104,6 +104,14 @@ class EngineState {
   float* state_at(int state, std::int64_t flat);
   void* model_param_at(std::int64_t flat);  ///< stages 0-2: full buffer; 3: the shard
 
+  // --- rank_agreement.cpp: every rank runs the same config and registers the same model ---
+  /// Throws ConfigError (a config key) or UsageError (rule, group or parameter) naming the first
+  /// difference and each rank's value; world 1 returns at once.
+  void check_ranks_agree();
+  std::string agreement_description() const;
+  /// Communicator::all_gather_text for any communicator, bouncing through engine memory.
+  std::vector<std::string> all_gather_text(const std::string& text);
+
   // --- grad_bucketer.cpp: gradient buckets and their reductions ---
   void plan_buckets();
   void mark_grad_ready(int index);
