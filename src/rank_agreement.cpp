@@ -62,23 +62,35 @@ std::vector<Entry> from_json_text(const std::string& text) {
   return entries;
 }
 
-// "ranks 0, 2: 0.001; rank 1: 0.002": ranks grouped by the value they hold.
-std::string values_by_rank(const std::vector<std::vector<Entry>>& ranks, std::size_t index) {
+// "zero_optimization.stage: ranks 0, 2: 2; rank 1: 3": ranks grouped by what they hold at
+// `index`; the key leads when every rank has the same one there, unless a ConfigError already
+// names it.
+std::string values_by_rank(const std::vector<std::vector<Entry>>& ranks, std::size_t index,
+                           bool lead_with_key) {
+  const auto entry_at = [&](std::size_t r) -> const Entry* {
+    return index < ranks[r].size() ? &ranks[r][index] : nullptr;
+  };
+  bool one_key = true;
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    one_key = one_key && entry_at(r) && entry_at(0) && entry_at(r)->key == entry_at(0)->key;
+  }
   std::map<std::string, std::vector<int>> holders;
   std::vector<std::string> order;
   for (std::size_t r = 0; r < ranks.size(); ++r) {
-    const std::string value = index < ranks[r].size()
-                                  ? ranks[r][index].key + " = " + shorten(ranks[r][index].value)
-                                  : "(nothing: fewer entries)";
+    const Entry* entry = entry_at(r);
+    const std::string value = entry == nullptr ? "nothing (fewer entries)"
+                              : one_key        ? shorten(entry->value)
+                                               : entry->key + " = " + shorten(entry->value);
     if (holders[value].empty()) order.push_back(value);
     holders[value].push_back(static_cast<int>(r));
   }
   std::ostringstream os;
+  if (one_key && lead_with_key) os << entry_at(0)->key << ": ";
   for (std::size_t v = 0; v < order.size(); ++v) {
     const std::vector<int>& rank_list = holders[order[v]];
     os << (v > 0 ? "; " : "") << (rank_list.size() > 1 ? "ranks " : "rank ");
     for (std::size_t i = 0; i < rank_list.size(); ++i) os << (i > 0 ? ", " : "") << rank_list[i];
-    os << ": " << order[v];
+    os << (rank_list.size() > 1 ? " have " : " has ") << order[v];
   }
   return os.str();
 }
@@ -153,12 +165,13 @@ void EngineState::check_ranks_agree() {
                 !same(entries[index], ranks[0][index]);
     }
     if (!differs) continue;
+    const std::vector<Entry>& own = ranks[static_cast<std::size_t>(rank_)];
+    const bool config_key = index < own.size() && own[index].config;
     const std::string message =
-        "ranks disagree on " + values_by_rank(ranks, index) +
+        "ranks disagree: " + values_by_rank(ranks, index, !config_key) +
         ". Every rank must run the same program with the same config, and register the same "
         "parameters in the same order";
-    const std::vector<Entry>& own = ranks[static_cast<std::size_t>(rank_)];
-    if (index < own.size() && own[index].config) throw ConfigError(own[index].key, message);
+    if (config_key) throw ConfigError(own[index].key, message);
     throw UsageError(message);
   }
   // The digests differ but the entries agree: only a hash collision of equal texts could do
