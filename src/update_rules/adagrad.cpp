@@ -4,34 +4,13 @@
 #include <cstdint>
 #include <string>
 
+#include "cpu_optimizer.h"
 #include "update_rules/builtin_rule.h"
 #include "update_rules/rule_checks.h"
-#include "update_rules/simd.h"
 #include "zeroshard/optimizer.h"
 
 namespace zeroshard {
 namespace {
-
-struct AdagradScalars {
-  float neg_clr;  // -lr / (1 + (step - 1) * lr_decay)
-  float weight_decay;
-  float sum_start;  // added to the zeroed sum on step 1 only (see apply)
-  float eps;
-};
-
-void adagrad_loop(const ShardSlice& slice, const AdagradScalars& s) {
-  float* param = slice.param;
-  const float* grad = slice.grad;
-  float* state_sum = slice.states[0];
-  const std::int64_t n = slice.size;
-  ZEROSHARD_SIMD_LOOP
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float g = grad[i] + s.weight_decay * param[i];
-    const float sum = (state_sum[i] + s.sum_start) + g * g;
-    state_sum[i] = sum;
-    param[i] = param[i] + s.neg_clr * g / (std::sqrt(sum) + s.eps);
-  }
-}
 
 class AdagradRule final : public detail::BuiltinRule {
  public:
@@ -49,11 +28,13 @@ class AdagradRule final : public detail::BuiltinRule {
     // PyTorch starts the sum at initial_accumulator_value; ours arrives zeroed, so step 1 adds the
     // start value (0 + v is exact) and later steps add 0 (also exact).
     const double sum_start = context.step == 1 ? options_.initial_accumulator_value : 0.0;
-    adagrad_loop(slice, {.neg_clr = static_cast<float>(-context.lr /
-                                                       (1.0 + (step - 1.0) * options_.lr_decay)),
-                         .weight_decay = static_cast<float>(context.weight_decay),
-                         .sum_start = static_cast<float>(sum_start),
-                         .eps = static_cast<float>(options_.eps)});
+    detail::cpu_optimizer::adagrad(
+        detail::cpu_optimizer::active_isa(),
+        {.param = slice.param, .grad = slice.grad, .states = slice.states.data()}, slice.size,
+        {.neg_clr = static_cast<float>(-context.lr / (1.0 + (step - 1.0) * options_.lr_decay)),
+         .weight_decay = static_cast<float>(context.weight_decay),
+         .sum_start = static_cast<float>(sum_start),
+         .eps = static_cast<float>(options_.eps)});
   }
 
  private:

@@ -1,59 +1,18 @@
 // Adam and AdamW as torch.optim computes them (foreach=False reference algorithm), in fp32 per
-// element with the bias corrections computed once per call in double.
+// element with the bias corrections computed once per call in double; the loop is the CPU
+// optimizer's (offload/cpu_rule_kernels.inc).
 #include "update_rules/adam_core.h"
 
 #include <cmath>
 #include <cstdint>
 #include <string>
 
+#include "cpu_optimizer.h"
 #include "update_rules/builtin_rule.h"
 #include "update_rules/rule_checks.h"
-#include "update_rules/simd.h"
 
 namespace zeroshard::detail {
 namespace {
-
-/// Per-call scalars. Adam uses weight_factor 1 and AdamW l2 0: multiplying by 1 and adding 0 * p
-/// are exact, so one loop serves both without changing either's results.
-struct AdamScalars {
-  float weight_factor;  // p *= weight_factor before the update
-  float l2;             // g += l2 * p
-  float beta1;
-  float one_minus_beta1;
-  float beta2;
-  float one_minus_beta2;
-  float step_size;              // lr / (1 - beta1^t)
-  float bias_correction2_sqrt;  // sqrt(1 - beta2^t)
-  float eps;
-};
-
-template <bool kAmsgrad>
-void adam_loop(const ShardSlice& slice, const AdamScalars& s) {
-  float* param = slice.param;
-  const float* grad = slice.grad;
-  float* exp_avg = slice.states[0];
-  float* exp_avg_sq = slice.states[1];
-  float* max_exp_avg_sq = kAmsgrad ? slice.states[2] : nullptr;
-  const std::int64_t n = slice.size;
-  ZEROSHARD_SIMD_LOOP
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float p = param[i] * s.weight_factor;
-    const float g = grad[i] + s.l2 * p;
-    const float m = s.beta1 * exp_avg[i] + s.one_minus_beta1 * g;
-    const float v = s.beta2 * exp_avg_sq[i] + s.one_minus_beta2 * g * g;
-    exp_avg[i] = m;
-    exp_avg_sq[i] = v;
-    float v_used = v;
-    if constexpr (kAmsgrad) {
-      // By value, not std::max's reference, so that the load is unconditional and vectorises.
-      const float previous_max = max_exp_avg_sq[i];
-      v_used = previous_max > v ? previous_max : v;
-      max_exp_avg_sq[i] = v_used;
-    }
-    const float denom = std::sqrt(v_used) / s.bias_correction2_sqrt + s.eps;
-    param[i] = p - s.step_size * m / denom;
-  }
-}
 
 class AdamRule final : public BuiltinRule {
  public:
@@ -78,7 +37,7 @@ class AdamRule final : public BuiltinRule {
     const double beta2 = options_.beta2;
     const auto step = static_cast<double>(context.step);
     const bool decoupled = weight_decay_mode_ == AdamWeightDecay::kDecoupled;
-    const AdamScalars scalars{
+    const cpu_optimizer::AdamScalars scalars{
         .weight_factor =
             static_cast<float>(decoupled ? 1.0 - context.lr * context.weight_decay : 1.0),
         .l2 = static_cast<float>(decoupled ? 0.0 : context.weight_decay),
@@ -87,14 +46,13 @@ class AdamRule final : public BuiltinRule {
         .beta2 = static_cast<float>(beta2),
         .one_minus_beta2 = static_cast<float>(1.0 - beta2),
         .step_size = static_cast<float>(context.lr / (1.0 - std::pow(beta1, step))),
-        .bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(beta2, step))),
+        .inv_bias_correction2_sqrt =
+            static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(beta2, step))),
         .eps = static_cast<float>(options_.eps),
     };
-    if (options_.amsgrad) {
-      adam_loop<true>(slice, scalars);
-    } else {
-      adam_loop<false>(slice, scalars);
-    }
+    cpu_optimizer::adam(cpu_optimizer::active_isa(),
+                        {.param = slice.param, .grad = slice.grad, .states = slice.states.data()},
+                        slice.size, scalars, options_.amsgrad);
   }
 
  private:

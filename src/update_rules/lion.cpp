@@ -3,40 +3,13 @@
 #include <cstdint>
 #include <string>
 
+#include "cpu_optimizer.h"
 #include "update_rules/builtin_rule.h"
 #include "update_rules/rule_checks.h"
-#include "update_rules/simd.h"
 #include "zeroshard/optimizer.h"
 
 namespace zeroshard {
 namespace {
-
-struct LionScalars {
-  float weight_factor;  // 1 - lr * weight_decay
-  float lr;
-  float beta1;
-  float one_minus_beta1;
-  float beta2;
-  float one_minus_beta2;
-};
-
-void lion_loop(const ShardSlice& slice, const LionScalars& s) {
-  float* param = slice.param;
-  const float* grad = slice.grad;
-  float* exp_avg = slice.states[0];
-  const std::int64_t n = slice.size;
-  ZEROSHARD_SIMD_LOOP
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float g = grad[i];
-    const float m = exp_avg[i];
-    const float c = s.beta1 * m + s.one_minus_beta1 * g;
-    // torch.sign: 0 stays 0. Integer arithmetic on the comparisons compiles to masks; converting
-    // each comparison to float instead keeps a branch that GCC does not if-convert.
-    const int sign = static_cast<int>(c > 0.0f) - static_cast<int>(c < 0.0f);
-    param[i] = param[i] * s.weight_factor - s.lr * static_cast<float>(sign);
-    exp_avg[i] = s.beta2 * m + s.one_minus_beta2 * g;
-  }
-}
 
 class LionRule final : public detail::BuiltinRule {
  public:
@@ -52,12 +25,15 @@ class LionRule final : public detail::BuiltinRule {
   void apply(const ShardSlice& slice, const StepContext& context) const override {
     detail::check_apply_arguments(slice, context, state_count(), name());
     const double beta1 = context.momentum.value_or(options_.beta1);
-    lion_loop(slice, {.weight_factor = static_cast<float>(1.0 - context.lr * context.weight_decay),
-                      .lr = static_cast<float>(context.lr),
-                      .beta1 = static_cast<float>(beta1),
-                      .one_minus_beta1 = static_cast<float>(1.0 - beta1),
-                      .beta2 = static_cast<float>(options_.beta2),
-                      .one_minus_beta2 = static_cast<float>(1.0 - options_.beta2)});
+    detail::cpu_optimizer::lion(
+        detail::cpu_optimizer::active_isa(),
+        {.param = slice.param, .grad = slice.grad, .states = slice.states.data()}, slice.size,
+        {.weight_factor = static_cast<float>(1.0 - context.lr * context.weight_decay),
+         .lr = static_cast<float>(context.lr),
+         .beta1 = static_cast<float>(beta1),
+         .one_minus_beta1 = static_cast<float>(1.0 - beta1),
+         .beta2 = static_cast<float>(options_.beta2),
+         .one_minus_beta2 = static_cast<float>(1.0 - options_.beta2)});
   }
 
  private:
