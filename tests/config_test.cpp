@@ -722,11 +722,20 @@ TEST(ConfigReference, EveryImplementedScalarKeyHasAField) {
   }
 }
 
+TEST(KeySuggestion, WordsFarLongerThanEveryCandidateMatchNothing) {
+  EXPECT_EQ(detail::closest_match(std::string(1 << 20, 'x'), {"stage", "xxxxxxxx"}), std::nullopt);
+  EXPECT_EQ(detail::closest_match("reduce_bucket_sizeee", {"reduce_bucket_size"}),
+            "reduce_bucket_size");
+}
+
 TEST(KeySuggestion, CountsASwapAsOneEdit) {
   EXPECT_EQ(detail::edit_distance("stgae", "stage"), 1u);
   EXPECT_EQ(detail::edit_distance("Stage", "stage"), 0u);
   EXPECT_EQ(detail::closest_match("bf61", {"fp16", "bf16"}), "bf16");
   EXPECT_EQ(detail::closest_match("foo", {"aio", "fp16"}), std::nullopt);
+  EXPECT_EQ(detail::edit_distance("abcdef", "badcfe"), 3u);
+  EXPECT_EQ(detail::edit_distance("", "abc"), 3u);
+  EXPECT_EQ(detail::edit_distance("kitten", "sitting"), 3u);
 }
 
 }  // namespace
