@@ -41,6 +41,11 @@ ConfigError range_error(const std::string& path, const json& value, const detail
                      "got " + detail::describe_value(value) + ", expected " + range.describe());
 }
 
+// Deeper than any DeepSpeed config goes (optimizer.params.betas, an array in an object in an
+// object in the document, is 4) and shallow enough that every recursive walk of the document
+// (nlohmann's copy and comparison, drop_auto, read_section) stays far from the end of the stack.
+constexpr std::size_t kMaxNesting = 32;
+
 // nlohmann's messages start with "[json.exception.parse_error.101] "; the rest is the useful
 // part ("parse error at line 2, column 5: ..."). It may quote the token being read after
 // `token_marker` ("; last read: '"); that token is the file's own text, possibly megabytes of
@@ -61,25 +66,46 @@ std::string nlohmann_message(const std::string& message, std::string_view token_
 }
 
 // Parses JSON, rejecting a key given twice in one object as DeepSpeed does
-// (dict_raise_error_on_duplicate_keys) rather than silently keeping the last value.
+// (dict_raise_error_on_duplicate_keys) rather than silently keeping the last value, and nesting
+// deeper than kMaxNesting while it is read, before a deep value is built.
 json read_json(const std::string& text) {
-  std::vector<std::set<std::string>> seen;
-  std::vector<std::string> open_keys;  // as messages show them
+  // One per open object or array: the length `path` had when it opened, and an object's keys.
+  struct Open {
+    std::size_t path_length;
+    std::set<std::string> keys;
+  };
+  std::vector<Open> open;
+  // The key being read, as messages show it. Each key replaces the previous one at its level,
+  // so a key costs its own length, not the depth.
+  std::string path;
   auto on_event = [&](int, json::parse_event_t event, json& parsed) {
-    if (event == json::parse_event_t::object_start) {
-      seen.emplace_back();
-      open_keys.emplace_back();
-    } else if (event == json::parse_event_t::object_end) {
-      seen.pop_back();
-      open_keys.pop_back();
-    } else if (event == json::parse_event_t::key) {
-      std::string key = parsed.get<std::string>();
-      std::string path;
-      for (std::size_t i = 0; i + 1 < open_keys.size(); ++i) path = join_path(path, open_keys[i]);
-      open_keys.back() = detail::printable_text(key);
-      if (!seen.back().insert(key).second) {
-        throw ConfigError(join_path(path, open_keys.back()), "given twice in one object");
+    switch (event) {
+      case json::parse_event_t::object_start:
+      case json::parse_event_t::array_start:
+        if (open.size() == kMaxNesting) {
+          throw ConfigError(path, "objects and arrays nested more than " +
+                                      std::to_string(kMaxNesting) +
+                                      " deep; no DeepSpeed key needs more than 4, so look for "
+                                      "a bracket opened too often");
+        }
+        open.push_back({path.size(), {}});
+        break;
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
+        path.resize(open.back().path_length);
+        open.pop_back();
+        break;
+      case json::parse_event_t::key: {
+        path.resize(open.back().path_length);
+        if (!path.empty()) path += '.';
+        path += detail::printable_text(parsed.get_ref<const std::string&>());
+        if (!open.back().keys.insert(parsed.get_ref<const std::string&>()).second) {
+          throw ConfigError(path, "given twice in one object");
+        }
+        break;
       }
+      case json::parse_event_t::value:
+        break;
     }
     return true;
   };
@@ -90,9 +116,7 @@ json read_json(const std::string& text) {
     throw ConfigError("", "invalid JSON: " + nlohmann_message(error.what(), "; last read: '"));
   } catch (const json::out_of_range& error) {
     // A number too large for a double (1e999). JSON itself has no inf or nan, so after this
-    // every number the parser sees is finite. The key being read is still on the stack.
-    std::string path;
-    for (const std::string& key : open_keys) path = join_path(path, key);
+    // every number the parser sees is finite. `path` still names the key being read.
     throw ConfigError(path,
                       nlohmann_message(error.what(), "parsing '") + "; expected a finite number");
   }
@@ -218,7 +242,7 @@ void ConfigParser::resolve_aliases(json& document) {
     if (!is_alias(spec)) continue;
     json* parent = spec.parent().empty() ? &document : find_path(document, spec.parent());
     if (parent == nullptr || !parent->is_object() || !parent->contains(spec.name())) continue;
-    json value = (*parent)[spec.name()];
+    json value = std::move((*parent)[spec.name()]);
     parent->erase(spec.name());
     const bool is_switch = !spec.alias_value.empty();
     if (is_switch && !value.is_boolean()) throw type_error(spec.path, value, "a boolean");

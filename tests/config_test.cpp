@@ -563,7 +563,12 @@ TEST(ConfigValidation, UnreadableFileIsAnIoError) {
   EXPECT_THROW(Config::from_json_file("/nonexistent/zeroshard.json"), IoError);
 }
 
-// --- hostile input: huge keys and values, control bytes -----------------------------------
+// --- hostile input: deep nesting, huge keys and values, control bytes -----------------------
+
+// `depth` nested arrays, `[[...]]`.
+std::string nested_arrays(std::size_t depth) {
+  return std::string(depth, '[') + std::string(depth, ']');
+}
 
 // Messages go to terminals and logs: no control byte, nothing but ASCII, one short line.
 void expect_printable_and_short(const ConfigError& error) {
@@ -572,6 +577,47 @@ void expect_printable_and_short(const ConfigError& error) {
   EXPECT_TRUE(std::all_of(message.begin(), message.end(), [](char c) {
     return c >= 0x20 && c < 0x7f;
   })) << message.substr(0, 200);
+}
+
+TEST(ConfigInput, DeepNestingIsRefusedWhileParsing) {
+  // 100,000 levels overflowed the stack when the value was copied (an alias is moved to its
+  // target); the parser now stops at the 33rd level, before the value is built.
+  const std::string deep = nested_arrays(100000);
+  const struct {
+    std::string text;
+    std::string key_path;
+  } cases[] = {
+      {deep, ""},
+      {R"({"train_batch_size": 8, "zero_optimization": {"cpu_offload": )" + deep + "}}",
+       "zero_optimization.cpu_offload"},
+      {R"({"train_batch_size": 8, "zero_optimization": {"stage3_max_live_parameters": )" + deep +
+           "}}",
+       "zero_optimization.stage3_max_live_parameters"},
+      {R"({"train_batch_size": 8, "tensorboard": {"x": )" + deep + "}}", "tensorboard.x"},
+      {R"({"optimizer": {"type": "adam", "params": {"betas": )" + deep + "}}}",
+       "optimizer.params.betas"},
+  };
+  for (const auto& [text, key_path] : cases) {
+    ConfigError error = config_error(text);
+    EXPECT_EQ(error.key_path(), key_path);
+    EXPECT_THAT(error.what(), HasSubstr("nested more than 32 deep"));
+  }
+}
+
+TEST(ConfigInput, DeepObjectsNameTheKeysSoFar) {
+  std::string text = R"({"train_batch_size": 8, )";
+  for (int i = 0; i < 8000; ++i) text += R"("a": {)";
+  text += std::string(8000, '}') + "}";
+  ConfigError error = config_error(text);
+  std::string path = "a";
+  for (int i = 1; i < 32; ++i) path += ".a";
+  EXPECT_EQ(error.key_path(), path);
+}
+
+TEST(ConfigInput, NestingUpToTheLimitIsAccepted) {
+  // tensorboard is not looked inside, so only the depth is checked: 1 + 1 + 30 = 32 levels.
+  Config::from_json_string(R"({"train_batch_size": 8, "tensorboard": {"x": )" + nested_arrays(30) +
+                           "}}");
 }
 
 TEST(ConfigInput, MegabyteUnknownKeyGivesAShortMessage) {
