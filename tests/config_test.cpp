@@ -150,6 +150,18 @@ TEST(Config, AcceptsScientificNotationForIntegerKeys) {
   EXPECT_EQ(config.zero_optimization.max_live_parameters, 1000000000);
 }
 
+TEST(Config, StepsPerPrintZeroOrNullMeansNever) {
+  for (const char* value : {"0", "null"}) {
+    Config config = Config::from_json_string(R"({"train_batch_size": 8, "steps_per_print": )" +
+                                             std::string(value) + "}");
+    EXPECT_EQ(config.steps_per_print, 0) << value;
+    EXPECT_TRUE(nlohmann::json::parse(config.resolved_json())["steps_per_print"].is_null());
+  }
+  ConfigError error = config_error(R"({"train_batch_size": 8, "steps_per_print": -1})");
+  EXPECT_EQ(error.key_path(), "steps_per_print");
+  EXPECT_THAT(error.what(), HasSubstr("got -1, expected >= 0"));
+}
+
 TEST(Config, MapsDeprecatedAliasesAndSaysSo) {
   Config config = Config::from_json_string(R"({"train_batch_size": 8,
     "bfloat16": {"enabled": true},
