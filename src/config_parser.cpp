@@ -26,6 +26,11 @@ std::string join(const std::vector<std::string>& words) {
   return text;
 }
 
+// A string from the file as messages show it: "cpu".
+std::string quoted_text(std::string_view text) {
+  return "\"" + detail::printable_text(text) + "\"";
+}
+
 ConfigError type_error(const std::string& path, const json& value, const std::string& expected) {
   return ConfigError(path, "got " + detail::describe_value(value) + ", expected " + expected);
 }
@@ -36,33 +41,71 @@ ConfigError range_error(const std::string& path, const json& value, const detail
                      "got " + detail::describe_value(value) + ", expected " + range.describe());
 }
 
+// Deeper than any DeepSpeed config goes (optimizer.params.betas, an array in an object in an
+// object in the document, is 4) and shallow enough that every recursive walk of the document
+// (nlohmann's copy and comparison, drop_auto, read_section) stays far from the end of the stack.
+constexpr std::size_t kMaxNesting = 32;
+
 // nlohmann's messages start with "[json.exception.parse_error.101] "; the rest is the useful
-// part ("parse error at line 2, column 5: ...").
-std::string strip_exception_id(const std::string& message) {
-  auto end = message.find("] ");
-  return end == std::string::npos ? message : message.substr(end + 2);
+// part ("parse error at line 2, column 5: ..."). It may quote the token being read after
+// `token_marker` ("; last read: '"); that token is the file's own text, possibly megabytes of
+// any bytes, so it is escaped and cut like every value in a message.
+std::string nlohmann_message(const std::string& message, std::string_view token_marker) {
+  auto id_end = message.find("] ");
+  std::string text = id_end == std::string::npos ? message : message.substr(id_end + 2);
+  auto begin = text.find(token_marker);
+  if (begin == std::string::npos) return text;
+  begin += token_marker.size();
+  // The token ends at its closing quote, which is followed by "; expected ..." or nothing.
+  auto end = text.rfind("'; expected ");
+  if (end == std::string::npos || end < begin) end = text.rfind('\'');
+  if (end == std::string::npos || end < begin) end = text.size();
+  return text.substr(0, begin) +
+         detail::printable_text(std::string_view(text).substr(begin, end - begin)) +
+         text.substr(end);
 }
 
 // Parses JSON, rejecting a key given twice in one object as DeepSpeed does
-// (dict_raise_error_on_duplicate_keys) rather than silently keeping the last value.
+// (dict_raise_error_on_duplicate_keys) rather than silently keeping the last value, and nesting
+// deeper than kMaxNesting while it is read, before a deep value is built.
 json read_json(const std::string& text) {
-  std::vector<std::set<std::string>> seen;
-  std::vector<std::string> open_keys;
+  // One per open object or array: the length `path` had when it opened, and an object's keys.
+  struct Open {
+    std::size_t path_length;
+    std::set<std::string> keys;
+  };
+  std::vector<Open> open;
+  // The key being read, as messages show it. Each key replaces the previous one at its level,
+  // so a key costs its own length, not the depth.
+  std::string path;
   auto on_event = [&](int, json::parse_event_t event, json& parsed) {
-    if (event == json::parse_event_t::object_start) {
-      seen.emplace_back();
-      open_keys.emplace_back();
-    } else if (event == json::parse_event_t::object_end) {
-      seen.pop_back();
-      open_keys.pop_back();
-    } else if (event == json::parse_event_t::key) {
-      std::string key = parsed.get<std::string>();
-      std::string path;
-      for (std::size_t i = 0; i + 1 < open_keys.size(); ++i) path = join_path(path, open_keys[i]);
-      if (!seen.back().insert(key).second) {
-        throw ConfigError(join_path(path, key), "given twice in one object");
+    switch (event) {
+      case json::parse_event_t::object_start:
+      case json::parse_event_t::array_start:
+        if (open.size() == kMaxNesting) {
+          throw ConfigError(path, "objects and arrays nested more than " +
+                                      std::to_string(kMaxNesting) +
+                                      " deep; no DeepSpeed key needs more than 4, so look for "
+                                      "a bracket opened too often");
+        }
+        open.push_back({path.size(), {}});
+        break;
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
+        path.resize(open.back().path_length);
+        open.pop_back();
+        break;
+      case json::parse_event_t::key: {
+        path.resize(open.back().path_length);
+        if (!path.empty()) path += '.';
+        path += detail::printable_text(parsed.get_ref<const std::string&>());
+        if (!open.back().keys.insert(parsed.get_ref<const std::string&>()).second) {
+          throw ConfigError(path, "given twice in one object");
+        }
+        break;
       }
-      open_keys.back() = key;
+      case json::parse_event_t::value:
+        break;
     }
     return true;
   };
@@ -70,13 +113,12 @@ json read_json(const std::string& text) {
   try {
     document = json::parse(text, on_event);
   } catch (const json::parse_error& error) {
-    throw ConfigError("", "invalid JSON: " + strip_exception_id(error.what()));
+    throw ConfigError("", "invalid JSON: " + nlohmann_message(error.what(), "; last read: '"));
   } catch (const json::out_of_range& error) {
     // A number too large for a double (1e999). JSON itself has no inf or nan, so after this
-    // every number the parser sees is finite. The key being read is still on the stack.
-    std::string path;
-    for (const std::string& key : open_keys) path = join_path(path, key);
-    throw ConfigError(path, strip_exception_id(error.what()) + "; expected a finite number");
+    // every number the parser sees is finite. `path` still names the key being read.
+    throw ConfigError(path,
+                      nlohmann_message(error.what(), "parsing '") + "; expected a finite number");
   }
   if (!document.is_object()) {
     throw ConfigError("", "got " + detail::describe_value(document) +
@@ -139,6 +181,7 @@ bool is_alias(const KeySpec& spec) {
 }
 
 ConfigError unknown_key(const std::string& prefix, const std::string& key) {
+  const std::string path = join_path(prefix, detail::printable_text(key));
   std::vector<std::string> names;
   std::vector<std::string> listed;
   for (const KeySpec* child : detail::child_specs(prefix)) {
@@ -147,18 +190,17 @@ ConfigError unknown_key(const std::string& prefix, const std::string& key) {
   }
   std::string message = "unknown key" + (prefix.empty() ? "" : " in " + prefix);
   if (auto suggestion = detail::closest_match(key, names)) {
-    return ConfigError(join_path(prefix, key), message + "; did you mean '" + *suggestion + "'?");
+    return ConfigError(path, message + "; did you mean '" + *suggestion + "'?");
   }
   // A key at the wrong level, e.g. offload_optimizer at the top instead of in
   // zero_optimization.
   for (const KeySpec& spec : detail::key_specs()) {
     if (spec.name() == key && spec.parent() != prefix) {
-      return ConfigError(join_path(prefix, key),
-                         message + "; did you mean '" + spec.path + "'? (it belongs in " +
-                             (spec.parent().empty() ? "the top level" : spec.parent()) + ")");
+      return ConfigError(path, message + "; did you mean '" + spec.path + "'? (it belongs in " +
+                                   (spec.parent().empty() ? "the top level" : spec.parent()) + ")");
     }
   }
-  return ConfigError(join_path(prefix, key), message + "; expected one of: " + join(listed));
+  return ConfigError(path, message + "; expected one of: " + join(listed));
 }
 
 std::string device_text(OffloadDevice device) {
@@ -200,7 +242,7 @@ void ConfigParser::resolve_aliases(json& document) {
     if (!is_alias(spec)) continue;
     json* parent = spec.parent().empty() ? &document : find_path(document, spec.parent());
     if (parent == nullptr || !parent->is_object() || !parent->contains(spec.name())) continue;
-    json value = (*parent)[spec.name()];
+    json value = std::move((*parent)[spec.name()]);
     parent->erase(spec.name());
     const bool is_switch = !spec.alias_value.empty();
     if (is_switch && !value.is_boolean()) throw type_error(spec.path, value, "a boolean");
@@ -316,6 +358,7 @@ json ConfigParser::check_scalar(const std::string& path, ValueKind kind, const d
       const std::string text = value.get<std::string>();
       if (choices.empty()) return value;
       auto same = [fold_case](const std::string& a, const std::string& b) {
+        if (a.size() != b.size()) return false;
         return fold_case ? detail::ascii_lower(a) == detail::ascii_lower(b) : a == b;
       };
       const std::vector<std::string> allowed = detail::split_choices(choices);
@@ -324,12 +367,12 @@ json ConfigParser::check_scalar(const std::string& path, ValueKind kind, const d
       }
       for (const std::string& choice : detail::split_choices(refused_choices)) {
         if (same(choice, text)) {
-          refuse(path, "got " + value.dump() + "; " + choice +
+          refuse(path, "got " + quoted_text(text) + "; " + choice +
                            " is not implemented in zeroshard (expected " + expected + ")");
           return choice;
         }
       }
-      std::string message = "got " + value.dump() + ", expected " + expected;
+      std::string message = "got " + quoted_text(text) + ", expected " + expected;
       if (auto suggestion = detail::closest_match(text, allowed)) {
         message += "; did you mean '" + *suggestion + "'?";
       }
@@ -347,7 +390,7 @@ void ConfigParser::read_optimizer_params(const json& params) {
                       "missing, but optimizer.params is given; expected " + optimizer_choices());
   }
   for (const auto& [name, value] : params.items()) {
-    const std::string path = "optimizer.params." + name;
+    const std::string path = "optimizer.params." + detail::printable_text(name);
     const std::string expected = "a number, a boolean or an array of numbers";
     if (value.is_boolean()) {
       config_.optimizer.params[name] = value.get<bool>() ? 1.0 : 0.0;
@@ -379,7 +422,7 @@ void ConfigParser::read_scheduler_params(const json& params) {
                       "missing, but scheduler.params is given; expected " + scheduler_choices());
   }
   for (const auto& [name, value] : params.items()) {
-    const std::string path = "scheduler.params." + name;
+    const std::string path = "scheduler.params." + detail::printable_text(name);
     const detail::SchedulerParamSpec* param = nullptr;
     std::vector<std::string> names;
     for (const detail::SchedulerParamSpec& candidate : scheduler->params) {

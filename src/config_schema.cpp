@@ -56,10 +56,11 @@ std::vector<KeySpec> make_key_specs() {
       {.path = "steps_per_print",
        .kind = K::kInteger,
        .default_json = "null",
-       .meaning = "Print progress every this many steps; null = never (newest DeepSpeed; "
-                  "older versions printed every 10). Config holds 0 for null.",
+       .meaning = "Print progress every this many steps; 0 or null = never (null is newest "
+                  "DeepSpeed's default; older versions printed every 10). Config holds 0 for "
+                  "null.",
        .field = ZEROSHARD_CONFIG_FIELD(steps_per_print),
-       .range = kPositive},
+       .range = kNonNegative},
       {.path = "wall_clock_breakdown",
        .kind = K::kBool,
        .default_json = "false",

@@ -42,6 +42,34 @@ std::string format_number(double number) {
   return std::string(buffer, result.ptr);
 }
 
+std::string printable_text(std::string_view text) {
+  // Long enough for every DeepSpeed key and value; a megabyte-long key still gives a one-line
+  // message.
+  constexpr std::size_t kShownLength = 64;
+  constexpr char kHex[] = "0123456789abcdef";
+  std::string shown;
+  for (char c : text) {
+    if (shown.size() >= kShownLength) return shown + "...";
+    const auto byte = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      shown += {'\\', c};
+    } else if (c == '\n') {
+      shown += "\\n";
+    } else if (c == '\t') {
+      shown += "\\t";
+    } else if (byte >= 0x20 && byte < 0x7f) {
+      shown += c;
+    } else {
+      // Non-ASCII bytes are escaped too, not passed on as UTF-8: a zero-width space, a
+      // right-to-left override or a C1 control (U+009B starts a terminal escape) would make a
+      // key look like a different, possibly valid, one. Config keys and values are ASCII.
+      shown += byte < 0x80 ? "\\u00" : "\\x";
+      shown += {kHex[byte >> 4], kHex[byte & 0xf]};
+    }
+  }
+  return shown;
+}
+
 std::string describe_value(const nlohmann::json& value) {
   switch (value.type()) {
     case nlohmann::json::value_t::null:
@@ -49,7 +77,7 @@ std::string describe_value(const nlohmann::json& value) {
     case nlohmann::json::value_t::boolean:
       return value.get<bool>() ? "true" : "false";
     case nlohmann::json::value_t::string:
-      return "string " + value.dump();
+      return "string \"" + printable_text(value.get_ref<const std::string&>()) + "\"";
     case nlohmann::json::value_t::object:
       return "an object";
     case nlohmann::json::value_t::array:

@@ -11,21 +11,25 @@ std::size_t edit_distance(std::string_view a, std::string_view b) {
     return std::tolower(static_cast<unsigned char>(x)) ==
            std::tolower(static_cast<unsigned char>(y));
   };
-  // d[i][j] is the distance between a[0, i) and b[0, j); keys are short, so the full table is
-  // cheap.
-  std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
-  for (std::size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
-  for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  // Row i of the table holds the distances between a[0, i) and every b[0, j). A swap looks two
+  // rows back, so three rows suffice: memory grows with b alone.
+  std::vector<std::size_t> two_back(b.size() + 1);
+  std::vector<std::size_t> previous(b.size() + 1);
+  std::vector<std::size_t> current(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) previous[j] = j;
   for (std::size_t i = 1; i <= a.size(); ++i) {
+    current[0] = i;
     for (std::size_t j = 1; j <= b.size(); ++j) {
-      d[i][j] = std::min(
-          {d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (same(a[i - 1], b[j - 1]) ? 0 : 1)});
+      current[j] = std::min({previous[j] + 1, current[j - 1] + 1,
+                             previous[j - 1] + (same(a[i - 1], b[j - 1]) ? 0 : 1)});
       if (i > 1 && j > 1 && same(a[i - 1], b[j - 2]) && same(a[i - 2], b[j - 1])) {
-        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+        current[j] = std::min(current[j], two_back[j - 2] + 1);
       }
     }
+    two_back.swap(previous);
+    previous.swap(current);
   }
-  return d[a.size()][b.size()];
+  return previous[b.size()];
 }
 
 std::optional<std::string> closest_match(std::string_view word,
@@ -34,6 +38,12 @@ std::optional<std::string> closest_match(std::string_view word,
   std::optional<std::string> best;
   std::size_t best_distance = limit + 1;
   for (const std::string& candidate : candidates) {
+    // The distance is at least the difference in length, so this skips no closer match; it
+    // keeps a megabyte-long word from costing a megabyte-by-key table per candidate. What is
+    // left to compare is at most about 1.5 times the candidate's length.
+    const std::size_t gap = word.size() > candidate.size() ? word.size() - candidate.size()
+                                                           : candidate.size() - word.size();
+    if (gap >= best_distance) continue;
     std::size_t distance = edit_distance(word, candidate);
     if (distance < best_distance) {
       best_distance = distance;

@@ -150,6 +150,18 @@ TEST(Config, AcceptsScientificNotationForIntegerKeys) {
   EXPECT_EQ(config.zero_optimization.max_live_parameters, 1000000000);
 }
 
+TEST(Config, StepsPerPrintZeroOrNullMeansNever) {
+  for (const char* value : {"0", "null"}) {
+    Config config = Config::from_json_string(R"({"train_batch_size": 8, "steps_per_print": )" +
+                                             std::string(value) + "}");
+    EXPECT_EQ(config.steps_per_print, 0) << value;
+    EXPECT_TRUE(nlohmann::json::parse(config.resolved_json())["steps_per_print"].is_null());
+  }
+  ConfigError error = config_error(R"({"train_batch_size": 8, "steps_per_print": -1})");
+  EXPECT_EQ(error.key_path(), "steps_per_print");
+  EXPECT_THAT(error.what(), HasSubstr("got -1, expected >= 0"));
+}
+
 TEST(Config, MapsDeprecatedAliasesAndSaysSo) {
   Config config = Config::from_json_string(R"({"train_batch_size": 8,
     "bfloat16": {"enabled": true},
@@ -563,6 +575,135 @@ TEST(ConfigValidation, UnreadableFileIsAnIoError) {
   EXPECT_THROW(Config::from_json_file("/nonexistent/zeroshard.json"), IoError);
 }
 
+// --- hostile input: deep nesting, huge keys and values, control bytes -----------------------
+
+// `depth` nested arrays, `[[...]]`.
+std::string nested_arrays(std::size_t depth) {
+  return std::string(depth, '[') + std::string(depth, ']');
+}
+
+// Messages go to terminals and logs: no control byte, nothing but ASCII, one short line.
+void expect_printable_and_short(const ConfigError& error) {
+  const std::string message = error.what();
+  EXPECT_LT(message.size(), 1024u);
+  EXPECT_TRUE(std::all_of(message.begin(), message.end(), [](char c) {
+    return c >= 0x20 && c < 0x7f;
+  })) << message.substr(0, 200);
+}
+
+TEST(ConfigInput, DeepNestingIsRefusedWhileParsing) {
+  // 100,000 levels overflowed the stack when the value was copied (an alias is moved to its
+  // target); the parser now stops at the 33rd level, before the value is built.
+  const std::string deep = nested_arrays(100000);
+  const struct {
+    std::string text;
+    std::string key_path;
+  } cases[] = {
+      {deep, ""},
+      {R"({"train_batch_size": 8, "zero_optimization": {"cpu_offload": )" + deep + "}}",
+       "zero_optimization.cpu_offload"},
+      {R"({"train_batch_size": 8, "zero_optimization": {"stage3_max_live_parameters": )" + deep +
+           "}}",
+       "zero_optimization.stage3_max_live_parameters"},
+      {R"({"train_batch_size": 8, "tensorboard": {"x": )" + deep + "}}", "tensorboard.x"},
+      {R"({"optimizer": {"type": "adam", "params": {"betas": )" + deep + "}}}",
+       "optimizer.params.betas"},
+  };
+  for (const auto& [text, key_path] : cases) {
+    ConfigError error = config_error(text);
+    EXPECT_EQ(error.key_path(), key_path);
+    EXPECT_THAT(error.what(), HasSubstr("nested more than 32 deep"));
+  }
+}
+
+TEST(ConfigInput, DeepObjectsNameTheKeysSoFar) {
+  std::string text = R"({"train_batch_size": 8, )";
+  for (int i = 0; i < 8000; ++i) text += R"("a": {)";
+  text += std::string(8000, '}') + "}";
+  ConfigError error = config_error(text);
+  std::string path = "a";
+  for (int i = 1; i < 32; ++i) path += ".a";
+  EXPECT_EQ(error.key_path(), path);
+}
+
+TEST(ConfigInput, NestingUpToTheLimitIsAccepted) {
+  // tensorboard is not looked inside, so only the depth is checked: 1 + 1 + 30 = 32 levels.
+  Config::from_json_string(R"({"train_batch_size": 8, "tensorboard": {"x": )" + nested_arrays(30) +
+                           "}}");
+}
+
+TEST(ConfigInput, MegabyteUnknownKeyGivesAShortMessage) {
+  const std::string key(1 << 20, 'x');
+  ConfigError error = config_error(R"({"train_batch_size": 8, ")" + key + R"(": 1})");
+  EXPECT_EQ(error.key_path(), std::string(64, 'x') + "...");
+  EXPECT_THAT(error.what(), HasSubstr("unknown key"));
+  expect_printable_and_short(error);
+}
+
+TEST(ConfigInput, TenMegabyteValuesGiveShortMessages) {
+  const std::string big(10 << 20, 'x');
+  ConfigError choice =
+      config_error(R"({"train_batch_size": 8, "communication_data_type": ")" + big + R"("})");
+  EXPECT_EQ(choice.key_path(), "communication_data_type");
+  EXPECT_THAT(choice.what(), HasSubstr("got \"" + std::string(64, 'x') + "...\", expected one of"));
+  expect_printable_and_short(choice);
+
+  ConfigError type = config_error(R"({"train_batch_size": ")" + big + R"("})");
+  EXPECT_THAT(type.what(), HasSubstr("got string \"xxx"));
+  expect_printable_and_short(type);
+
+  // nlohmann quotes the token it stopped in: here the whole unterminated string.
+  ConfigError unterminated = config_error(R"({"train_batch_size": ")" + big);
+  EXPECT_THAT(unterminated.what(), HasSubstr("invalid JSON"));
+  expect_printable_and_short(unterminated);
+
+  ConfigError overflow =
+      config_error(R"({"gradient_clipping": 1)" + std::string(10 << 20, '0') + "}");
+  EXPECT_EQ(overflow.key_path(), "gradient_clipping");
+  EXPECT_THAT(overflow.what(), HasSubstr("expected a finite number"));
+  expect_printable_and_short(overflow);
+}
+
+TEST(ConfigInput, ControlBytesInKeysAreEscaped) {
+  // A NUL used to end the message early, so that "stage\u0000x" read as the valid "stage".
+  const struct {
+    const char* json_key;
+    const char* shown;
+  } cases[] = {{R"(stage\u0000x)", R"(stage\u0000x)"},
+               {R"(sta\nge)", R"(sta\nge)"},
+               {R"(\u001b[31mstage)", R"(\u001b[31mstage)"},
+               {R"(st\u00e4ge)", R"(st\xc3\xa4ge)"},
+               {R"(back\\slash)", R"(back\\slash)"}};
+  for (const auto& [json_key, shown] : cases) {
+    ConfigError error = config_error(R"({"train_batch_size": 8, "zero_optimization": {")" +
+                                     std::string(json_key) + R"(": 1}})");
+    EXPECT_EQ(error.key_path(), "zero_optimization." + std::string(shown));
+    EXPECT_THAT(error.what(),
+                StartsWith("zero_optimization." + std::string(shown) + ": unknown key"));
+    expect_printable_and_short(error);
+  }
+  ConfigError twice = config_error(R"({"train_batch_size": 8, "a\u0000": 1, "a\u0000": 2})");
+  EXPECT_EQ(twice.key_path(), R"(a\u0000)");
+  ConfigError param = config_error(
+      R"({"train_batch_size": 8, "scheduler": {"type": "WarmupLR", "params": {"x\n": 1}}})");
+  EXPECT_EQ(param.key_path(), R"(scheduler.params.x\n)");
+  expect_printable_and_short(param);
+}
+
+TEST(ConfigInput, ControlBytesInValuesAreEscaped) {
+  ConfigError choice = config_error(
+      R"({"train_batch_size": 8, "communication_data_type": "\u001b[31mfp\u0000\n16\u00e4"})");
+  EXPECT_THAT(choice.what(), HasSubstr(R"(got "\u001b[31mfp\u0000\n16\xc3\xa4")"));
+  expect_printable_and_short(choice);
+  ConfigError type = config_error(R"({"train_batch_size": "8\u0000\n\u001b"})");
+  EXPECT_THAT(type.what(), HasSubstr(R"(got string "8\u0000\n\u001b")"));
+  expect_printable_and_short(type);
+  // Bytes that are not UTF-8 are invalid JSON; nlohmann's message quotes them.
+  ConfigError invalid = config_error("{\"train_batch_size\": \"8\xff\x1b\"}");
+  EXPECT_THAT(invalid.what(), HasSubstr("invalid JSON"));
+  expect_printable_and_short(invalid);
+}
+
 // --- the batch-size identity, with 4 ranks --------------------------------------------------
 
 struct BatchCase {
@@ -722,11 +863,20 @@ TEST(ConfigReference, EveryImplementedScalarKeyHasAField) {
   }
 }
 
+TEST(KeySuggestion, WordsFarLongerThanEveryCandidateMatchNothing) {
+  EXPECT_EQ(detail::closest_match(std::string(1 << 20, 'x'), {"stage", "xxxxxxxx"}), std::nullopt);
+  EXPECT_EQ(detail::closest_match("reduce_bucket_sizeee", {"reduce_bucket_size"}),
+            "reduce_bucket_size");
+}
+
 TEST(KeySuggestion, CountsASwapAsOneEdit) {
   EXPECT_EQ(detail::edit_distance("stgae", "stage"), 1u);
   EXPECT_EQ(detail::edit_distance("Stage", "stage"), 0u);
   EXPECT_EQ(detail::closest_match("bf61", {"fp16", "bf16"}), "bf16");
   EXPECT_EQ(detail::closest_match("foo", {"aio", "fp16"}), std::nullopt);
+  EXPECT_EQ(detail::edit_distance("abcdef", "badcfe"), 3u);
+  EXPECT_EQ(detail::edit_distance("", "abc"), 3u);
+  EXPECT_EQ(detail::edit_distance("kitten", "sitting"), 3u);
 }
 
 }  // namespace

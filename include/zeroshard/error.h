@@ -34,7 +34,8 @@ class Error : public std::runtime_error {
 };
 
 /// A configuration value is missing, unknown, of the wrong type or out of range. `key_path()`
-/// names the offending key, e.g. "zero_optimization.offload_optimizer.device".
+/// names the offending key, e.g. "zero_optimization.offload_optimizer.device", with keys from
+/// the file escaped and cut as messages show them ("stage\u0000x"); "" when no key applies.
 class ConfigError : public Error {
  public:
   ConfigError(std::string key_path, const std::string& message);
