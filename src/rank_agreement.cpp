@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "config_values.h"
 #include "engine_state.h"
 #include "shape.h"
 #include "text_gather.h"
@@ -29,13 +30,6 @@ struct Entry {
   std::string key;
   std::string value;
 };
-
-constexpr std::size_t kLongestValueShown = 80;
-
-std::string shorten(const std::string& text) {
-  if (text.size() <= kLongestValueShown) return text;
-  return text.substr(0, kLongestValueShown) + "...";
-}
 
 std::uint64_t fnv1a(const std::string& text) noexcept {
   std::uint64_t hash = 0xcbf29ce484222325ULL;
@@ -79,8 +73,8 @@ std::string values_by_rank(const std::vector<std::vector<Entry>>& ranks, std::si
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     const Entry* entry = entry_at(r);
     const std::string value = entry == nullptr ? "nothing (fewer entries)"
-                              : one_key        ? shorten(entry->value)
-                                               : entry->key + " = " + shorten(entry->value);
+                              : one_key        ? printable_text(entry->value)
+                                               : entry->key + " = " + printable_text(entry->value);
     if (holders[value].empty()) order.push_back(value);
     holders[value].push_back(static_cast<int>(r));
   }
@@ -112,7 +106,7 @@ std::string EngineState::agreement_description() const {
     for (char& c : path) {
       if (c == '/') c = '.';
     }
-    entries.push_back({true, path, value.dump()});
+    entries.push_back({true, path, value.is_string() ? value.get<std::string>() : value.dump()});
   }
   std::ostringstream rule;
   rule << rule_->name() << ", lr " << rule_->default_lr() << ", weight_decay "
