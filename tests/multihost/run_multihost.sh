@@ -5,15 +5,23 @@
 # usage: run_multihost.sh equivalence HOSTS RANKS_PER_HOST
 #          stages 0-3 of the example trainer on HOSTS hosts give the one-host run's losses and
 #          parameter checksums bit for bit
+#        run_multihost.sh link-down
+#          two hosts; the data link of the second is cut mid-run: the job must end, non-zero and
+#          with the collective timeout's message, within 1.5 timeouts (plus slack) of the cut
 # Environment: ZEROSHARD_TRAINER (the zeroshard-train-mlp program), ZEROSHARD_SOURCE_DIR,
 # ZEROSHARD_WORK_DIR (scratch; its path also names this run's namespaces).
 # Exits 77, ctest's skip code here, with the reason where namespaces cannot be made.
 set -euo pipefail
 
 readonly kSkip=77
-readonly kDataNet=10.213.0    # ranks' traffic (btl tcp)
+readonly kDataNet=10.213.0    # ranks' traffic (btl tcp); the link-down case cuts it
 readonly kControlNet=10.213.1 # mpirun <-> daemons (oob tcp); mpirun sits at .254
-mode=${1:?usage: run_multihost.sh equivalence HOSTS RANKS_PER_HOST}
+readonly kLinkDownTimeout=6   # ZEROSHARD_COLLECTIVE_TIMEOUT_S of the link-down case
+readonly kLinkDownCutAfter=3  # seconds of training before the cut
+readonly kLinkDownSlack=3     # seconds for the abort to reach every rank and mpirun to exit
+readonly kLinkDownGiveUp=60   # seconds after the cut before the case stops waiting
+
+mode=${1:?usage: run_multihost.sh equivalence HOSTS RANKS_PER_HOST | link-down}
 trainer=${ZEROSHARD_TRAINER:?ZEROSHARD_TRAINER must name zeroshard-train-mlp}
 source_dir=${ZEROSHARD_SOURCE_DIR:?ZEROSHARD_SOURCE_DIR must name the source tree}
 work_dir=${ZEROSHARD_WORK_DIR:?ZEROSHARD_WORK_DIR must name a scratch folder}
@@ -24,6 +32,11 @@ case $mode in
     hosts=${2:?HOSTS missing}
     ranks_per_host=${3:?RANKS_PER_HOST missing}
     tag=e${hosts}x${ranks_per_host}
+    ;;
+  link-down)
+    hosts=2
+    ranks_per_host=1
+    tag=ld
     ;;
   *)
     echo "run_multihost.sh: unknown mode '$mode'" >&2
@@ -188,9 +201,66 @@ run_equivalence() {
   done
 }
 
+run_link_down() {
+  local log=$work_dir/link_down.log pid start started cut end elapsed bound waited rc left
+  export ZEROSHARD_COLLECTIVE_TIMEOUT_S=$kLinkDownTimeout
+  start=$(now)
+  : >"$log"
+  # Stage 2 with 500-element buckets and one sample per rank: most of a step is the parameter
+  # all-gather, which keeps three requests in flight, so the cut almost always strands several.
+  mpirun_on_hosts "$trainer" --config "$source_dir/tests/multihost/link_down_zero2.json" \
+    --steps 1000000 --width 256 --device cpu >"$log" 2>&1 &
+  pid=$!
+  # Cut once training runs, so that start-up time does not count.
+  for ((waited = 0; waited < 600; ++waited)); do
+    grep -q '^step ' "$log" && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  if ! grep -q '^step ' "$log"; then
+    kill -KILL "$pid" 2>/dev/null || true
+    cat "$log"
+    say "the run did not start training"
+    exit 1
+  fi
+  started=$(now)
+  sleep "$kLinkDownCutAfter"
+  ip -n "$switch" link set "d$hosts" down
+  cut=$(now)
+  say "training from $(seconds_between "$start" "$started") s; data link of host $hosts cut at" \
+    "$(seconds_between "$start" "$cut") s"
+  while kill -0 "$pid" 2>/dev/null; do
+    if awk -v e="$(seconds_between "$cut" "$(now)")" -v g="$kLinkDownGiveUp" \
+      'BEGIN { exit !(e > g) }'; then
+      say "still running $kLinkDownGiveUp s after the cut; ending it"
+      kill -KILL "$pid" 2>/dev/null || true
+      break
+    fi
+    sleep 0.1
+  done
+  rc=0
+  wait "$pid" || rc=$?
+  end=$(now)
+  elapsed=$(seconds_between "$cut" "$end")
+  bound=$(awk -v t="$kLinkDownTimeout" -v s="$kLinkDownSlack" 'BEGIN { print 1.5 * t + s }')
+  sed 's/^/  | /' "$log" | grep -v '^  | step ' | tail -n 40
+  say "the job ended $elapsed s after the cut ($(seconds_between "$start" "$end") s after mpirun" \
+    "started); ZEROSHARD_COLLECTIVE_TIMEOUT_S=$kLinkDownTimeout, limit $bound s"
+  left=
+  for ((k = 1; k <= hosts; ++k)); do left+=$(ip netns pids "${prefix}h$k"); done
+  check "the job exits non-zero (mpirun status $rc)" test "$rc" -ne 0
+  # The trainer prints the exception that ended it (TimeoutError's message), not only a log line.
+  check "a rank ends with the collective timeout's error" \
+    grep -q '^zeroshard-train-mlp: .*did not complete within' "$log"
+  check "no rank or daemon is left on any host" test -z "$left"
+  check "the job ends within 1.5 timeouts + $kLinkDownSlack s of the cut ($elapsed s <= $bound s)" \
+    awk -v e="$elapsed" -v b="$bound" 'BEGIN { exit !(e <= b) }'
+}
+
 make_network
 say "$hosts hosts ($(our_namespaces | tr '\n' ' ')), $ranks ranks"
 case $mode in
   equivalence) run_equivalence ;;
+  link-down) run_link_down ;;
 esac
 [[ $failures -eq 0 ]] || { say "$failures check(s) failed"; exit 1; }
