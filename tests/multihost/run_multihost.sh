@@ -206,7 +206,7 @@ run_link_down() {
   export ZEROSHARD_COLLECTIVE_TIMEOUT_S=$kLinkDownTimeout
   start=$(now)
   : >"$log"
-  # Stage 2 with 500-element buckets and one sample per rank: most of a step is the parameter
+  # Stage 2, 100-element all-gather chunks, one sample per rank: most of a step is the parameter
   # all-gather, which keeps three requests in flight, so the cut almost always strands several.
   mpirun_on_hosts "$trainer" --config "$source_dir/tests/multihost/link_down_zero2.json" \
     --steps 1000000 --width 256 --device cpu >"$log" 2>&1 &
