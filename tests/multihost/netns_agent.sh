@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# OpenMPI launcher agent (--mca plm_rsh_agent) for test hosts that are network namespaces: where
+# ssh would log in to HOST and hand the command to a shell there, this runs it in HOST's namespace.
+#
+# OpenMPI calls it as `netns_agent.sh HOST WORD...`, HOST as the hostfile names it (an address) and
+# the words a shell line ("PATH=...; export PATH; ... orted -mca ..."). ZEROSHARD_NETNS_HOSTS maps
+# each address to its namespace, "ADDR=NAMESPACE ADDR=NAMESPACE ...".
+set -euo pipefail
+
+if [[ $# -lt 2 ]]; then
+  echo "netns_agent.sh: usage: netns_agent.sh HOST COMMAND..." >&2
+  exit 255
+fi
+host=$1
+shift
+namespace=
+for entry in ${ZEROSHARD_NETNS_HOSTS:-}; do
+  if [[ ${entry%%=*} == "$host" ]]; then namespace=${entry#*=}; fi
+done
+if [[ -z $namespace ]]; then
+  echo "netns_agent.sh: no namespace for host '$host' in ZEROSHARD_NETNS_HOSTS" >&2
+  exit 255
+fi
+# Every namespace sees the same file system and hostname, so each host gets its own TMPDIR: the
+# daemons' session directories (named after the hostname) would otherwise be shared.
+if [[ -n ${ZEROSHARD_NETNS_TMPDIR:-} ]]; then
+  export TMPDIR=$ZEROSHARD_NETNS_TMPDIR/$namespace
+  mkdir -p "$TMPDIR"
+fi
+# As ssh does, join the words into one line for a shell; the environment passes through as is.
+exec ip netns exec "$namespace" /bin/sh -c "$*"

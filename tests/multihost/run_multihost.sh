@@ -1,0 +1,266 @@
+#!/usr/bin/env bash
+# Multi-host tests on one machine: the test hosts are network namespaces joined by veth pairs to
+# bridges, and OpenMPI starts ranks in them over TCP through netns_agent.sh (plm rsh's agent).
+#
+# usage: run_multihost.sh equivalence HOSTS RANKS_PER_HOST
+#          stages 0-3 of the example trainer on HOSTS hosts give the one-host run's losses and
+#          parameter checksums bit for bit
+#        run_multihost.sh link-down
+#          two hosts; the data link of the second is cut mid-run: the job must end, non-zero and
+#          with the collective timeout's message, within 1.5 timeouts (plus slack) of the cut
+# Environment: ZEROSHARD_TRAINER (the zeroshard-train-mlp program), ZEROSHARD_SOURCE_DIR,
+# ZEROSHARD_WORK_DIR (scratch; its path also names this run's namespaces).
+# Exits 77, ctest's skip code here, with the reason where namespaces cannot be made.
+set -euo pipefail
+
+readonly kSkip=77
+readonly kDataNet=10.213.0    # ranks' traffic (btl tcp); the link-down case cuts it
+readonly kControlNet=10.213.1 # mpirun <-> daemons (oob tcp); mpirun sits at .254
+readonly kLinkDownTimeout=6   # ZEROSHARD_COLLECTIVE_TIMEOUT_S of the link-down case
+readonly kLinkDownCutAfter=3  # seconds of training before the cut
+readonly kLinkDownSlack=3     # seconds for the abort to reach every rank and mpirun to exit
+readonly kLinkDownGiveUp=60   # seconds after the cut before the case stops waiting
+
+mode=${1:?usage: run_multihost.sh equivalence HOSTS RANKS_PER_HOST | link-down}
+trainer=${ZEROSHARD_TRAINER:?ZEROSHARD_TRAINER must name zeroshard-train-mlp}
+source_dir=${ZEROSHARD_SOURCE_DIR:?ZEROSHARD_SOURCE_DIR must name the source tree}
+work_dir=${ZEROSHARD_WORK_DIR:?ZEROSHARD_WORK_DIR must name a scratch folder}
+agent=$source_dir/tests/multihost/netns_agent.sh
+
+case $mode in
+  equivalence)
+    hosts=${2:?HOSTS missing}
+    ranks_per_host=${3:?RANKS_PER_HOST missing}
+    tag=e${hosts}x${ranks_per_host}
+    ;;
+  link-down)
+    hosts=2
+    ranks_per_host=1
+    tag=ld
+    ;;
+  *)
+    echo "run_multihost.sh: unknown mode '$mode'" >&2
+    exit 2
+    ;;
+esac
+ranks=$((hosts * ranks_per_host))
+work_dir=$work_dir/$tag
+# One prefix per build folder and case: cases may run side by side, and a rerun finds what a
+# killed earlier run of the same case left behind. Namespace names may be long; interface names
+# (15 characters at most) are made inside the namespaces, where they need not be unique.
+prefix=zsmh$(printf '%s' "$work_dir" | cksum | cut -d' ' -f1)-
+switch=${prefix}sw # holds the bridges, and mpirun
+
+skip() {
+  echo "SKIPPED: $*"
+  exit "$kSkip"
+}
+say() { echo "run_multihost.sh: $*"; }
+now() { date +%s.%N; }
+seconds_between() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
+
+our_namespaces() {
+  ip netns list 2>/dev/null | awk -v p="$prefix" 'index($1, p) == 1 { print $1 }'
+}
+
+# Ends what still runs in our namespaces (only ever processes this case started there) and
+# deletes them; their veth pairs and bridges go with them.
+remove_namespaces() {
+  local namespace pids
+  for namespace in $(our_namespaces); do
+    pids=$(ip netns pids "$namespace" 2>/dev/null || true)
+    # shellcheck disable=SC2086 # one argument per process id
+    if [[ -n $pids ]]; then kill -KILL $pids 2>/dev/null || true; fi
+    ip netns delete "$namespace" 2>/dev/null || true
+  done
+}
+
+[[ $EUID -eq 0 ]] || skip "network namespaces need root (running as uid $EUID)"
+command -v ip >/dev/null || skip "no 'ip' command (iproute2) to make network namespaces"
+[[ -x $trainer ]] || { say "no trainer at $trainer"; exit 1; }
+
+remove_namespaces # leftovers of a killed earlier run
+trap remove_namespaces EXIT
+trap 'exit 130' INT TERM
+rm -rf "$work_dir"
+mkdir -p "$work_dir"
+
+# The switch namespace: a data bridge and a control bridge, mpirun's control address on the
+# latter. Host K gets veth d0 = $kDataNet.K and c0 = $kControlNet.K, whose peers dK and cK sit on
+# the bridges. Nothing is added to the machine's own namespace.
+make_network() {
+  local error k host
+  error=$(ip netns add "$switch" 2>&1) || skip "ip netns add failed: $error"
+  ip -n "$switch" link set lo up
+  error=$(ip -n "$switch" link add br-data type bridge 2>&1) || skip "cannot make a bridge: $error"
+  ip -n "$switch" link add br-ctl type bridge
+  ip -n "$switch" addr add "$kControlNet.254/24" dev br-ctl
+  ip -n "$switch" link set br-data up
+  ip -n "$switch" link set br-ctl up
+  hosts_map=
+  hostfile=$work_dir/hostfile
+  : >"$hostfile"
+  for ((k = 1; k <= hosts; ++k)); do
+    host=${prefix}h$k
+    ip netns add "$host"
+    ip -n "$host" link set lo up
+    error=$(ip -n "$host" link add d0 type veth peer name "d$k" netns "$switch" 2>&1) ||
+      skip "cannot make a veth pair: $error"
+    ip -n "$host" link add c0 type veth peer name "c$k" netns "$switch"
+    ip -n "$host" addr add "$kDataNet.$k/24" dev d0
+    ip -n "$host" addr add "$kControlNet.$k/24" dev c0
+    ip -n "$host" link set d0 up
+    ip -n "$host" link set c0 up
+    ip -n "$switch" link set "d$k" master br-data up
+    ip -n "$switch" link set "c$k" master br-ctl up
+    hosts_map+="$kControlNet.$k=$host "
+    echo "$kControlNet.$k slots=$ranks_per_host" >>"$hostfile"
+  done
+  # Bridge ports forward at once without STP; wait in case a kernel makes them learn first.
+  local tries
+  for ((tries = 0; tries < 50; ++tries)); do
+    [[ $(bridge -n "$switch" link show | grep -c 'state forwarding') -eq $((2 * hosts)) ]] &&
+      return 0
+    sleep 0.1
+  done
+  bridge -n "$switch" link show
+  say "the bridge ports do not forward"
+  exit 1
+}
+
+# mpirun in the switch namespace, starting $ranks ranks on the hosts over TCP only.
+mpirun_on_hosts() {
+  local forward=(-x OPENBLAS_NUM_THREADS=1)
+  if [[ -n ${ZEROSHARD_COLLECTIVE_TIMEOUT_S:-} ]]; then
+    forward+=(-x ZEROSHARD_COLLECTIVE_TIMEOUT_S)
+  fi
+  ip netns exec "$switch" env \
+    ZEROSHARD_NETNS_HOSTS="$hosts_map" ZEROSHARD_NETNS_TMPDIR="$work_dir/tmp" \
+    mpirun --allow-run-as-root --oversubscribe --bind-to none \
+    --hostfile "$hostfile" -np "$ranks" \
+    --mca plm rsh --mca plm_rsh_agent "$agent" --mca plm_rsh_no_tree_spawn 1 \
+    --mca oob_tcp_if_include "$kControlNet.0/24" \
+    --mca pml ob1 --mca btl self,tcp --mca btl_tcp_if_include "$kDataNet.0/24" \
+    "${forward[@]}" "$@"
+}
+
+# The same program on this machine alone, as the example's own tests run it.
+mpirun_on_one_host() {
+  OPENBLAS_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe --bind-to none \
+    --mca btl self,vader --mca btl_vader_single_copy_mechanism none -np "$ranks" "$@"
+}
+
+# The report without its memory section: stage, world size, every step's loss and the parameter
+# checksums. nlohmann::json writes doubles so that they read back exactly, so equal text here is
+# equal bits.
+results_of() {
+  awk '/^  "memory": \[/ { skip = 1; next } skip && /^  \],?$/ { skip = 0; next } !skip' "$1"
+}
+
+failures=0
+check() {
+  if "${@:2}"; then
+    echo "[ ok ] $1"
+  else
+    echo "[FAIL] $1"
+    failures=$((failures + 1))
+  fi
+}
+
+# Each rank must run on its own host: ranks 0..R-1 on host 1, R..2R-1 on host 2, and so on.
+check_placement() {
+  local expected='' r
+  for ((r = 0; r < ranks; ++r)); do
+    expected+="$r $kDataNet.$((r / ranks_per_host + 1))/24"$'\n'
+  done
+  local seen
+  # shellcheck disable=SC2016 # expanded by each rank's shell
+  seen=$(mpirun_on_hosts /bin/sh -c \
+    'echo "$OMPI_COMM_WORLD_RANK $(ip -o -4 addr show dev d0 | awk "{ print \$4 }")"' | sort -n)
+  check "ranks run on their hosts: ${seen//$'\n'/, }" test "$seen"$'\n' = "$expected"
+}
+
+run_equivalence() {
+  check_placement
+  local stage args one_host on_hosts start what
+  for stage in 0 1 2 3; do
+    one_host=$work_dir/zero${stage}_one_host.json
+    on_hosts=$work_dir/zero${stage}_${hosts}_hosts.json
+    args=(--config "$source_dir/examples/configs/zero$stage.json" --steps 20 --width 128
+      --device cpu)
+    start=$(now)
+    mpirun_on_one_host "$trainer" "${args[@]}" --report-json "$one_host" >"$one_host.log" 2>&1 ||
+      { cat "$one_host.log"; say "stage $stage: the one-host run failed"; exit 1; }
+    say "stage $stage: $ranks ranks on one host took $(seconds_between "$start" "$(now)") s"
+    start=$(now)
+    mpirun_on_hosts "$trainer" "${args[@]}" --report-json "$on_hosts" >"$on_hosts.log" 2>&1 ||
+      { cat "$on_hosts.log"; say "stage $stage: the $hosts-host run failed"; exit 1; }
+    say "stage $stage: $ranks ranks on $hosts hosts took $(seconds_between "$start" "$(now)") s"
+    what="stage $stage: $ranks ranks on $hosts hosts give the one-host losses and parameter"
+    check "$what checksums bit for bit" diff <(results_of "$one_host") <(results_of "$on_hosts")
+  done
+}
+
+run_link_down() {
+  local log=$work_dir/link_down.log pid start started cut end elapsed bound waited rc left
+  export ZEROSHARD_COLLECTIVE_TIMEOUT_S=$kLinkDownTimeout
+  start=$(now)
+  : >"$log"
+  # Stage 2, 100-element all-gather chunks, one sample per rank: most of a step is the parameter
+  # all-gather, which keeps three requests in flight, so the cut almost always strands several.
+  mpirun_on_hosts "$trainer" --config "$source_dir/tests/multihost/link_down_zero2.json" \
+    --steps 1000000 --width 256 --device cpu >"$log" 2>&1 &
+  pid=$!
+  # Cut once training runs, so that start-up time does not count.
+  for ((waited = 0; waited < 600; ++waited)); do
+    grep -q '^step ' "$log" && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  if ! grep -q '^step ' "$log"; then
+    kill -KILL "$pid" 2>/dev/null || true
+    cat "$log"
+    say "the run did not start training"
+    exit 1
+  fi
+  started=$(now)
+  sleep "$kLinkDownCutAfter"
+  ip -n "$switch" link set "d$hosts" down
+  cut=$(now)
+  say "training from $(seconds_between "$start" "$started") s; data link of host $hosts cut at" \
+    "$(seconds_between "$start" "$cut") s"
+  while kill -0 "$pid" 2>/dev/null; do
+    if awk -v e="$(seconds_between "$cut" "$(now)")" -v g="$kLinkDownGiveUp" \
+      'BEGIN { exit !(e > g) }'; then
+      say "still running $kLinkDownGiveUp s after the cut; ending it"
+      kill -KILL "$pid" 2>/dev/null || true
+      break
+    fi
+    sleep 0.1
+  done
+  rc=0
+  wait "$pid" || rc=$?
+  end=$(now)
+  elapsed=$(seconds_between "$cut" "$end")
+  bound=$(awk -v t="$kLinkDownTimeout" -v s="$kLinkDownSlack" 'BEGIN { print 1.5 * t + s }')
+  sed 's/^/  | /' "$log" | grep -v '^  | step ' | tail -n 40
+  say "the job ended $elapsed s after the cut ($(seconds_between "$start" "$end") s after mpirun" \
+    "started); ZEROSHARD_COLLECTIVE_TIMEOUT_S=$kLinkDownTimeout, limit $bound s"
+  left=
+  for ((k = 1; k <= hosts; ++k)); do left+=$(ip netns pids "${prefix}h$k"); done
+  check "the job exits non-zero (mpirun status $rc)" test "$rc" -ne 0
+  # The trainer prints the exception that ended it (TimeoutError's message), not only a log line.
+  check "a rank ends with the collective timeout's error" \
+    grep -q '^zeroshard-train-mlp: .*did not complete within' "$log"
+  check "no rank or daemon is left on any host" test -z "$left"
+  check "the job ends within 1.5 timeouts + $kLinkDownSlack s of the cut ($elapsed s <= $bound s)" \
+    awk -v e="$elapsed" -v b="$bound" 'BEGIN { exit !(e <= b) }'
+}
+
+make_network
+say "$hosts hosts ($(our_namespaces | tr '\n' ' ')), $ranks ranks"
+case $mode in
+  equivalence) run_equivalence ;;
+  link-down) run_link_down ;;
+esac
+[[ $failures -eq 0 ]] || { say "$failures check(s) failed"; exit 1; }
