@@ -292,7 +292,7 @@ Request NcclCommunicator::finish(Collective collective) {
   return Request(std::make_unique<NcclRequest>(state_, collective, std::move(done)));
 }
 
-Request NcclCommunicator::all_reduce_async(void* data, std::int64_t count, DType dtype,
+Request NcclCommunicator::start_all_reduce(void* data, std::int64_t count, DType dtype,
                                            ReduceOp op) {
   ZEROSHARD_CHECK_USAGE(count >= 0, "all_reduce: negative count " << count);
   DeviceGuard guard(state_->device);
@@ -307,7 +307,7 @@ Request NcclCommunicator::all_reduce_async(void* data, std::int64_t count, DType
   return finish(Collective::kAllReduce);
 }
 
-Request NcclCommunicator::reduce_scatter_async(const void* input, void* output,
+Request NcclCommunicator::start_reduce_scatter(const void* input, void* output,
                                                std::span<const std::int64_t> counts, DType dtype,
                                                ReduceOp op) {
   const std::vector<std::int64_t> offsets = slice_offsets(counts, state_->world, "reduce_scatter");
@@ -338,7 +338,7 @@ Request NcclCommunicator::reduce_scatter_async(const void* input, void* output,
   return finish(Collective::kReduceScatter);
 }
 
-Request NcclCommunicator::all_gather_async(void* data, std::span<const std::int64_t> counts,
+Request NcclCommunicator::start_all_gather(void* data, std::span<const std::int64_t> counts,
                                            DType dtype) {
   const std::vector<std::int64_t> offsets = slice_offsets(counts, state_->world, "all_gather");
   DeviceGuard guard(state_->device);
@@ -369,7 +369,7 @@ Request NcclCommunicator::all_gather_async(void* data, std::span<const std::int6
   return finish(Collective::kAllGather);
 }
 
-Request NcclCommunicator::broadcast_async(void* data, std::int64_t count, DType dtype, int root) {
+Request NcclCommunicator::start_broadcast(void* data, std::int64_t count, DType dtype, int root) {
   ZEROSHARD_CHECK_USAGE(count >= 0, "broadcast: negative count " << count);
   ZEROSHARD_CHECK_USAGE(root >= 0 && root < state_->world,
                         "broadcast: root " << root << " is not in a world of " << state_->world);
@@ -384,12 +384,12 @@ Request NcclCommunicator::broadcast_async(void* data, std::int64_t count, DType 
   return finish(Collective::kBroadcast);
 }
 
-void NcclCommunicator::abort(int error_code) noexcept {
+void NcclCommunicator::end_job(int error_code) noexcept {
   state_->abort("aborted by the program");
   std::_Exit(error_code);
 }
 
-void NcclCommunicator::barrier() {
+void NcclCommunicator::run_barrier() {
   DeviceGuard guard(state_->device);
   state_->require_usable("barrier");
   // NCCL has no barrier: an all-reduce of one word completes only once every rank has issued it.
