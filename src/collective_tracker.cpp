@@ -155,6 +155,9 @@ std::string CollectiveTracker::describe_peers(std::int64_t seq,
   std::string late_self;
   for (const PeerReport& peer : peers) {
     os << (&peer == &peers.front() ? ": " : "; ") << "rank " << peer.rank << ": ";
+    if (peer.heard && now - peer.heard_at > 2 * kPeerAnswerWindow.count()) {
+      os << "(no answer now; it told " << fixed(now - peer.heard_at) << " s ago that it) ";
+    }
     if (!peer.heard) {
       os << "no answer within " << fixed(kPeerAnswerWindow.count()) << " s (stopped, hung "
          << "outside a collective, or dead)";
@@ -162,9 +165,6 @@ std::string CollectiveTracker::describe_peers(std::int64_t seq,
       continue;
     }
     const ProgressBoard& b = peer.board;
-    if (now - peer.heard_at > 2 * kPeerAnswerWindow.count()) {
-      os << "(as it told " << fixed(now - peer.heard_at) << " s ago, no answer now) ";
-    }
     if (b.gave_up_in != 0) {
       os << "gave up waiting in #" << b.gave_up_in << " " << fixed(now - b.gave_up_at) << " s ago";
       // A peer that gave up in this very collective before this rank even started it was waiting

@@ -165,12 +165,13 @@ bool analyse(int communicator, const std::map<int, Dump>& dumps) {
     // A rank that began this collective only after another had given up waiting in it was the
     // one the others waited for (stopped, then resumed).
     std::optional<double> first_give_up;
-    std::vector<int> gave_up;
+    int first_to_give_up = -1;
     for (int rank : ranks) {
       const Entry* entry = dumps.at(rank).find(seq);
       if (entry->state == "failed" && entry->end_s &&
           (!first_give_up || *entry->end_s < *first_give_up)) {
         first_give_up = entry->end_s;
+        first_to_give_up = rank;
       }
     }
     std::vector<int> on_time;
@@ -178,9 +179,8 @@ bool analyse(int communicator, const std::map<int, Dump>& dumps) {
       const Entry* entry = dumps.at(rank).find(seq);
       if (first_give_up && entry->start_s > *first_give_up) {
         std::cout << "rank " << rank << " is behind: it started #" << seq << " "
-                  << seconds(entry->start_s - *first_give_up)
-                  << " after another rank had given up waiting in it (it was stopped or "
-                     "stalled before it)\n";
+                  << seconds(entry->start_s - *first_give_up) << " after rank " << first_to_give_up
+                  << " had given up waiting in it (it was stopped or stalled before it)\n";
         named = true;
       } else {
         on_time.push_back(rank);
@@ -190,8 +190,10 @@ bool analyse(int communicator, const std::map<int, Dump>& dumps) {
     const Entry* first = dumps.at(on_time.front()).find(seq);
     double longest = 0;
     for (int rank : on_time) longest = std::max(longest, dumps.at(rank).find(seq)->duration_s);
+    const bool timed_out = first->state == "failed";
     std::cout << rank_list(on_time) << (on_time.size() == 1 ? " is" : " are") << " waiting in "
-              << first->describe() << " (for up to " << seconds(longest) << ")\n";
+              << first->describe() << " (" << (timed_out ? "gave up after " : "for ")
+              << seconds(longest) << ")\n";
     // Ranks in the same collective must agree on what it is.
     for (int rank : on_time) {
       const Entry* entry = dumps.at(rank).find(seq);
