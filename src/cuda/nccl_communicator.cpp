@@ -21,6 +21,7 @@
 #include "cuda/rendezvous_file.h"
 #include "log.h"
 #include "mpi_communicator.h"
+#include "wait_deadline.h"
 
 namespace zeroshard::cuda {
 
@@ -216,16 +217,19 @@ ncclResult_t NcclCommunicator::State::async_state(const char* what) {
 
 template <class Done>
 void NcclCommunicator::State::await(const char* what, Done done) {
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout);
+  detail::WaitDeadline deadline(timeout);
   for (int polls = 0;; ++polls) {
     if (done()) return;
-    if (std::chrono::steady_clock::now() > deadline) {
+    if (deadline.expired()) {
       std::ostringstream os;
       os << describe(what) << " did not complete within " << timeout.count()
          << " s (ZEROSHARD_COLLECTIVE_TIMEOUT_S): a rank may have died, hung or issued a "
             "different collective; the communicator was aborted ["
          << detail::where(__FILE__, __LINE__) << "]";
+      if (deadline.not_running_s() > 0) {
+        os << "; this rank itself did not run for " << deadline.not_running_s()
+           << " s of the wait (stopped or descheduled), which was not counted";
+      }
       abort(os.str());
       throw TimeoutError(os.str());
     }
