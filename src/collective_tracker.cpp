@@ -153,20 +153,18 @@ std::string CollectiveTracker::describe_peers(std::int64_t seq,
   const double my_start = mine != nullptr ? wall_seconds(mine->started_wall) : 0;
   const double now = wall_now();
   std::string late_self;
-  for (const PeerReport& peer : peers) {
-    os << (&peer == &peers.front() ? ": " : "; ") << "rank " << peer.rank << ": ";
-    if (peer.heard && now - peer.heard_at > 2 * kPeerAnswerWindow.count()) {
-      os << "(no answer now; it told " << fixed(now - peer.heard_at) << " s ago that it) ";
-    }
+  // Classifies one peer into the lists above and says what is known of it.
+  const auto describe_one = [&](const PeerReport& peer, std::ostringstream& entry) {
     if (!peer.heard) {
-      os << "no answer within " << fixed(kPeerAnswerWindow.count()) << " s (stopped, hung "
-         << "outside a collective, or dead)";
+      entry << "no answer within " << fixed(kPeerAnswerWindow.count()) << " s (stopped, hung "
+            << "outside a collective, or dead)";
       silent.push_back(peer.rank);
-      continue;
+      return;
     }
     const ProgressBoard& b = peer.board;
     if (b.gave_up_in != 0) {
-      os << "gave up waiting in #" << b.gave_up_in << " " << fixed(now - b.gave_up_at) << " s ago";
+      entry << "gave up waiting in #" << b.gave_up_in << " " << fixed(now - b.gave_up_at)
+            << " s ago";
       // A peer that gave up in this very collective before this rank even started it was waiting
       // for this rank: the stall is here, not there.
       if (b.gave_up_in == seq && mine != nullptr && b.gave_up_at < my_start) {
@@ -175,20 +173,30 @@ std::string CollectiveTracker::describe_peers(std::int64_t seq,
                      fixed(my_start - b.gave_up_at) + " s before this rank started it";
       }
       if (b.gave_up_in > seq) ahead.push_back(peer.rank);
-      continue;
+      return;
     }
     if (b.waiting_in == seq) {
-      os << "waiting in #" << seq << " too, for " << fixed(now - b.waiting_since) << " s";
+      entry << "waiting in #" << seq << " too, for " << fixed(now - b.waiting_since) << " s";
     } else if (b.last_started < seq) {
-      os << "behind: its last collective is #" << b.last_started
-         << (b.last_completed == b.last_started ? " (completed)" : " (started, not completed)");
+      entry << "behind: its last collective is #" << b.last_started
+            << (b.last_completed == b.last_started ? " (completed)" : " (started, not completed)");
       behind.push_back(peer.rank);
     } else if (b.waiting_in > seq || (b.waiting_in == 0 && b.last_completed >= seq)) {
-      os << "ahead: completed #" << b.last_completed;
-      if (b.waiting_in != 0) os << ", waiting in #" << b.waiting_in << " " << op_name(b.waiting_op);
+      entry << "ahead: completed #" << b.last_completed;
+      if (b.waiting_in != 0) {
+        entry << ", waiting in #" << b.waiting_in << " " << op_name(b.waiting_op);
+      }
       ahead.push_back(peer.rank);
     } else {
-      os << "waiting in #" << b.waiting_in << " " << op_name(b.waiting_op);
+      entry << "waiting in #" << b.waiting_in << " " << op_name(b.waiting_op);
+    }
+  };
+  for (const PeerReport& peer : peers) {
+    std::ostringstream entry;
+    describe_one(peer, entry);
+    os << (&peer == &peers.front() ? ": " : "; ") << "rank " << peer.rank << ": " << entry.str();
+    if (peer.heard && now - peer.heard_at > 2 * kPeerAnswerWindow.count()) {
+      os << " (as it told " << fixed(now - peer.heard_at) << " s ago; no answer now)";
     }
   }
   std::ostringstream verdict;
