@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "check.h"
+#include "collective_tracker.h"
 #include "config_values.h"
 #include "gpu_communicator_factory.h"
 #include "log.h"
@@ -19,15 +20,24 @@ namespace zeroshard {
 namespace {
 
 // The implicit wait of a destructor or a move assignment: it cannot throw, so errors go to
-// the log. A request that already failed is not waited on again (the Impl's destructor abandons
-// it), so an error never becomes a hang.
-void finish_quietly(std::unique_ptr<Request::Impl> impl, bool failed) noexcept {
-  if (!impl || failed) return;
+// the log. A request that already failed, or whose communicator timed out, is not waited on (the
+// Impl's destructor abandons it), so an error never becomes a hang, nor one timeout several.
+void finish_quietly(std::unique_ptr<Request::Impl> impl, bool failed,
+                    const std::shared_ptr<detail::CollectiveTracker>& tracker,
+                    std::int64_t seq) noexcept {
+  if (!impl || failed || (tracker && tracker->timed_out())) return;
   try {
     impl->wait();
+    if (tracker) tracker->complete(seq);
   } catch (const std::exception& error) {
     ZEROSHARD_LOG(kError, "error while waiting for a dropped request: " << error.what());
   }
+}
+
+std::int64_t sum_of(std::span<const std::int64_t> counts) noexcept {
+  std::int64_t total = 0;
+  for (std::int64_t count : counts) total += count;
+  return total;
 }
 
 bool launched_by_mpi_launcher() {
@@ -66,43 +76,134 @@ std::int64_t TrafficCounters::total_bytes() const noexcept {
   return total;
 }
 
+Request::Request(std::unique_ptr<Impl> impl, std::shared_ptr<detail::CollectiveTracker> tracker,
+                 std::int64_t seq)
+    : impl_(std::move(impl)), tracker_(std::move(tracker)), seq_(seq) {}
+
 Request& Request::operator=(Request&& other) noexcept {
   if (this != &other) {
-    finish_quietly(std::move(impl_), failed_);
+    finish_quietly(std::move(impl_), failed_, tracker_, seq_);
     impl_ = std::move(other.impl_);
     failed_ = std::exchange(other.failed_, false);
+    tracker_ = std::move(other.tracker_);
+    seq_ = other.seq_;
   }
   return *this;
 }
 
-Request::~Request() { finish_quietly(std::move(impl_), failed_); }
+Request::~Request() { finish_quietly(std::move(impl_), failed_, tracker_, seq_); }
 
-void Request::wait() {
-  if (!impl_) return;
-  try {
-    impl_->wait();
-  } catch (...) {
-    failed_ = true;
-    throw;
-  }
-  impl_.reset();
-  failed_ = false;
-}
-
-bool Request::test() {
-  if (!impl_) return true;
+template <class Step>
+bool Request::track(Step step) {
   bool done = false;
   try {
-    done = impl_->test();
+    if (tracker_) tracker_->check_usable(seq_);
+    done = step();
+  } catch (const TimeoutError& error) {
+    failed_ = true;
+    // The first timeout of a communicator is diagnosed; later ones already point at it.
+    if (!tracker_ || tracker_->timed_out()) throw;
+    throw TimeoutError(tracker_->diagnose_timeout(seq_, error.what()));
   } catch (...) {
     failed_ = true;
+    if (tracker_) tracker_->fail(seq_);
     throw;
   }
   if (done) {
+    if (tracker_) tracker_->complete(seq_);
     impl_.reset();
     failed_ = false;
   }
   return done;
+}
+
+void Request::wait() {
+  if (!impl_) return;
+  track([this] {
+    impl_->wait();
+    return true;
+  });
+}
+
+bool Request::test() {
+  if (!impl_) return true;
+  return track([this] { return impl_->test(); });
+}
+
+Communicator::Communicator() : tracker_(std::make_shared<detail::CollectiveTracker>()) {}
+
+Communicator::~Communicator() = default;
+
+void Communicator::forward_tracking_to_inner() noexcept { tracker_.reset(); }
+
+template <class Start>
+Request Communicator::tracked(Collective collective, std::int64_t count, DType dtype, Start start) {
+  if (!tracker_) return start();
+  if (!tracker_->identified()) tracker_->identify(rank(), size(), backend());
+  const std::int64_t seq = tracker_->begin(collective, count, dtype);
+  Request request;
+  try {
+    request = start();
+  } catch (const TimeoutError& error) {
+    if (tracker_->timed_out()) throw;
+    throw TimeoutError(tracker_->diagnose_timeout(seq, error.what()));
+  } catch (...) {
+    tracker_->fail(seq);
+    throw;
+  }
+  if (!request.pending()) {
+    tracker_->complete(seq);
+    return request;
+  }
+  return Request(std::move(request.impl_), tracker_, seq);
+}
+
+Request Communicator::all_reduce_async(void* data, std::int64_t count, DType dtype, ReduceOp op) {
+  return tracked(Collective::kAllReduce, count, dtype,
+                 [&] { return start_all_reduce(data, count, dtype, op); });
+}
+
+Request Communicator::reduce_scatter_async(const void* input, void* output,
+                                           std::span<const std::int64_t> counts, DType dtype,
+                                           ReduceOp op) {
+  return tracked(Collective::kReduceScatter, sum_of(counts), dtype,
+                 [&] { return start_reduce_scatter(input, output, counts, dtype, op); });
+}
+
+Request Communicator::all_gather_async(void* data, std::span<const std::int64_t> counts,
+                                       DType dtype) {
+  return tracked(Collective::kAllGather, sum_of(counts), dtype,
+                 [&] { return start_all_gather(data, counts, dtype); });
+}
+
+Request Communicator::broadcast_async(void* data, std::int64_t count, DType dtype, int root) {
+  return tracked(Collective::kBroadcast, count, dtype,
+                 [&] { return start_broadcast(data, count, dtype, root); });
+}
+
+void Communicator::barrier() {
+  if (!tracker_) return run_barrier();
+  if (!tracker_->identified()) tracker_->identify(rank(), size(), backend());
+  const std::int64_t seq = tracker_->begin(Collective::kBarrier, 0, std::nullopt);
+  try {
+    run_barrier();
+  } catch (const TimeoutError& error) {
+    if (tracker_->timed_out()) throw;
+    throw TimeoutError(tracker_->diagnose_timeout(seq, error.what()));
+  } catch (...) {
+    tracker_->fail(seq);
+    throw;
+  }
+  tracker_->complete(seq);
+}
+
+void Communicator::abort(int error_code) noexcept {
+  if (tracker_)
+    tracker_->dump("abort(" + std::to_string(error_code) + ") called on rank " +
+                   std::to_string(rank()));
+  end_job(error_code);
+  // end_job ends the process; the compiler cannot see that through the virtual call.
+  std::_Exit(error_code);
 }
 
 void Communicator::count_traffic(Collective collective, std::int64_t elements,

@@ -186,6 +186,9 @@ HostStagedCommunicator::HostStagedCommunicator(std::unique_ptr<Communicator> hos
                         "HostStagedCommunicator stages through host memory, but the '"
                             << host_communicator->backend()
                             << "' communicator given to it takes device buffers");
+  // The host communicator numbers and records the same collectives, and its timeouts carry what
+  // its side channel knows of the peers; numbering them twice would only duplicate the dumps.
+  forward_tracking_to_inner();
   rank_ = host_communicator->rank();
   size_ = host_communicator->size();
   core_->host = std::move(host_communicator);
@@ -210,7 +213,7 @@ void HostStagedCommunicator::charge_staging_to(MemoryTracker& tracker) {
   core_->charge(static_cast<std::int64_t>(core_->pool_bytes));
 }
 
-Request HostStagedCommunicator::all_reduce_async(void* data, std::int64_t count, DType dtype,
+Request HostStagedCommunicator::start_all_reduce(void* data, std::int64_t count, DType dtype,
                                                  ReduceOp op) {
   count_traffic(Collective::kAllReduce, 2 * count, dtype);
   const std::size_t bytes = bytes_of(count, dtype);
@@ -222,7 +225,7 @@ Request HostStagedCommunicator::all_reduce_async(void* data, std::int64_t count,
                {data, 0, bytes});
 }
 
-Request HostStagedCommunicator::reduce_scatter_async(const void* input, void* output,
+Request HostStagedCommunicator::start_reduce_scatter(const void* input, void* output,
                                                      std::span<const std::int64_t> counts,
                                                      DType dtype, ReduceOp op) {
   ZEROSHARD_CHECK_USAGE(static_cast<int>(counts.size()) == size_,
@@ -240,7 +243,7 @@ Request HostStagedCommunicator::reduce_scatter_async(const void* input, void* ou
                {output, in_bytes, out_bytes});
 }
 
-Request HostStagedCommunicator::all_gather_async(void* data, std::span<const std::int64_t> counts,
+Request HostStagedCommunicator::start_all_gather(void* data, std::span<const std::int64_t> counts,
                                                  DType dtype) {
   ZEROSHARD_CHECK_USAGE(static_cast<int>(counts.size()) == size_,
                         "all-gather: " << counts.size() << " counts for " << size_ << " ranks");
@@ -257,7 +260,7 @@ Request HostStagedCommunicator::all_gather_async(void* data, std::span<const std
                {data, 0, bytes});
 }
 
-Request HostStagedCommunicator::broadcast_async(void* data, std::int64_t count, DType dtype,
+Request HostStagedCommunicator::start_broadcast(void* data, std::int64_t count, DType dtype,
                                                 int root) {
   count_traffic(Collective::kBroadcast, count, dtype);
   const std::size_t bytes = bytes_of(count, dtype);
@@ -270,14 +273,14 @@ Request HostStagedCommunicator::broadcast_async(void* data, std::int64_t count, 
                {data, 0, is_root ? 0 : bytes});
 }
 
-void HostStagedCommunicator::barrier() {
+void HostStagedCommunicator::run_barrier() {
   count_traffic(Collective::kBarrier, 0, DType::kFloat32);
   // Every rank must reach the host transport's collectives in the same order, the barrier's too.
   if (!core_->unstarted.empty()) core_->start_in_order(core_->unstarted.back().get());
   core_->host->barrier();
 }
 
-void HostStagedCommunicator::abort(int error_code) noexcept {
+void HostStagedCommunicator::end_job(int error_code) noexcept {
   core_->host->abort(error_code);
   // The host communicator's abort ends the process; the compiler cannot see that through the
   // virtual call.

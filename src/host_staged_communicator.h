@@ -65,20 +65,21 @@ class HostStagedCommunicator final : public Communicator {
   DeviceType buffer_device() const noexcept override { return DeviceType::kCuda; }
   void set_compute_stream(void* stream) noexcept override;
 
-  Request all_reduce_async(void* data, std::int64_t count, DType dtype, ReduceOp op) override;
-  Request reduce_scatter_async(const void* input, void* output,
-                               std::span<const std::int64_t> counts, DType dtype,
-                               ReduceOp op) override;
-  Request all_gather_async(void* data, std::span<const std::int64_t> counts, DType dtype) override;
-  Request broadcast_async(void* data, std::int64_t count, DType dtype, int root) override;
-  void barrier() override;
-  [[noreturn]] void abort(int error_code) noexcept override;
-
   /// Bytes of host memory the staging pool holds (in use or kept for reuse).
   std::size_t staging_bytes() const noexcept;
   /// Counts the staging pool, now and as it grows, as host communication memory in `tracker`,
   /// which must outlive this communicator and its requests.
   void charge_staging_to(MemoryTracker& tracker);
+
+ protected:
+  Request start_all_reduce(void* data, std::int64_t count, DType dtype, ReduceOp op) override;
+  Request start_reduce_scatter(const void* input, void* output,
+                               std::span<const std::int64_t> counts, DType dtype,
+                               ReduceOp op) override;
+  Request start_all_gather(void* data, std::span<const std::int64_t> counts, DType dtype) override;
+  Request start_broadcast(void* data, std::int64_t count, DType dtype, int root) override;
+  void run_barrier() override;
+  [[noreturn]] void end_job(int error_code) noexcept override;
 
  private:
   std::shared_ptr<Core> core_;

@@ -18,7 +18,9 @@
 #include "check.h"
 #include "collective_checks.h"
 #include "log.h"
+#include "mpi_peer_channel.h"
 #include "mpi_runtime.h"
+#include "wait_deadline.h"
 
 namespace zeroshard::detail {
 namespace {
@@ -58,8 +60,12 @@ struct InFlight {
 
 class MpiRequest final : public Request::Impl {
  public:
-  MpiRequest(const Operation& operation, Seconds timeout)
-      : operation_(operation), timeout_(timeout), in_flight_(std::make_unique<InFlight>()) {}
+  MpiRequest(const Operation& operation, Seconds timeout,
+             std::shared_ptr<MpiPeerChannel> channel = nullptr)
+      : operation_(operation),
+        timeout_(timeout),
+        channel_(std::move(channel)),
+        in_flight_(std::make_unique<InFlight>()) {}
   MpiRequest(const MpiRequest&) = delete;
   MpiRequest& operator=(const MpiRequest&) = delete;
 
@@ -92,17 +98,23 @@ class MpiRequest final : public Request::Impl {
 
   void wait() override {
     check_not_finalized();
-    using Clock = std::chrono::steady_clock;
-    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout_);
+    WaitDeadline deadline(timeout_);
     // MPI progresses non-blocking collectives only inside MPI calls, so sleeping between polls
     // would stall large transfers; yielding keeps oversubscribed ranks fair, and costs no more
     // CPU than MPI_Wait, which busy-polls as well.
     while (!poll()) {
-      if (Clock::now() >= deadline) {
+      // Peers that time out ask this rank how far it is; answering while waiting is what lets
+      // them tell a rank that is behind from one that is waiting with them.
+      if (channel_) channel_->service();
+      if (deadline.expired()) {
         std::ostringstream os;
         os << operation_.describe() << " did not complete within " << timeout_.count()
            << " s; a peer rank may have died, hung, or issued a different collective (the limit "
               "is set by ZEROSHARD_COLLECTIVE_TIMEOUT_S)";
+        if (deadline.not_running_s() > 0) {
+          os << "; this rank itself did not run for " << deadline.not_running_s()
+             << " s of the wait (stopped or descheduled), which was not counted";
+        }
         throw TimeoutError(os.str());
       }
       std::this_thread::yield();
@@ -136,6 +148,7 @@ class MpiRequest final : public Request::Impl {
 
   Operation operation_;
   Seconds timeout_;
+  std::shared_ptr<MpiPeerChannel> channel_;  // null while the communicator is being made
   std::unique_ptr<InFlight> in_flight_;
 };
 
@@ -157,6 +170,8 @@ class OwnedComm {
   ~OwnedComm() { reset(); }
 
   MPI_Comm get() const noexcept { return comm_; }
+  /// Hands the communicator to a new owner.
+  MPI_Comm release() noexcept { return std::exchange(comm_, MPI_COMM_NULL); }
 
  private:
   void reset() noexcept {
@@ -217,13 +232,18 @@ class MpiCommunicator final : public Communicator {
         comm_(duplicate_world(options.timeout)) {
     throw_if_failed(MPI_Comm_rank(comm_.get(), &rank_), "MPI_Comm_rank", "on a new communicator");
     throw_if_failed(MPI_Comm_size(comm_.get(), &size_), "MPI_Comm_size", "on a new communicator");
+    // The side channel has a communicator of its own, so that its messages can never match the
+    // collectives' and it still works when a collective is stuck.
+    OwnedComm side = duplicate_world(options.timeout);
+    channel_ = std::make_shared<MpiPeerChannel>(side.release(), tracker()->board());
+    tracker()->set_peer_channel(channel_);
   }
 
   int rank() const noexcept override { return rank_; }
   int size() const noexcept override { return size_; }
   std::string backend() const override { return "mpi"; }
 
-  Request all_reduce_async(void* data, std::int64_t count, DType dtype, ReduceOp op) override {
+  Request start_all_reduce(void* data, std::int64_t count, DType dtype, ReduceOp op) override {
     check_buffer(Collective::kAllReduce, data, count);
     auto request = start(Collective::kAllReduce, count, dtype);
     for_each_piece(count, [&](std::int64_t offset, int n) {
@@ -236,7 +256,7 @@ class MpiCommunicator final : public Communicator {
     return finish(std::move(request));
   }
 
-  Request reduce_scatter_async(const void* input, void* output,
+  Request start_reduce_scatter(const void* input, void* output,
                                std::span<const std::int64_t> counts, DType dtype,
                                ReduceOp op) override {
     const std::int64_t total = checked_total(Collective::kReduceScatter, counts, size_);
@@ -276,7 +296,7 @@ class MpiCommunicator final : public Communicator {
     return finish(std::move(request));
   }
 
-  Request all_gather_async(void* data, std::span<const std::int64_t> counts, DType dtype) override {
+  Request start_all_gather(void* data, std::span<const std::int64_t> counts, DType dtype) override {
     const std::int64_t total = checked_total(Collective::kAllGather, counts, size_);
     check_buffer(Collective::kAllGather, data, total);
 
@@ -310,7 +330,7 @@ class MpiCommunicator final : public Communicator {
     return finish(std::move(request));
   }
 
-  Request broadcast_async(void* data, std::int64_t count, DType dtype, int root) override {
+  Request start_broadcast(void* data, std::int64_t count, DType dtype, int root) override {
     check_buffer(Collective::kBroadcast, data, count);
     check_root(root, size_);
     auto request = start(Collective::kBroadcast, count, dtype);
@@ -324,14 +344,15 @@ class MpiCommunicator final : public Communicator {
     return finish(std::move(request));
   }
 
-  [[noreturn]] void abort(int error_code) noexcept override {
+  [[noreturn]] void end_job(int error_code) noexcept override {
     MPI_Abort(comm_.get(), error_code);
     std::_Exit(error_code);
   }
 
-  void barrier() override {
+  void run_barrier() override {
     auto request = std::make_unique<MpiRequest>(
-        Operation{.name = to_string(Collective::kBarrier), .rank = rank_, .size = size_}, timeout_);
+        Operation{.name = to_string(Collective::kBarrier), .rank = rank_, .size = size_}, timeout_,
+        channel_);
     request->check_started(MPI_Ibarrier(comm_.get(), &request->add()), "MPI_Ibarrier");
     count_traffic(Collective::kBarrier, 0, DType::kFloat32);
     Request(std::move(request)).wait();
@@ -340,7 +361,7 @@ class MpiCommunicator final : public Communicator {
  private:
   std::unique_ptr<MpiRequest> start(Collective collective, std::int64_t count, DType dtype) const {
     return std::make_unique<MpiRequest>(
-        Operation{to_string(collective), count, dtype, rank_, size_}, timeout_);
+        Operation{to_string(collective), count, dtype, rank_, size_}, timeout_, channel_);
   }
 
   // A collective that needed no MPI call is already complete.
@@ -363,6 +384,7 @@ class MpiCommunicator final : public Communicator {
   OwnedComm comm_;
   int rank_ = -1;
   int size_ = 0;
+  std::shared_ptr<MpiPeerChannel> channel_;
 };
 
 }  // namespace

@@ -16,13 +16,13 @@ class SelfCommunicator final : public Communicator {
   int size() const noexcept override { return 1; }
   std::string backend() const override { return "self"; }
 
-  Request all_reduce_async(void* data, std::int64_t count, DType dtype, ReduceOp) override {
+  Request start_all_reduce(void* data, std::int64_t count, DType dtype, ReduceOp) override {
     check_buffer(Collective::kAllReduce, data, count);
     count_traffic(Collective::kAllReduce, 2 * count, dtype);
     return Request{};
   }
 
-  Request reduce_scatter_async(const void* input, void* output,
+  Request start_reduce_scatter(const void* input, void* output,
                                std::span<const std::int64_t> counts, DType dtype,
                                ReduceOp) override {
     const std::int64_t total = checked_total(Collective::kReduceScatter, counts, size());
@@ -35,22 +35,22 @@ class SelfCommunicator final : public Communicator {
     return Request{};
   }
 
-  Request all_gather_async(void* data, std::span<const std::int64_t> counts, DType dtype) override {
+  Request start_all_gather(void* data, std::span<const std::int64_t> counts, DType dtype) override {
     const std::int64_t total = checked_total(Collective::kAllGather, counts, size());
     check_buffer(Collective::kAllGather, data, total);
     count_traffic(Collective::kAllGather, total, dtype);
     return Request{};
   }
 
-  Request broadcast_async(void* data, std::int64_t count, DType dtype, int root) override {
+  Request start_broadcast(void* data, std::int64_t count, DType dtype, int root) override {
     check_buffer(Collective::kBroadcast, data, count);
     check_root(root, size());
     count_traffic(Collective::kBroadcast, count, dtype);
     return Request{};
   }
 
-  void barrier() override { count_traffic(Collective::kBarrier, 0, DType::kFloat32); }
-  [[noreturn]] void abort(int error_code) noexcept override { std::_Exit(error_code); }
+  void run_barrier() override { count_traffic(Collective::kBarrier, 0, DType::kFloat32); }
+  [[noreturn]] void end_job(int error_code) noexcept override { std::_Exit(error_code); }
 };
 
 }  // namespace

@@ -6,7 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "mpi_communicator.h"
@@ -190,6 +194,96 @@ TEST(Request, ErrorInTheImplicitWaitIsSwallowed) {
   { Request request = fake_request(transport); }
   EXPECT_EQ(transport.waits, 1);
   EXPECT_TRUE(transport.destroyed);
+}
+
+// A transport of fake requests, to check what the transport-independent base does with them.
+class FakeCommunicator final : public Communicator {
+ public:
+  explicit FakeCommunicator(std::vector<FakeTransport>& transports) : transports_(transports) {}
+  int rank() const noexcept override { return 0; }
+  int size() const noexcept override { return 2; }
+  std::string backend() const override { return "fake"; }
+
+ protected:
+  Request start_all_reduce(void*, std::int64_t, DType, ReduceOp) override { return next(); }
+  Request start_reduce_scatter(const void*, void*, std::span<const std::int64_t>, DType,
+                               ReduceOp) override {
+    return next();
+  }
+  Request start_all_gather(void*, std::span<const std::int64_t>, DType) override { return next(); }
+  Request start_broadcast(void*, std::int64_t, DType, int) override { return next(); }
+  void run_barrier() override { next().wait(); }
+  [[noreturn]] void end_job(int error_code) noexcept override { std::_Exit(error_code); }
+
+ private:
+  Request next() { return fake_request(transports_.at(used_++)); }
+
+  std::vector<FakeTransport>& transports_;
+  std::size_t used_ = 0;
+};
+
+TEST(CommunicatorTimeout, NumbersTheCollectivesAndNamesTheOneThatTimedOut) {
+  std::vector<FakeTransport> transports(3);
+  transports[2].fail = true;
+  FakeCommunicator comm(transports);
+  float data[4] = {};
+  comm.all_reduce(data, 4, DType::kFloat32);
+  comm.broadcast(data, 2, DType::kBFloat16, 1);
+  try {
+    comm.all_reduce(data, 3, DType::kFloat16);
+    ADD_FAILURE() << "the fake timeout did not surface";
+  } catch (const TimeoutError& error) {
+    EXPECT_THAT(error.what(), HasSubstr("collective #3 all-reduce of 3 fp16 elements on rank 0 of "
+                                        "2 (fake) timed out"));
+    EXPECT_THAT(error.what(), HasSubstr("fake timeout"));
+    EXPECT_THAT(error.what(), HasSubstr("the fake transport cannot tell which ranks arrived"));
+  }
+}
+
+TEST(CommunicatorTimeout, AfterTheFirstTimeoutEveryRequestFailsAtOnceWithoutWaiting) {
+  std::vector<FakeTransport> transports(4);
+  for (FakeTransport& transport : transports) transport.fail = true;
+  FakeCommunicator comm(transports);
+  float data[4] = {};
+  Request first = comm.all_reduce_async(data, 4, DType::kFloat32, ReduceOp::kSum);
+  Request second = comm.all_reduce_async(data, 4, DType::kFloat32, ReduceOp::kSum);
+  Request third = comm.all_reduce_async(data, 4, DType::kFloat32, ReduceOp::kSum);
+  EXPECT_THROW(first.wait(), TimeoutError);
+  try {
+    second.wait();
+    ADD_FAILURE() << "the second request waited";
+  } catch (const TimeoutError& error) {
+    EXPECT_THAT(error.what(), HasSubstr("collective #2 all-reduce"));
+    EXPECT_THAT(error.what(), HasSubstr("abandoned at once: an earlier timeout"));
+    EXPECT_THAT(error.what(), HasSubstr("collective #1 all-reduce of 4 fp32 elements"));
+  }
+  EXPECT_THROW(second.test(), TimeoutError);
+  EXPECT_THROW(comm.barrier(), TimeoutError);
+  EXPECT_EQ(transports[1].waits + transports[1].tests, 0) << "the transport was asked to wait";
+  { Request dropped = std::move(third); }
+  EXPECT_EQ(transports[2].waits, 0) << "a dropped request waited after the timeout";
+  EXPECT_TRUE(transports[2].destroyed);
+}
+
+TEST(CommunicatorTimeout, AbortDumpsTheFlightRecorderToTheTraceDirectory) {
+  const std::string dir = ::testing::TempDir() + "communicator_test_abort_trace";
+  std::filesystem::remove_all(dir);
+  setenv("ZEROSHARD_TRACE_DIR", dir.c_str(), 1);
+  std::vector<FakeTransport> transports(1);
+  FakeCommunicator comm(transports);
+  float data[2] = {};
+  comm.all_reduce(data, 2, DType::kFloat32);
+  EXPECT_EXIT(comm.abort(3), ::testing::ExitedWithCode(3), "");
+  unsetenv("ZEROSHARD_TRACE_DIR");
+  bool found = false;
+  for (const auto& file : std::filesystem::directory_iterator(dir)) {
+    std::ifstream in(file.path());
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    found = found || (file.path().filename().string().rfind("rank-0", 0) == 0 &&
+                      text.find("abort(3)") != std::string::npos &&
+                      text.find("\"op\": \"all-reduce\"") != std::string::npos);
+  }
+  EXPECT_TRUE(found) << "no rank-0 dump naming the abort and the all-reduce in " << dir;
 }
 
 TEST(Names, DTypesAndCollectives) {

@@ -14,6 +14,10 @@
 
 namespace zeroshard {
 
+namespace detail {
+class CollectiveTracker;  // sequence numbers, flight recorder and failure state (src/)
+}  // namespace detail
+
 /// Which collective a counter or an error refers to.
 enum class Collective { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kBarrier };
 inline constexpr int kCollectiveCount = 5;
@@ -38,10 +42,13 @@ struct TrafficCounters {
 /// over it, waits for it, so a buffer never outlives the transfer that reads or writes it. Errors
 /// met by that implicit wait are logged (zeroshard/log.h), since a destructor cannot throw.
 ///
-/// When wait() or test() throws (a timeout, a transport error) the request stays pending: wait()
-/// may be called again to keep waiting for a slow peer. Destroying a failed request abandons the
-/// transfer instead of waiting again, so an error never turns into a hang; the transport may then
-/// still touch the buffers, so treat the communicator as broken and end the job.
+/// When wait() or test() throws a transport error the request stays pending: wait() may be called
+/// again. A timeout is final for the whole communicator: from then on every wait() or test() of
+/// any of its requests, and every new collective, throws TimeoutError at once, pointing at the
+/// first timeout, so that several requests in flight fail within one timeout, not one each.
+/// Destroying a failed request abandons the transfer instead of waiting again, so an error never
+/// turns into a hang; the transport may then still touch the buffers, so treat the communicator
+/// as broken and end the job.
 class Request {
  public:
   class Impl {
@@ -68,9 +75,21 @@ class Request {
   bool pending() const noexcept { return impl_ != nullptr; }
 
  private:
+  friend class Communicator;  // attaches the tracker to the requests it numbers
+
+  // A request numbered `seq` by `tracker`, which records its completion and failure.
+  Request(std::unique_ptr<Impl> impl, std::shared_ptr<detail::CollectiveTracker> tracker,
+          std::int64_t seq);
+
+  // Checks the communicator has not timed out, runs `step`, and records its outcome.
+  template <class Step>
+  bool track(Step step);
+
   std::unique_ptr<Impl> impl_;
   // Set when wait() or test() threw: destruction then abandons the transfer instead of waiting.
   bool failed_ = false;
+  std::shared_ptr<detail::CollectiveTracker> tracker_;  // null for an untracked request
+  std::int64_t seq_ = 0;
 };
 
 /// Reduction applied by all_reduce and reduce_scatter.
@@ -79,10 +98,16 @@ enum class ReduceOp { kSum, kMax };
 /// Collectives over the data-parallel ranks. Every rank must issue the same collectives in the
 /// same order; buffers are host pointers for the MPI backend and device pointers for NCCL.
 /// Counts may differ per rank where a vector of counts is given (shards need not be equal).
+///
+/// Every collective gets a sequence number (1, 2, ... per communicator) and an entry in a flight
+/// recorder, a ring of the last ZEROSHARD_FLIGHT_RECORDER_SIZE (default 256) collectives. A
+/// timeout names the collective by number and says what the transport knows of the other ranks;
+/// with ZEROSHARD_TRACE_DIR set, a timeout or abort() writes the ring to DIR/rank-R.json, which
+/// the zeroshard-trace tool reads (docs/troubleshooting.md).
 class Communicator {
  public:
-  virtual ~Communicator() = default;
-  Communicator() = default;
+  virtual ~Communicator();
+  Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
@@ -109,27 +134,26 @@ class Communicator {
   virtual void set_compute_stream(void* /*stream*/) noexcept {}
 
   /// In place: `data` (count elements) becomes the element-wise reduction over all ranks.
-  virtual Request all_reduce_async(void* data, std::int64_t count, DType dtype, ReduceOp op) = 0;
+  Request all_reduce_async(void* data, std::int64_t count, DType dtype, ReduceOp op);
 
   /// `input` holds sum(counts) elements laid out rank after rank; this rank receives the reduction
   /// of its slice (counts[rank] elements) in `output`. `output` must not overlap `input`.
-  virtual Request reduce_scatter_async(const void* input, void* output,
-                                       std::span<const std::int64_t> counts, DType dtype,
-                                       ReduceOp op) = 0;
+  Request reduce_scatter_async(const void* input, void* output,
+                               std::span<const std::int64_t> counts, DType dtype, ReduceOp op);
 
   /// In place: `data` holds sum(counts) elements laid out rank after rank; this rank's slice
   /// (counts[rank] elements at offset sum(counts[0..rank))) is already filled and every other
   /// rank's slice is filled on completion.
-  virtual Request all_gather_async(void* data, std::span<const std::int64_t> counts,
-                                   DType dtype) = 0;
+  Request all_gather_async(void* data, std::span<const std::int64_t> counts, DType dtype);
 
-  virtual Request broadcast_async(void* data, std::int64_t count, DType dtype, int root) = 0;
+  Request broadcast_async(void* data, std::int64_t count, DType dtype, int root);
 
-  virtual void barrier() = 0;
+  void barrier();
 
   /// Ends every rank's process with `error_code` (MPI_Abort under MPI): for a rank that fails
-  /// alone, so that the others do not wait for it in their next collective for ever.
-  [[noreturn]] virtual void abort(int error_code) noexcept = 0;
+  /// alone, so that the others do not wait for it in their next collective for ever. Writes the
+  /// flight recorder first when ZEROSHARD_TRACE_DIR is set.
+  [[noreturn]] void abort(int error_code) noexcept;
 
   /// Collective: every rank's `text`, in rank order, on every rank (reports, diagnostics).
   std::vector<std::string> all_gather_text(const std::string& text);
@@ -154,11 +178,32 @@ class Communicator {
   void reset_traffic() noexcept { traffic_ = TrafficCounters{}; }
 
  protected:
+  /// The transport's collectives, called by the public ones above, which number and record them.
+  virtual Request start_all_reduce(void* data, std::int64_t count, DType dtype, ReduceOp op) = 0;
+  virtual Request start_reduce_scatter(const void* input, void* output,
+                                       std::span<const std::int64_t> counts, DType dtype,
+                                       ReduceOp op) = 0;
+  virtual Request start_all_gather(void* data, std::span<const std::int64_t> counts,
+                                   DType dtype) = 0;
+  virtual Request start_broadcast(void* data, std::int64_t count, DType dtype, int root) = 0;
+  virtual void run_barrier() = 0;
+  [[noreturn]] virtual void end_job(int error_code) noexcept = 0;
+
   /// Implementations call this once per collective they start.
   void count_traffic(Collective collective, std::int64_t elements, DType dtype) noexcept;
 
+  /// Turns numbering and recording off: for a communicator that only forwards to another one,
+  /// which numbers the same collectives itself. Call from the constructor.
+  void forward_tracking_to_inner() noexcept;
+  /// The numbering, recording and failure state of this communicator (null when forwarded).
+  const std::shared_ptr<detail::CollectiveTracker>& tracker() const noexcept { return tracker_; }
+
  private:
+  template <class Start>
+  Request tracked(Collective collective, std::int64_t count, DType dtype, Start start);
+
   TrafficCounters traffic_;
+  std::shared_ptr<detail::CollectiveTracker> tracker_;
 };
 
 }  // namespace zeroshard

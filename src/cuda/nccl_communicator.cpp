@@ -21,6 +21,7 @@
 #include "cuda/rendezvous_file.h"
 #include "log.h"
 #include "mpi_communicator.h"
+#include "wait_deadline.h"
 
 namespace zeroshard::cuda {
 
@@ -216,16 +217,19 @@ ncclResult_t NcclCommunicator::State::async_state(const char* what) {
 
 template <class Done>
 void NcclCommunicator::State::await(const char* what, Done done) {
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout);
+  detail::WaitDeadline deadline(timeout);
   for (int polls = 0;; ++polls) {
     if (done()) return;
-    if (std::chrono::steady_clock::now() > deadline) {
+    if (deadline.expired()) {
       std::ostringstream os;
       os << describe(what) << " did not complete within " << timeout.count()
          << " s (ZEROSHARD_COLLECTIVE_TIMEOUT_S): a rank may have died, hung or issued a "
             "different collective; the communicator was aborted ["
          << detail::where(__FILE__, __LINE__) << "]";
+      if (deadline.not_running_s() > 0) {
+        os << "; this rank itself did not run for " << deadline.not_running_s()
+           << " s of the wait (stopped or descheduled), which was not counted";
+      }
       abort(os.str());
       throw TimeoutError(os.str());
     }
@@ -292,7 +296,7 @@ Request NcclCommunicator::finish(Collective collective) {
   return Request(std::make_unique<NcclRequest>(state_, collective, std::move(done)));
 }
 
-Request NcclCommunicator::all_reduce_async(void* data, std::int64_t count, DType dtype,
+Request NcclCommunicator::start_all_reduce(void* data, std::int64_t count, DType dtype,
                                            ReduceOp op) {
   ZEROSHARD_CHECK_USAGE(count >= 0, "all_reduce: negative count " << count);
   DeviceGuard guard(state_->device);
@@ -307,7 +311,7 @@ Request NcclCommunicator::all_reduce_async(void* data, std::int64_t count, DType
   return finish(Collective::kAllReduce);
 }
 
-Request NcclCommunicator::reduce_scatter_async(const void* input, void* output,
+Request NcclCommunicator::start_reduce_scatter(const void* input, void* output,
                                                std::span<const std::int64_t> counts, DType dtype,
                                                ReduceOp op) {
   const std::vector<std::int64_t> offsets = slice_offsets(counts, state_->world, "reduce_scatter");
@@ -338,7 +342,7 @@ Request NcclCommunicator::reduce_scatter_async(const void* input, void* output,
   return finish(Collective::kReduceScatter);
 }
 
-Request NcclCommunicator::all_gather_async(void* data, std::span<const std::int64_t> counts,
+Request NcclCommunicator::start_all_gather(void* data, std::span<const std::int64_t> counts,
                                            DType dtype) {
   const std::vector<std::int64_t> offsets = slice_offsets(counts, state_->world, "all_gather");
   DeviceGuard guard(state_->device);
@@ -369,7 +373,7 @@ Request NcclCommunicator::all_gather_async(void* data, std::span<const std::int6
   return finish(Collective::kAllGather);
 }
 
-Request NcclCommunicator::broadcast_async(void* data, std::int64_t count, DType dtype, int root) {
+Request NcclCommunicator::start_broadcast(void* data, std::int64_t count, DType dtype, int root) {
   ZEROSHARD_CHECK_USAGE(count >= 0, "broadcast: negative count " << count);
   ZEROSHARD_CHECK_USAGE(root >= 0 && root < state_->world,
                         "broadcast: root " << root << " is not in a world of " << state_->world);
@@ -384,12 +388,12 @@ Request NcclCommunicator::broadcast_async(void* data, std::int64_t count, DType 
   return finish(Collective::kBroadcast);
 }
 
-void NcclCommunicator::abort(int error_code) noexcept {
+void NcclCommunicator::end_job(int error_code) noexcept {
   state_->abort("aborted by the program");
   std::_Exit(error_code);
 }
 
-void NcclCommunicator::barrier() {
+void NcclCommunicator::run_barrier() {
   DeviceGuard guard(state_->device);
   state_->require_usable("barrier");
   // NCCL has no barrier: an all-reduce of one word completes only once every rank has issued it.

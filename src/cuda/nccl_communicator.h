@@ -49,15 +49,6 @@ class NcclCommunicator final : public Communicator {
   int size() const noexcept override;
   std::string backend() const override { return "nccl"; }
 
-  Request all_reduce_async(void* data, std::int64_t count, DType dtype, ReduceOp op) override;
-  Request reduce_scatter_async(const void* input, void* output,
-                               std::span<const std::int64_t> counts, DType dtype,
-                               ReduceOp op) override;
-  Request all_gather_async(void* data, std::span<const std::int64_t> counts, DType dtype) override;
-  Request broadcast_async(void* data, std::int64_t count, DType dtype, int root) override;
-  void barrier() override;
-  [[noreturn]] void abort(int error_code) noexcept override;
-
   /// The stream the collectives run on.
   cudaStream_t stream() const noexcept;
   int device() const noexcept;
@@ -66,6 +57,16 @@ class NcclCommunicator final : public Communicator {
   void set_compute_stream(void* stream) noexcept override {
     compute_stream_ = static_cast<cudaStream_t>(stream);
   }
+
+ protected:
+  Request start_all_reduce(void* data, std::int64_t count, DType dtype, ReduceOp op) override;
+  Request start_reduce_scatter(const void* input, void* output,
+                               std::span<const std::int64_t> counts, DType dtype,
+                               ReduceOp op) override;
+  Request start_all_gather(void* data, std::span<const std::int64_t> counts, DType dtype) override;
+  Request start_broadcast(void* data, std::int64_t count, DType dtype, int root) override;
+  void run_barrier() override;
+  [[noreturn]] void end_job(int error_code) noexcept override;
 
  private:
   // Orders the communication stream after the compute stream's work so far.

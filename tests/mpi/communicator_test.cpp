@@ -267,9 +267,10 @@ TEST(MpiCommunicator, FromEnvironmentIsMpiOverTheLaunchersWorld) {
   EXPECT_LT(comm->rank(), comm->size());
 }
 
-TEST(MpiCommunicator, WaitOnADeadPeerTimesOutNamingRankCollectiveAndCount) {
+TEST(MpiCommunicator, WaitOnADeadPeerTimesOutNamingSequenceCollectiveCountAndSilentRank) {
   // Rank 0 waits with a short deadline for a broadcast that rank 1 joins only after rank 0 gave
-  // up; the request then stays pending and a second wait completes it.
+  // up. Rank 0 then keeps making MPI progress (the second world barrier) so that the broadcast,
+  // which it abandoned, still reaches the ranks it forwards to.
   using std::chrono::duration;
   const auto world = detail::make_mpi_communicator({});
   if (world->size() < 2) GTEST_SKIP() << "needs a second rank to play the dead peer";
@@ -285,24 +286,73 @@ TEST(MpiCommunicator, WaitOnADeadPeerTimesOutNamingRankCollectiveAndCount) {
       ADD_FAILURE() << "the broadcast finished although its root had not joined";
     } catch (const TimeoutError& error) {
       EXPECT_EQ(error.code(), ErrorCode::kTimeout);
-      EXPECT_THAT(error.what(), HasSubstr("broadcast of 5 fp32 elements on rank 0 of"));
+      EXPECT_THAT(error.what(),
+                  HasSubstr("collective #1 broadcast of 5 fp32 elements on rank 0 of"));
       EXPECT_THAT(error.what(), HasSubstr("ZEROSHARD_COLLECTIVE_TIMEOUT_S"));
+      // Rank 1 waits in another communicator's barrier, so it cannot answer on this one.
+      EXPECT_THAT(error.what(), HasSubstr("rank 1: no answer"));
+      EXPECT_THAT(error.what(), HasSubstr("Behind or missing: rank 1"));
     }
     EXPECT_TRUE(request.pending());
+    EXPECT_THROW(request.wait(), TimeoutError) << "a timed-out communicator must not wait again";
     world->barrier();
-    for (int attempt = 0; request.pending(); ++attempt) {
-      ASSERT_LT(attempt, 300) << "the broadcast never completed after its root joined";
-      try {
-        request.wait();
-      } catch (const TimeoutError&) {
-        // Not there yet under load: wait again, as a caller tolerating a slow peer would.
-      }
-    }
   } else {
     world->barrier();
     comm->broadcast(data.data(), 5, DType::kFloat32, 1);
+    for (float value : data) EXPECT_EQ(value, 7.0f);
   }
-  for (float value : data) EXPECT_EQ(value, 7.0f);
+  world->barrier();
+}
+
+TEST(MpiCommunicator, AfterATimeoutTheOtherRequestsInFlightFailAtOnce) {
+  // Three requests in flight while rank 1 does not take part: the first wait times out, the other
+  // two must fail at once pointing at it, so the error comes within one timeout, not three.
+  using Clock = std::chrono::steady_clock;
+  using std::chrono::duration;
+  const auto world = detail::make_mpi_communicator({});
+  if (world->size() < 2) GTEST_SKIP() << "needs a second rank to stop taking part";
+  const int rank = world->rank();
+  constexpr double kTimeout = 2.0;
+  const auto comm = detail::make_mpi_communicator({.timeout = duration<double>(kTimeout)});
+  std::vector<std::vector<float>> buffers(3, std::vector<float>(4, 1.0f));
+
+  if (rank == 0) {
+    const Clock::time_point start = Clock::now();
+    std::vector<Request> requests;
+    for (auto& buffer : buffers) {
+      requests.push_back(comm->all_reduce_async(buffer.data(), 4, DType::kFloat32, ReduceOp::kSum));
+    }
+    std::vector<std::string> messages;
+    std::vector<double> waited;
+    for (Request& request : requests) {
+      const Clock::time_point before = Clock::now();
+      try {
+        request.wait();
+        ADD_FAILURE() << "an all-reduce finished although rank 1 never joined";
+      } catch (const TimeoutError& error) {
+        messages.push_back(error.what());
+      }
+      waited.push_back(duration<double>(Clock::now() - before).count());
+    }
+    const double total = duration<double>(Clock::now() - start).count();
+    ASSERT_EQ(messages.size(), 3u);
+    EXPECT_THAT(messages[0], HasSubstr("collective #1 all-reduce of 4 fp32 elements"));
+    for (int i = 1; i < 3; ++i) {
+      EXPECT_THAT(messages[i], HasSubstr("#" + std::to_string(i + 1) + " all-reduce"));
+      EXPECT_THAT(messages[i], HasSubstr("abandoned at once: an earlier timeout"));
+      EXPECT_THAT(messages[i], HasSubstr("collective #1 all-reduce"));
+      EXPECT_LT(waited[i], kTimeout / 2) << "request " << i + 1 << " waited a timeout of its own";
+    }
+    // Generous: one timeout, the side-channel question and a noisy machine, but not two timeouts.
+    EXPECT_LT(total, 2 * kTimeout) << "the error took " << total << " s";
+    EXPECT_THROW(comm->barrier(), TimeoutError) << "new collectives must fail at once too";
+    world->barrier();
+  } else {
+    world->barrier();
+    for (auto& buffer : buffers) comm->all_reduce(buffer.data(), 4, DType::kFloat32);
+  }
+  // Rank 0 keeps MPI progressing here, so that the all-reduces it abandoned complete elsewhere.
+  world->barrier();
 }
 
 }  // namespace
