@@ -137,7 +137,8 @@ Communicator::~Communicator() = default;
 void Communicator::forward_tracking_to_inner() noexcept { tracker_.reset(); }
 
 template <class Start>
-Request Communicator::tracked(Collective collective, std::int64_t count, DType dtype, Start start) {
+Request Communicator::tracked(Collective collective, std::int64_t count, std::optional<DType> dtype,
+                              Start start) {
   if (!tracker_) return start();
   if (!tracker_->identified()) tracker_->identify(rank(), size(), backend());
   const std::int64_t seq = tracker_->begin(collective, count, dtype);
@@ -181,20 +182,12 @@ Request Communicator::broadcast_async(void* data, std::int64_t count, DType dtyp
                  [&] { return start_broadcast(data, count, dtype, root); });
 }
 
+// A barrier is a collective that completes before it returns: an empty request.
 void Communicator::barrier() {
-  if (!tracker_) return run_barrier();
-  if (!tracker_->identified()) tracker_->identify(rank(), size(), backend());
-  const std::int64_t seq = tracker_->begin(Collective::kBarrier, 0, std::nullopt);
-  try {
+  tracked(Collective::kBarrier, 0, std::nullopt, [&] {
     run_barrier();
-  } catch (const TimeoutError& error) {
-    if (tracker_->timed_out()) throw;
-    throw TimeoutError(tracker_->diagnose_timeout(seq, error.what()));
-  } catch (...) {
-    tracker_->fail(seq);
-    throw;
-  }
-  tracker_->complete(seq);
+    return Request();
+  });
 }
 
 void Communicator::abort(int error_code) noexcept {

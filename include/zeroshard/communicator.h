@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -200,7 +201,8 @@ class Communicator {
 
  private:
   template <class Start>
-  Request tracked(Collective collective, std::int64_t count, DType dtype, Start start);
+  Request tracked(Collective collective, std::int64_t count, std::optional<DType> dtype,
+                  Start start);
 
   TrafficCounters traffic_;
   std::shared_ptr<detail::CollectiveTracker> tracker_;
