@@ -119,10 +119,12 @@ class MpiRequest final : public Request::Impl {
   InFlight& in_flight() noexcept { return *in_flight_; }
   bool empty() const noexcept { return in_flight_->requests.empty() && !in_flight_->ring; }
 
-  // Makes this request drive `ring`, which the communicator's other requests advance as well.
+  // Makes this request drive a ring, which the communicator's other requests advance as well.
+  // Its first messages leave now, so that they travel while the caller computes.
   void attach(RingPlan plan) {
     in_flight_->ring = std::make_shared<RingReduceScatter>(std::move(plan));
     rings_->add(in_flight_->ring);
+    in_flight_->ring->advance();
   }
 
   std::string description() const { return operation_.describe(); }

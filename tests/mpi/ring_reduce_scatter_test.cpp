@@ -197,6 +197,34 @@ INSTANTIATE_TEST_SUITE_P(ChunkedAt1MiBOrAFewElements, RingReduceScatter,
                                       : "Chunks" + std::to_string(info.param.max_elements_per_call);
                          });
 
+TEST(RingReduceScatterProgress, CompletesWhenRanksWaitOnTheirRingsInOppositeOrders) {
+  // A ring moves only when its rank polls; waiting on one request must advance the other ring
+  // too, or even ranks (waiting on the first) and odd ranks (on the second) would starve each
+  // other. Many chunks per slice keep both rings in flight for a while.
+  // Starved rings would time out, not hang the suite.
+  const auto comm = detail::make_mpi_communicator(
+      {.timeout = std::chrono::duration<double>(30), .max_elements_per_call = 5});
+  const int n = comm->size();
+  const std::vector<std::int64_t> counts(static_cast<std::size_t>(n), 101);
+  const std::vector<float> first(static_cast<std::size_t>(101 * n), 1.0f);
+  const std::vector<float> second(static_cast<std::size_t>(101 * n), 2.0f);
+  std::vector<float> first_out(101);
+  std::vector<float> second_out(101);
+  Request a = comm->reduce_scatter_async(first.data(), first_out.data(), counts, DType::kFloat32,
+                                         ReduceOp::kSum);
+  Request b = comm->reduce_scatter_async(second.data(), second_out.data(), counts, DType::kFloat32,
+                                         ReduceOp::kSum);
+  if (comm->rank() % 2 == 0) {
+    a.wait();
+    b.wait();
+  } else {
+    b.wait();
+    a.wait();
+  }
+  for (float value : first_out) EXPECT_EQ(value, static_cast<float>(n));
+  for (float value : second_out) EXPECT_EQ(value, static_cast<float>(2 * n));
+}
+
 TEST(ReduceScatterAlgorithm, ComesFromTheEnvironmentAndDefaultsToTheRing) {
   const char* before = std::getenv("ZEROSHARD_REDUCE_SCATTER");
   const std::string saved = before ? before : "";
