@@ -12,6 +12,9 @@
 #          one rank per host; the bytes each host's data interface sends per reduce-scatter step,
 #          for the ring and for MPI's own reduce-scatter, beside a ring's (N-1)/N * P * 4: the
 #          ring must stay within kWireMaxRatio of it
+#        run_multihost.sh trainer-bytes HOSTS
+#          one rank per host; the bytes all hosts' data interfaces send per training step of
+#          stages 0-3, with the ring reduce-scatter and with MPI's (a measurement, no check)
 # Environment: ZEROSHARD_TRAINER (the zeroshard-train-mlp program; equivalence, link-down),
 # ZEROSHARD_WIRE_BENCH (the zeroshard-reduce-scatter-wire program; wire-bytes),
 # ZEROSHARD_SOURCE_DIR, ZEROSHARD_WORK_DIR (scratch; its path also names this run's namespaces).
@@ -29,7 +32,7 @@ readonly kWireElements=4194304 # P, fp32 elements per reduce-scatter (16 MiB)
 readonly kWireRepeats=4        # K, measured steps
 readonly kWireMaxRatio=1.05    # TCP/IP headers and ACKs on top of the ring's payload
 
-mode=${1:?usage: run_multihost.sh equivalence HOSTS RANKS_PER_HOST | link-down | wire-bytes HOSTS}
+mode=${1:?usage: run_multihost.sh equivalence HOSTS RANKS_PER_HOST | link-down | wire-bytes HOSTS | trainer-bytes HOSTS}
 source_dir=${ZEROSHARD_SOURCE_DIR:?ZEROSHARD_SOURCE_DIR must name the source tree}
 work_dir=${ZEROSHARD_WORK_DIR:?ZEROSHARD_WORK_DIR must name a scratch folder}
 agent=$source_dir/tests/multihost/netns_agent.sh
@@ -45,10 +48,10 @@ case $mode in
     ranks_per_host=1
     tag=ld
     ;;
-  wire-bytes)
+  wire-bytes | trainer-bytes)
     hosts=${2:?HOSTS missing}
     ranks_per_host=1
-    tag=w${hosts}
+    tag=${mode:0:1}${hosts}
     ;;
   *)
     echo "run_multihost.sh: unknown mode '$mode'" >&2
@@ -294,11 +297,43 @@ run_wire_bytes() {
       END { exit !(seen && !bad) }' "$work_dir/wire_ring.log"
 }
 
+# Bytes sent so far by every host's data interface together.
+data_bytes_sent() {
+  local total=0 k sent
+  for ((k = 1; k <= hosts; ++k)); do
+    sent=$(ip netns exec "${prefix}h$k" awk '$1 == "d0:" { print $10 }' /proc/net/dev)
+    total=$((total + sent))
+  done
+  echo "$total"
+}
+
+# Whole runs are counted, start-up included, and divided by the steps: an upper bound per step.
+run_trainer_bytes() {
+  check_placement
+  # Stage 0 is an all-reduce, a ring in OpenMPI: its bytes are the reference.
+  local stage algorithm before log per_step stage0='' steps=20
+  for stage in 0 1 2 3; do
+    for algorithm in ring mpi; do
+      log=$work_dir/zero${stage}_$algorithm.log
+      before=$(data_bytes_sent)
+      ZEROSHARD_REDUCE_SCATTER=$algorithm mpirun_on_hosts "$trainer" \
+        --config "$source_dir/examples/configs/zero$stage.json" --steps "$steps" --width 256 \
+        --device cpu >"$log" 2>&1 || { cat "$log"; say "stage $stage, $algorithm: failed"; exit 1; }
+      per_step=$((($(data_bytes_sent) - before) / steps))
+      stage0=${stage0:-$per_step}
+      say "stage $stage, reduce-scatter $algorithm: $per_step bytes per step from all $hosts" \
+        "hosts, $(awk -v a="$per_step" -v b="$stage0" 'BEGIN { printf "%.3f", a / b }') x stage 0"
+    done
+  done
+  say "$(grep -o -m 1 'with [0-9]* parameters' "$log") of fp32"
+}
+
 make_network
 say "$hosts hosts ($(our_namespaces | tr '\n' ' ')), $ranks ranks"
 case $mode in
   equivalence) run_equivalence ;;
   link-down) run_link_down ;;
   wire-bytes) run_wire_bytes ;;
+  trainer-bytes) run_trainer_bytes ;;
 esac
 [[ $failures -eq 0 ]] || { say "$failures check(s) failed"; exit 1; }
