@@ -292,6 +292,7 @@ run_wire_bytes() {
     cat "$log"
   done
   # Every rank of the ring within the bound; MPI's own is reported, not held to it.
+  # shellcheck disable=SC2016 # awk's own fields
   check "the ring sends at most $kWireMaxRatio x a ring's bytes per step on every host" \
     awk -v m="$kWireMaxRatio" '/ratio/ { if ($NF + 0 > m + 0) bad = 1; seen = 1 }
       END { exit !(seen && !bad) }' "$work_dir/wire_ring.log"
@@ -301,6 +302,7 @@ run_wire_bytes() {
 data_bytes_sent() {
   local total=0 k sent
   for ((k = 1; k <= hosts; ++k)); do
+    # shellcheck disable=SC2016 # awk's own fields
     sent=$(ip netns exec "${prefix}h$k" awk '$1 == "d0:" { print $10 }' /proc/net/dev)
     total=$((total + sent))
   done
