@@ -210,8 +210,9 @@ void Communicator::count_traffic(Collective collective, std::int64_t elements,
 std::unique_ptr<Communicator> Communicator::from_environment() {
   std::unique_ptr<Communicator> communicator;
   if (launched_by_mpi_launcher()) {
-    communicator =
-        detail::make_mpi_communicator({.timeout = detail::collective_timeout_from_environment()});
+    communicator = detail::make_mpi_communicator(
+        {.timeout = detail::collective_timeout_from_environment(),
+         .reduce_scatter = detail::reduce_scatter_algorithm_from_environment()});
   } else {
     communicator = detail::make_self_communicator();
   }

@@ -1,5 +1,6 @@
 // The MPI backend: each collective is one or more non-blocking MPI calls whose requests are
-// polled with MPI_Testall until they complete or the deadline passes.
+// polled with MPI_Testall until they complete or the deadline passes, or (the reduce-scatter) a
+// ring of point-to-point messages advanced each time it is polled.
 #include "mpi_communicator.h"
 
 #include <mpi.h>
@@ -7,6 +8,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <optional>
 #include <sstream>
@@ -20,6 +22,7 @@
 #include "log.h"
 #include "mpi_peer_channel.h"
 #include "mpi_runtime.h"
+#include "ring_reduce_scatter.h"
 #include "wait_deadline.h"
 
 namespace zeroshard::detail {
@@ -49,29 +52,60 @@ struct Operation {
   }
 };
 
+// Tags of ring messages cycle below the smallest MPI_TAG_UB the standard allows; rings in flight
+// at once on one communicator get different tags as long as fewer than this many are.
+constexpr int kRingTags = 32767;
+
+// Messages of 1 MiB: large enough that per-message overhead is small on TCP, small enough that a
+// slice's chunks pipeline (chunk c+1 is on the wire while chunk c is reduced).
+constexpr std::int64_t kRingChunkBytes = std::int64_t{1} << 20;
+
 // Everything MPI may read or write until a collective completes: the request handles, the count
-// and displacement arrays of the v-collectives, the communicator MPI_Comm_idup fills in.
+// and displacement arrays of the v-collectives, the communicator MPI_Comm_idup fills in, a ring's
+// state and staging buffers.
 struct InFlight {
   std::vector<MPI_Request> requests;
   std::vector<int> counts;
   std::vector<int> displacements;
   MPI_Comm new_comm = MPI_COMM_NULL;
+  std::shared_ptr<RingReduceScatter> ring;
+};
+
+// The rings in flight on one communicator. A ring moves only when polled, so polling any request
+// of the communicator advances all of them: a rank waiting on one collective keeps feeding its
+// neighbours' rings of the others, whatever order the ranks wait in.
+class RingProgress {
+ public:
+  void add(const std::shared_ptr<RingReduceScatter>& ring) { rings_.push_back(ring); }
+
+  void advance_all() {
+    std::erase_if(rings_, [](const std::weak_ptr<RingReduceScatter>& weak) {
+      const std::shared_ptr<RingReduceScatter> ring = weak.lock();
+      return ring == nullptr || ring->advance();
+    });
+  }
+
+ private:
+  std::vector<std::weak_ptr<RingReduceScatter>> rings_;
 };
 
 class MpiRequest final : public Request::Impl {
  public:
   MpiRequest(const Operation& operation, Seconds timeout,
-             std::shared_ptr<MpiPeerChannel> channel = nullptr)
+             std::shared_ptr<MpiPeerChannel> channel = nullptr,
+             std::shared_ptr<RingProgress> rings = nullptr)
       : operation_(operation),
         timeout_(timeout),
         channel_(std::move(channel)),
+        rings_(std::move(rings)),
         in_flight_(std::make_unique<InFlight>()) {}
   MpiRequest(const MpiRequest&) = delete;
   MpiRequest& operator=(const MpiRequest&) = delete;
 
   ~MpiRequest() override {
     const bool active = std::any_of(in_flight_->requests.begin(), in_flight_->requests.end(),
-                                    [](MPI_Request r) { return r != MPI_REQUEST_NULL; });
+                                    [](MPI_Request r) { return r != MPI_REQUEST_NULL; }) ||
+                        (in_flight_->ring && in_flight_->ring->in_flight());
     if (!active || mpi_finalized()) return;
     // A failed non-blocking collective can be neither cancelled nor freed (MPI forbids both), and
     // MPI may still read its arrays or write its buffers: leak them rather than free them.
@@ -83,7 +117,17 @@ class MpiRequest final : public Request::Impl {
   }
 
   InFlight& in_flight() noexcept { return *in_flight_; }
-  bool empty() const noexcept { return in_flight_->requests.empty(); }
+  bool empty() const noexcept { return in_flight_->requests.empty() && !in_flight_->ring; }
+
+  // Makes this request drive a ring, which the communicator's other requests advance as well.
+  // Its first messages leave now, so that they travel while the caller computes.
+  void attach(RingPlan plan) {
+    in_flight_->ring = std::make_shared<RingReduceScatter>(std::move(plan));
+    rings_->add(in_flight_->ring);
+    in_flight_->ring->advance();
+  }
+
+  std::string description() const { return operation_.describe(); }
 
   // The handle for the next MPI call to fill in; valid until the next call of add().
   MPI_Request& add() { return in_flight_->requests.emplace_back(MPI_REQUEST_NULL); }
@@ -128,6 +172,8 @@ class MpiRequest final : public Request::Impl {
 
  private:
   bool poll() {
+    if (rings_) rings_->advance_all();
+    if (in_flight_->ring) return in_flight_->ring->advance();
     std::vector<MPI_Request>& requests = in_flight_->requests;
     int done = 0;
     const int rc =
@@ -149,6 +195,7 @@ class MpiRequest final : public Request::Impl {
   Operation operation_;
   Seconds timeout_;
   std::shared_ptr<MpiPeerChannel> channel_;  // null while the communicator is being made
+  std::shared_ptr<RingProgress> rings_;      // null while the communicator is being made
   std::unique_ptr<InFlight> in_flight_;
 };
 
@@ -229,6 +276,7 @@ class MpiCommunicator final : public Communicator {
       : runtime_(MpiRuntime::instance()),
         timeout_(options.timeout),
         max_elements_per_call_(options.max_elements_per_call),
+        reduce_scatter_(options.reduce_scatter),
         comm_(duplicate_world(options.timeout)) {
     throw_if_failed(MPI_Comm_rank(comm_.get(), &rank_), "MPI_Comm_rank", "on a new communicator");
     throw_if_failed(MPI_Comm_size(comm_.get(), &size_), "MPI_Comm_size", "on a new communicator");
@@ -271,7 +319,25 @@ class MpiCommunicator final : public Communicator {
     const MPI_Op mpi_op = runtime_.op(dtype, op);
     // Every rank holds the same counts, so every rank takes the same branch below and issues the
     // same sequence of MPI calls. A total of zero needs no call at all.
-    if (total > 0 && total <= max_elements_per_call_) {
+    if (total > 0 && reduce_scatter_ == ReduceScatterAlgorithm::kRing) {
+      // Every rank starts its rings in the same order, so the counter agrees across ranks.
+      const int tag = next_ring_tag_;
+      next_ring_tag_ = (next_ring_tag_ + 1) % kRingTags;
+      request->attach(
+          {.input = input,
+           .output = output,
+           .counts = {counts.begin(), counts.end()},
+           .dtype = dtype,
+           .op = op,
+           .rank = rank_,
+           .size = size_,
+           .comm = comm_.get(),
+           .type = type,
+           .tag = tag,
+           .chunk_elements = std::min(kRingChunkBytes / static_cast<std::int64_t>(size_of(dtype)),
+                                      max_elements_per_call_),
+           .description = request->description()});
+    } else if (total > 0 && total <= max_elements_per_call_) {
       InFlight& in_flight = request->in_flight();
       in_flight.counts = to_int(counts);
       request->check_started(MPI_Ireduce_scatter(input, output, in_flight.counts.data(), type,
@@ -352,7 +418,7 @@ class MpiCommunicator final : public Communicator {
   void run_barrier() override {
     auto request = std::make_unique<MpiRequest>(
         Operation{.name = to_string(Collective::kBarrier), .rank = rank_, .size = size_}, timeout_,
-        channel_);
+        channel_, rings_);
     request->check_started(MPI_Ibarrier(comm_.get(), &request->add()), "MPI_Ibarrier");
     count_traffic(Collective::kBarrier, 0, DType::kFloat32);
     Request(std::move(request)).wait();
@@ -361,7 +427,7 @@ class MpiCommunicator final : public Communicator {
  private:
   std::unique_ptr<MpiRequest> start(Collective collective, std::int64_t count, DType dtype) const {
     return std::make_unique<MpiRequest>(
-        Operation{to_string(collective), count, dtype, rank_, size_}, timeout_, channel_);
+        Operation{to_string(collective), count, dtype, rank_, size_}, timeout_, channel_, rings_);
   }
 
   // A collective that needed no MPI call is already complete.
@@ -381,10 +447,13 @@ class MpiCommunicator final : public Communicator {
   const MpiRuntime& runtime_;
   Seconds timeout_;
   std::int64_t max_elements_per_call_;
+  ReduceScatterAlgorithm reduce_scatter_;
   OwnedComm comm_;
   int rank_ = -1;
   int size_ = 0;
   std::shared_ptr<MpiPeerChannel> channel_;
+  std::shared_ptr<RingProgress> rings_ = std::make_shared<RingProgress>();
+  int next_ring_tag_ = 0;
 };
 
 }  // namespace
@@ -399,6 +468,14 @@ Seconds collective_timeout_from_environment() {
                       std::string("got '") + text + "', expected a positive number of seconds");
   }
   return Seconds(std::min(seconds, kLongestTimeoutSeconds));
+}
+
+ReduceScatterAlgorithm reduce_scatter_algorithm_from_environment() {
+  const char* text = std::getenv("ZEROSHARD_REDUCE_SCATTER");
+  if (text == nullptr || std::strcmp(text, "ring") == 0) return ReduceScatterAlgorithm::kRing;
+  if (std::strcmp(text, "mpi") == 0) return ReduceScatterAlgorithm::kMpi;
+  throw ConfigError("ZEROSHARD_REDUCE_SCATTER",
+                    std::string("got '") + text + "', expected 'ring' or 'mpi'");
 }
 
 std::unique_ptr<Communicator> make_mpi_communicator(const MpiCommunicatorOptions& options) {

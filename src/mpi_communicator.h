@@ -14,6 +14,11 @@ namespace zeroshard::detail {
 /// How long a collective may take when ZEROSHARD_COLLECTIVE_TIMEOUT_S is not set.
 inline constexpr std::chrono::seconds kDefaultCollectiveTimeout{600};
 
+/// How the MPI backend reduce-scatters: a ring of point-to-point messages, which sends (N-1)/N of
+/// the input per rank, or MPI's own MPI_Ireduce_scatter, whose algorithm OpenMPI picks and which
+/// can send more (kept to measure the difference).
+enum class ReduceScatterAlgorithm { kRing, kMpi };
+
 struct MpiCommunicatorOptions {
   /// How long Request::wait(), barrier() and the communicator's creation wait for the other ranks
   /// before throwing TimeoutError. Counted from the start of the wait, not of the collective.
@@ -21,11 +26,17 @@ struct MpiCommunicatorOptions {
   /// The most elements handed to one MPI call: MPI counts and displacements are int, so larger
   /// collectives are split into several calls. Tests lower it to exercise the split.
   std::int64_t max_elements_per_call = INT_MAX;
+  /// The ring also sends no message longer than max_elements_per_call.
+  ReduceScatterAlgorithm reduce_scatter = ReduceScatterAlgorithm::kRing;
 };
 
 /// ZEROSHARD_COLLECTIVE_TIMEOUT_S (seconds, fractions allowed), or kDefaultCollectiveTimeout when
 /// it is unset; throws ConfigError when it is not a positive number.
 std::chrono::duration<double> collective_timeout_from_environment();
+
+/// ZEROSHARD_REDUCE_SCATTER: "ring" (the default when unset) or "mpi"; throws ConfigError
+/// otherwise.
+ReduceScatterAlgorithm reduce_scatter_algorithm_from_environment();
 
 /// A communicator over a new duplicate of MPI_COMM_WORLD, initialising MPI on first use. It is a
 /// collective call: every rank of the world must make it.

@@ -2,11 +2,8 @@
 // reduction ops that let MPI reduce fp16 and bf16 (which it has no types for).
 #include "mpi_runtime.h"
 
-#include <cmath>
-#include <cstdint>
-
 #include "check.h"
-#include "half_conversion.h"
+#include "elementwise_reduce.h"
 #include "log.h"
 
 namespace zeroshard::detail {
@@ -19,19 +16,10 @@ void check_mpi(int rc, const char* call) {
   }
 }
 
-// NaN wins, so an overflow check built on a max reduction sees a NaN on any rank.
-float max_propagating_nan(float a, float b) noexcept { return (a > b || std::isnan(a)) ? a : b; }
-
-// MPI_User_function bodies: inout[i] = in[i] (op) inout[i], through fp32 arithmetic.
-template <float (*ToFloat)(std::uint16_t), std::uint16_t (*FromFloat)(float), bool kMax>
+// An MPI_User_function: inout[i] = in[i] (op) inout[i], the same reduction as the ring's.
+template <DType kDType, ReduceOp kOp>
 void reduce_16bit(void* in, void* inout, int* len, MPI_Datatype*) {
-  const auto* a = static_cast<const std::uint16_t*>(in);
-  auto* b = static_cast<std::uint16_t*>(inout);
-  for (int i = 0; i < *len; ++i) {
-    const float x = ToFloat(a[i]);
-    const float y = ToFloat(b[i]);
-    b[i] = FromFloat(kMax ? max_propagating_nan(x, y) : x + y);
-  }
+  reduce_into(in, inout, *len, kDType, kOp);
 }
 
 }  // namespace
@@ -63,18 +51,16 @@ MpiRuntime::MpiRuntime() {
   check_mpi(MPI_Type_contiguous(2, MPI_BYTE, &two_bytes_), "MPI_Type_contiguous");
   check_mpi(MPI_Type_commit(&two_bytes_), "MPI_Type_commit");
   constexpr int kCommutative = 1;
+  check_mpi(MPI_Op_create(&reduce_16bit<DType::kFloat16, ReduceOp::kSum>, kCommutative, &fp16_sum_),
+            "MPI_Op_create");
+  check_mpi(MPI_Op_create(&reduce_16bit<DType::kFloat16, ReduceOp::kMax>, kCommutative, &fp16_max_),
+            "MPI_Op_create");
   check_mpi(
-      MPI_Op_create(&reduce_16bit<half_to_float, float_to_half, false>, kCommutative, &fp16_sum_),
+      MPI_Op_create(&reduce_16bit<DType::kBFloat16, ReduceOp::kSum>, kCommutative, &bf16_sum_),
       "MPI_Op_create");
   check_mpi(
-      MPI_Op_create(&reduce_16bit<half_to_float, float_to_half, true>, kCommutative, &fp16_max_),
+      MPI_Op_create(&reduce_16bit<DType::kBFloat16, ReduceOp::kMax>, kCommutative, &bf16_max_),
       "MPI_Op_create");
-  check_mpi(MPI_Op_create(&reduce_16bit<bfloat16_to_float, float_to_bfloat16, false>, kCommutative,
-                          &bf16_sum_),
-            "MPI_Op_create");
-  check_mpi(MPI_Op_create(&reduce_16bit<bfloat16_to_float, float_to_bfloat16, true>, kCommutative,
-                          &bf16_max_),
-            "MPI_Op_create");
 }
 
 MpiRuntime::~MpiRuntime() {

@@ -65,7 +65,8 @@ std::unique_ptr<Communicator> make_gpu_communicator(const Device& device, GpuTra
     return cuda::make_nccl_communicator_from_environment(device.index);
   }
   std::unique_ptr<Communicator> mpi =
-      make_mpi_communicator({.timeout = collective_timeout_from_environment()});
+      make_mpi_communicator({.timeout = collective_timeout_from_environment(),
+                             .reduce_scatter = reduce_scatter_algorithm_from_environment()});
   if (transport == GpuTransport::kMpiStaging) {
     return std::make_unique<HostStagedCommunicator>(std::move(mpi),
                                                     cuda::make_cuda_staging_copier(device.index));

@@ -8,8 +8,16 @@
 #        run_multihost.sh link-down
 #          two hosts; the data link of the second is cut mid-run: the job must end, non-zero and
 #          with the collective timeout's message, within 1.5 timeouts (plus slack) of the cut
-# Environment: ZEROSHARD_TRAINER (the zeroshard-train-mlp program), ZEROSHARD_SOURCE_DIR,
-# ZEROSHARD_WORK_DIR (scratch; its path also names this run's namespaces).
+#        run_multihost.sh wire-bytes HOSTS
+#          one rank per host; the bytes each host's data interface sends per reduce-scatter step,
+#          for the ring and for MPI's own reduce-scatter, beside a ring's (N-1)/N * P * 4: the
+#          ring must stay within kWireMaxRatio of it
+#        run_multihost.sh trainer-bytes HOSTS
+#          one rank per host; the bytes all hosts' data interfaces send per training step of
+#          stages 0-3, with the ring reduce-scatter and with MPI's (a measurement, no check)
+# Environment: ZEROSHARD_TRAINER (the zeroshard-train-mlp program; equivalence, link-down),
+# ZEROSHARD_WIRE_BENCH (the zeroshard-reduce-scatter-wire program; wire-bytes),
+# ZEROSHARD_SOURCE_DIR, ZEROSHARD_WORK_DIR (scratch; its path also names this run's namespaces).
 # Exits 77, ctest's skip code here, with the reason where namespaces cannot be made.
 set -euo pipefail
 
@@ -20,9 +28,11 @@ readonly kLinkDownTimeout=6   # ZEROSHARD_COLLECTIVE_TIMEOUT_S of the link-down 
 readonly kLinkDownCutAfter=3  # seconds of training before the cut
 readonly kLinkDownSlack=3     # seconds for the abort to reach every rank and mpirun to exit
 readonly kLinkDownGiveUp=60   # seconds after the cut before the case stops waiting
+readonly kWireElements=4194304 # P, fp32 elements per reduce-scatter (16 MiB)
+readonly kWireRepeats=4        # K, measured steps
+readonly kWireMaxRatio=1.05    # TCP/IP headers and ACKs on top of the ring's payload
 
-mode=${1:?usage: run_multihost.sh equivalence HOSTS RANKS_PER_HOST | link-down}
-trainer=${ZEROSHARD_TRAINER:?ZEROSHARD_TRAINER must name zeroshard-train-mlp}
+mode=${1:?usage: run_multihost.sh equivalence HOSTS RANKS_PER_HOST | link-down | wire-bytes HOSTS | trainer-bytes HOSTS}
 source_dir=${ZEROSHARD_SOURCE_DIR:?ZEROSHARD_SOURCE_DIR must name the source tree}
 work_dir=${ZEROSHARD_WORK_DIR:?ZEROSHARD_WORK_DIR must name a scratch folder}
 agent=$source_dir/tests/multihost/netns_agent.sh
@@ -37,6 +47,11 @@ case $mode in
     hosts=2
     ranks_per_host=1
     tag=ld
+    ;;
+  wire-bytes | trainer-bytes)
+    hosts=${2:?HOSTS missing}
+    ranks_per_host=1
+    tag=${mode:0:1}${hosts}
     ;;
   *)
     echo "run_multihost.sh: unknown mode '$mode'" >&2
@@ -77,7 +92,13 @@ remove_namespaces() {
 
 [[ $EUID -eq 0 ]] || skip "network namespaces need root (running as uid $EUID)"
 command -v ip >/dev/null || skip "no 'ip' command (iproute2) to make network namespaces"
-[[ -x $trainer ]] || { say "no trainer at $trainer"; exit 1; }
+if [[ $mode == wire-bytes ]]; then
+  wire_bench=${ZEROSHARD_WIRE_BENCH:?ZEROSHARD_WIRE_BENCH must name zeroshard-reduce-scatter-wire}
+  [[ -x $wire_bench ]] || { say "no zeroshard-reduce-scatter-wire at $wire_bench"; exit 1; }
+else
+  trainer=${ZEROSHARD_TRAINER:?ZEROSHARD_TRAINER must name zeroshard-train-mlp}
+  [[ -x $trainer ]] || { say "no trainer at $trainer"; exit 1; }
+fi
 
 remove_namespaces # leftovers of a killed earlier run
 trap remove_namespaces EXIT
@@ -133,6 +154,9 @@ mpirun_on_hosts() {
   local forward=(-x OPENBLAS_NUM_THREADS=1)
   if [[ -n ${ZEROSHARD_COLLECTIVE_TIMEOUT_S:-} ]]; then
     forward+=(-x ZEROSHARD_COLLECTIVE_TIMEOUT_S)
+  fi
+  if [[ -n ${ZEROSHARD_REDUCE_SCATTER:-} ]]; then
+    forward+=(-x ZEROSHARD_REDUCE_SCATTER)
   fi
   ip netns exec "$switch" env \
     ZEROSHARD_NETNS_HOSTS="$hosts_map" ZEROSHARD_NETNS_TMPDIR="$work_dir/tmp" \
@@ -257,10 +281,61 @@ run_link_down() {
     awk -v e="$elapsed" -v b="$bound" 'BEGIN { exit !(e <= b) }'
 }
 
+run_wire_bytes() {
+  check_placement
+  local algorithm log
+  for algorithm in ring mpi; do
+    log=$work_dir/wire_$algorithm.log
+    ZEROSHARD_REDUCE_SCATTER=$algorithm mpirun_on_hosts "$wire_bench" --interface d0 \
+      --elements "$kWireElements" --repeats "$kWireRepeats" >"$log" 2>&1 ||
+      { cat "$log"; say "the $algorithm run failed"; exit 1; }
+    cat "$log"
+  done
+  # Every rank of the ring within the bound; MPI's own is reported, not held to it.
+  # shellcheck disable=SC2016 # awk's own fields
+  check "the ring sends at most $kWireMaxRatio x a ring's bytes per step on every host" \
+    awk -v m="$kWireMaxRatio" '/ratio/ { if ($NF + 0 > m + 0) bad = 1; seen = 1 }
+      END { exit !(seen && !bad) }' "$work_dir/wire_ring.log"
+}
+
+# Bytes sent so far by every host's data interface together.
+data_bytes_sent() {
+  local total=0 k sent
+  for ((k = 1; k <= hosts; ++k)); do
+    # shellcheck disable=SC2016 # awk's own fields
+    sent=$(ip netns exec "${prefix}h$k" awk '$1 == "d0:" { print $10 }' /proc/net/dev)
+    total=$((total + sent))
+  done
+  echo "$total"
+}
+
+# Whole runs are counted, start-up included, and divided by the steps: an upper bound per step.
+run_trainer_bytes() {
+  check_placement
+  # Stage 0 is an all-reduce, a ring in OpenMPI: its bytes are the reference.
+  local stage algorithm before log per_step stage0='' steps=20
+  for stage in 0 1 2 3; do
+    for algorithm in ring mpi; do
+      log=$work_dir/zero${stage}_$algorithm.log
+      before=$(data_bytes_sent)
+      ZEROSHARD_REDUCE_SCATTER=$algorithm mpirun_on_hosts "$trainer" \
+        --config "$source_dir/examples/configs/zero$stage.json" --steps "$steps" --width 256 \
+        --device cpu >"$log" 2>&1 || { cat "$log"; say "stage $stage, $algorithm: failed"; exit 1; }
+      per_step=$((($(data_bytes_sent) - before) / steps))
+      stage0=${stage0:-$per_step}
+      say "stage $stage, reduce-scatter $algorithm: $per_step bytes per step from all $hosts" \
+        "hosts, $(awk -v a="$per_step" -v b="$stage0" 'BEGIN { printf "%.3f", a / b }') x stage 0"
+    done
+  done
+  say "$(grep -o -m 1 'with [0-9]* parameters' "$log") of fp32"
+}
+
 make_network
 say "$hosts hosts ($(our_namespaces | tr '\n' ' ')), $ranks ranks"
 case $mode in
   equivalence) run_equivalence ;;
   link-down) run_link_down ;;
+  wire-bytes) run_wire_bytes ;;
+  trainer-bytes) run_trainer_bytes ;;
 esac
 [[ $failures -eq 0 ]] || { say "$failures check(s) failed"; exit 1; }
