@@ -8,10 +8,10 @@
 #include <map>
 #include <string>
 
-#include "cuda/cuda_check.h"
-#include "cuda/cuda_stream.h"
-#include "cuda/device_buffer.h"
-#include "cuda/device_selection.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_stream.h"
+#include "backend/cuda/device_buffer.h"
+#include "backend/cuda/device_selection.h"
 #include "kernels.h"
 #include "zeroshard/error.h"
 

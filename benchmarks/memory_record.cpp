@@ -10,7 +10,7 @@
 #include <utility>
 
 #include "memory_sweep.h"
-#include "quantity.h"
+#include "util/quantity.h"
 #include "zeroshard/error.h"
 
 namespace zeroshard::bench {

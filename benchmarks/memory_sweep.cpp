@@ -6,7 +6,7 @@
 #include <iostream>
 #include <sstream>
 
-#include "quantity.h"
+#include "util/quantity.h"
 #include "zeroshard/error.h"
 
 namespace zeroshard::bench {

@@ -3,10 +3,10 @@
 // in fp32 and rounded once into the buffer's own type.
 #include <cstdint>
 
-#include "check.h"
 #include "element_bits.cuh"
 #include "elementwise.cuh"
 #include "kernels.h"
+#include "util/check.h"
 
 namespace zeroshard::kernels {
 namespace {

@@ -2,9 +2,9 @@
 // rate computed on the host, and the accumulator's initial value folded into the first step.
 #include <cstdint>
 
-#include "check.h"
 #include "elementwise.cuh"
 #include "kernels.h"
+#include "util/check.h"
 
 namespace zeroshard::kernels {
 namespace {

@@ -5,8 +5,8 @@
 #include <cmath>
 #include <cstdint>
 
-#include "check.h"
 #include "elementwise.cuh"
+#include "util/check.h"
 #include "zeroshard/optimizer.h"
 
 namespace zeroshard::kernels::detail {

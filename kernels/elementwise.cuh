@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <initializer_list>
 
-#include "cuda/cuda_check.h"
+#include "backend/cuda/cuda_check.h"
 
 namespace zeroshard::kernels::detail {
 

@@ -5,10 +5,10 @@
 
 #include <cstdint>
 
-#include "check.h"
-#include "cuda/cuda_check.h"
+#include "backend/cuda/cuda_check.h"
 #include "element_bits.cuh"
 #include "kernels.h"
+#include "util/check.h"
 
 namespace zeroshard::kernels {
 namespace {

@@ -2,9 +2,9 @@
 // launch: decoupled weight decay, a sign update, then the momentum update.
 #include <cstdint>
 
-#include "check.h"
 #include "elementwise.cuh"
 #include "kernels.h"
+#include "util/check.h"
 
 namespace zeroshard::kernels {
 namespace {

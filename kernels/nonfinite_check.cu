@@ -2,10 +2,10 @@
 // buffer is inf or NaN, tested on the raw exponent bits.
 #include <cstdint>
 
-#include "check.h"
 #include "element_bits.cuh"
 #include "elementwise.cuh"
 #include "kernels.h"
+#include "util/check.h"
 
 namespace zeroshard::kernels {
 namespace {

@@ -2,11 +2,11 @@
 // upcast + unscale of gradients (optionally with the inf/NaN check) in one pass.
 #include <cstdint>
 
-#include "check.h"
-#include "cuda/cuda_check.h"
+#include "backend/cuda/cuda_check.h"
 #include "element_bits.cuh"
 #include "elementwise.cuh"
 #include "kernels.h"
+#include "util/check.h"
 
 namespace zeroshard::kernels {
 namespace {

@@ -2,9 +2,9 @@
 // Nesterov.
 #include <cstdint>
 
-#include "check.h"
 #include "elementwise.cuh"
 #include "kernels.h"
+#include "util/check.h"
 
 namespace zeroshard::kernels {
 namespace {

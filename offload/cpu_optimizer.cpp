@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "config_values.h"
+#include "config/config_values.h"
 #include "zeroshard/error.h"
 
 namespace zeroshard::detail::cpu_optimizer {

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "mpi_communicator.h"
+#include "comm/mpi_communicator.h"
 #include "zeroshard/error.h"
 
 namespace zeroshard {

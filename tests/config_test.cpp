@@ -14,8 +14,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "config_schema.h"
-#include "key_suggestion.h"
+#include "config/config_schema.h"
+#include "config/key_suggestion.h"
 #include "zeroshard/config.h"
 #include "zeroshard/error.h"
 

@@ -17,10 +17,10 @@
 #include <string>
 #include <vector>
 
-#include "compute_backend.h"
-#include "cuda/cuda_stream.h"
-#include "cuda/device_selection.h"
-#include "memory_tracker.h"
+#include "backend/compute_backend.h"
+#include "backend/cuda/cuda_stream.h"
+#include "backend/cuda/device_selection.h"
+#include "memory/memory_tracker.h"
 #include "zeroshard/error.h"
 #include "zeroshard/optimizer.h"
 

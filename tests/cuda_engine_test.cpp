@@ -9,8 +9,8 @@
 #include <memory>
 #include <vector>
 
-#include "cuda/cuda_stream.h"
-#include "cuda/device_selection.h"
+#include "backend/cuda/cuda_stream.h"
+#include "backend/cuda/device_selection.h"
 #include "zeroshard/zeroshard.h"
 
 namespace zeroshard {

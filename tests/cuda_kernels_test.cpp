@@ -15,8 +15,8 @@
 #include <tuple>
 #include <vector>
 
-#include "cuda/device_buffer.h"
-#include "cuda/device_selection.h"
+#include "backend/cuda/device_buffer.h"
+#include "backend/cuda/device_selection.h"
 #include "kernel_reference.h"
 #include "kernels.h"
 #include "zeroshard/error.h"

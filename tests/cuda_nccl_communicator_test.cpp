@@ -19,9 +19,9 @@
 #include <tuple>
 #include <vector>
 
-#include "cuda/device_buffer.h"
-#include "cuda/device_selection.h"
-#include "cuda/nccl_communicator.h"
+#include "backend/cuda/device_buffer.h"
+#include "backend/cuda/device_selection.h"
+#include "backend/cuda/nccl_communicator.h"
 #include "zeroshard/error.h"
 
 namespace zeroshard::cuda {

@@ -1,6 +1,6 @@
 // The flight recorder's ring: it keeps the newest entries, finds them by sequence number and
 // knows the oldest one still pending.
-#include "flight_recorder.h"
+#include "comm/flight_recorder.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // Tests of the fp32 <-> fp16 / bf16 conversions: every 16-bit pattern, every rounding tie, the
 // overflow and subnormal edges, and the SIMD bulk paths against the scalar code.
-#include "half_conversion.h"
+#include "precision/half_conversion.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // The log facility: thresholds, a program's own sink, and the default that restores stderr.
-#include "log.h"
+#include "util/log.h"
 
 #include <gtest/gtest.h>
 

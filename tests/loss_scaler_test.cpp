@@ -1,6 +1,6 @@
 // Tests of the loss scaler's state machine against DeepSpeed's DynamicLossScaler.update_scale:
 // growth window, hysteresis, consecutive hysteresis, the floor, static scales and checkpoints.
-#include "loss_scaler.h"
+#include "precision/loss_scaler.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -7,7 +7,7 @@
 #include <array>
 #include <string>
 
-#include "quantity.h"
+#include "util/quantity.h"
 #include "zeroshard/error.h"
 
 namespace zeroshard {

@@ -1,6 +1,6 @@
 // The accounting allocator counts every byte by category, keeps true peaks, and the report
 // renders the same numbers as a table and as JSON.
-#include "memory_tracker.h"
+#include "memory/memory_tracker.h"
 
 #include <gtest/gtest.h>
 

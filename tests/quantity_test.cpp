@@ -1,5 +1,5 @@
 // Parsing and printing of the counts and byte sizes the command-line tools take and show.
-#include "quantity.h"
+#include "util/quantity.h"
 
 #include <gtest/gtest.h>
 

@@ -15,7 +15,7 @@
 #include <string>
 #include <thread>
 
-#include "cuda/rendezvous_file.h"
+#include "backend/cuda/rendezvous_file.h"
 #include "zeroshard/error.h"
 
 namespace zeroshard::cuda {

@@ -1,5 +1,5 @@
 // The flat layout splits any set of tensor sizes into equal, aligned, contiguous shards.
-#include "shard_layout.h"
+#include "engine/shard_layout.h"
 
 #include <gtest/gtest.h>
 

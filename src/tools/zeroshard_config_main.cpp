@@ -5,7 +5,7 @@
 #include <iostream>
 #include <string>
 
-#include "config_schema.h"
+#include "config/config_schema.h"
 #include "zeroshard/config.h"
 #include "zeroshard/error.h"
 

@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "quantity.h"
+#include "util/quantity.h"
 #include "zeroshard/config.h"
 #include "zeroshard/error.h"
 #include "zeroshard/memory_estimator.h"

@@ -11,19 +11,19 @@
 #include <utility>
 #include <vector>
 
-#include "half_conversion.h"
-#include "host_staged_communicator.h"
-#include "mpi_communicator.h"
+#include "comm/host_staged_communicator.h"
+#include "comm/mpi_communicator.h"
+#include "precision/half_conversion.h"
 #include "zeroshard/communicator.h"
 #include "zeroshard/error.h"
 
 #if ZEROSHARD_WITH_CUDA
 #include <cuda_runtime_api.h>
 
-#include "cuda/cuda_staging.h"
-#include "cuda/cuda_stream.h"
-#include "cuda/device_buffer.h"
-#include "cuda/device_selection.h"
+#include "backend/cuda/cuda_staging.h"
+#include "backend/cuda/cuda_stream.h"
+#include "backend/cuda/device_buffer.h"
+#include "backend/cuda/device_selection.h"
 #endif
 
 namespace zeroshard {

@@ -16,8 +16,8 @@
 #include <tuple>
 #include <vector>
 
-#include "half_conversion.h"
 #include "mpi/toy_model.h"
+#include "precision/half_conversion.h"
 
 namespace zeroshard::testing {
 namespace {

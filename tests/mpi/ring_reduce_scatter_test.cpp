@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "half_conversion.h"
-#include "mpi_communicator.h"
+#include "comm/mpi_communicator.h"
+#include "precision/half_conversion.h"
 #include "zeroshard/communicator.h"
 #include "zeroshard/error.h"
 

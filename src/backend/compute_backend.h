@@ -1,0 +1,84 @@
+// The memory and arithmetic the engine needs, on the processor its buffers live on: the host
+// (cpu_backend.cpp) or one CUDA GPU (cuda/cuda_backend.cpp). Buckets, shards, gathers and the
+// overflow logic are written once, over this interface, so the CPU tests exercise the same engine
+// code that runs on the GPU.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "memory/memory_tracker.h"
+#include "zeroshard/device.h"
+#include "zeroshard/dtype.h"
+#include "zeroshard/optimizer.h"
+
+namespace zeroshard::detail {
+
+/// What the global-norm pass learns about a range of gradients.
+struct GradientScan {
+  double sum_of_squares = 0.0;  ///< of the values as stored (before any unscaling)
+  bool nonfinite = false;       ///< some element is inf or NaN
+};
+
+/// Every pointer passed in is memory of this backend (from memory()), unless the name says host.
+/// Work is queued on stream() in call order; only the calls that return a host value (scan) or
+/// fill host memory (copy_to_host) wait for it.
+class ComputeBackend {
+ public:
+  virtual ~ComputeBackend() = default;
+
+  virtual Device device() const noexcept = 0;
+  virtual MemoryResource& memory() noexcept = 0;
+  /// The stream the engine's work and the model's compute are ordered on (a cudaStream_t; null is
+  /// the legacy default stream and the only value on the CPU).
+  virtual void* stream() const noexcept = 0;
+  virtual void set_stream(void* stream) = 0;
+  /// Waits for all work on the device, whatever stream it was queued on, then returns to the
+  /// legacy default stream without touching the one set before: the engine calls it first when
+  /// it is destroyed, because a model commonly destroys its stream before the engine, and freeing
+  /// a buffer in stream order on a destroyed stream is undefined behaviour.
+  virtual void detach_stream() noexcept = 0;
+  /// How many fp32 elements the working buffer that 16-bit gradients are widened in should hold,
+  /// for a rank that updates `owned` elements: small on the CPU (cache), large on a GPU (fewer
+  /// launches).
+  virtual std::int64_t working_chunk_elements(std::int64_t owned) const noexcept = 0;
+  /// Whether one apply_rule call may span several tensors of the flat buffer (the GPU's fused
+  /// element-wise kernels), so that a step is one launch per run of equal hyper-parameters.
+  virtual bool fuses_tensors() const noexcept = 0;
+
+  virtual void zero(void* data, std::size_t bytes) = 0;
+  /// The ranges must not overlap (cudaMemcpy's rule).
+  virtual void copy(void* destination, const void* source, std::size_t bytes) = 0;
+  /// Blocking copies between host memory and this backend's memory.
+  virtual void copy_to_host(void* host, const void* source, std::size_t bytes) = 0;
+  virtual void copy_from_host(void* destination, const void* host, std::size_t bytes) = 0;
+
+  /// out[i] = float(in[i]) * multiplier. In place (in == out) only when `from` is fp32.
+  virtual void widen(const void* in, DType from, float* out, std::int64_t count,
+                     float multiplier) = 0;
+  /// out[i] = in[i] rounded to nearest even in `to` (a copy for fp32). No overlap.
+  virtual void narrow(const float* in, void* out, DType to, std::int64_t count) = 0;
+  /// data[i] *= factor, computed in fp32 and rounded once into `dtype`.
+  virtual void scale(void* data, DType dtype, std::int64_t count, float factor) = 0;
+  /// destination[i] += source[i], computed in fp32 and rounded once into destination's type.
+  virtual void accumulate(void* destination, DType destination_dtype, const void* source,
+                          DType source_dtype, std::int64_t count) = 0;
+  /// Sum of squares (accumulated in double) and the inf/NaN check of `count` elements; waits.
+  virtual GradientScan scan(const void* data, DType dtype, std::int64_t count) = 0;
+  /// Runs the engine's update rule on one slice (its param, grad and states in this memory).
+  virtual void apply_rule(const ShardSlice& slice, const StepContext& context) = 0;
+  /// Blocks the host until everything queued so far has finished.
+  virtual void synchronize() = 0;
+};
+
+/// The host backend: `rule` runs as given, in the calling thread.
+std::unique_ptr<ComputeBackend> make_cpu_backend(const UpdateRule& rule);
+
+/// The backend for `device`. For a CUDA device `rule` must be one of the built-in rules (it runs
+/// as a fused kernel); a user's own rule gets UsageError naming it. Working memory the backend
+/// needs beyond the engine's buffers is charged to `tracker` under communication.
+std::unique_ptr<ComputeBackend> make_compute_backend(const Device& device, const UpdateRule& rule,
+                                                     MemoryTracker& tracker);
+
+}  // namespace zeroshard::detail

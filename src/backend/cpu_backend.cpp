@@ -1,0 +1,169 @@
+// The host implementation of ComputeBackend: plain loops the compiler vectorises, the update rule
+// called in the engine's thread, and 16-bit values widened through small stack buffers so that no
+// operation needs working memory of its own.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "backend/compute_backend.h"
+#include "precision/half_conversion.h"
+#include "util/check.h"
+
+#if ZEROSHARD_WITH_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+namespace zeroshard::detail {
+namespace {
+
+// Elements of 16-bit data widened at once: two such fp32 blocks stay well inside L1.
+constexpr std::int64_t kBlock = 1024;
+// A rank's fp32 working chunk for 16-bit gradients: 256 KiB, an L2-sized tile.
+constexpr std::int64_t kWorkingChunk = std::int64_t{1} << 16;
+
+const char* at(const void* data, DType dtype, std::int64_t index) {
+  return static_cast<const char*>(data) + index * static_cast<std::int64_t>(size_of(dtype));
+}
+char* at(void* data, DType dtype, std::int64_t index) {
+  return static_cast<char*>(data) + index * static_cast<std::int64_t>(size_of(dtype));
+}
+
+class CpuBackend final : public ComputeBackend {
+ public:
+  explicit CpuBackend(const UpdateRule& rule) : rule_(rule) {}
+
+  Device device() const noexcept override { return Device::cpu(); }
+  MemoryResource& memory() noexcept override { return host_memory(); }
+  void* stream() const noexcept override { return nullptr; }
+  void set_stream(void* stream) override {
+    ZEROSHARD_CHECK_USAGE(stream == nullptr,
+                          "set_compute_stream: the engine computes on the CPU, which has no "
+                          "streams; construct it with a CUDA Device to use one");
+  }
+  void detach_stream() noexcept override {}
+  std::int64_t working_chunk_elements(std::int64_t owned) const noexcept override {
+    return std::max<std::int64_t>(2, std::min(owned, kWorkingChunk));
+  }
+  bool fuses_tensors() const noexcept override { return false; }
+
+  void zero(void* data, std::size_t bytes) override {
+    if (bytes > 0) std::memset(data, 0, bytes);
+  }
+  void copy(void* destination, const void* source, std::size_t bytes) override {
+    if (bytes > 0) std::memcpy(destination, source, bytes);
+  }
+  void copy_to_host(void* host, const void* source, std::size_t bytes) override {
+    copy(host, source, bytes);
+  }
+  void copy_from_host(void* destination, const void* host, std::size_t bytes) override {
+    copy(destination, host, bytes);
+  }
+
+  void widen(const void* in, DType from, float* out, std::int64_t count,
+             float multiplier) override {
+    if (from != DType::kFloat32) convert_to_float(in, from, out, count);
+    const float* source = from == DType::kFloat32 ? static_cast<const float*>(in) : out;
+    if (multiplier == 1.0f) {
+      if (source != out) std::memmove(out, source, count * sizeof(float));
+      return;
+    }
+#pragma omp simd
+    for (std::int64_t i = 0; i < count; ++i) out[i] = source[i] * multiplier;
+  }
+
+  void narrow(const float* in, void* out, DType to, std::int64_t count) override {
+    convert_from_float(in, out, to, count);
+  }
+
+  void scale(void* data, DType dtype, std::int64_t count, float factor) override {
+    if (dtype == DType::kFloat32) {
+      float* d = static_cast<float*>(data);
+#pragma omp simd
+      for (std::int64_t i = 0; i < count; ++i) d[i] *= factor;
+      return;
+    }
+    float block[kBlock];
+    for (std::int64_t done = 0; done < count; done += kBlock) {
+      const std::int64_t n = std::min(kBlock, count - done);
+      convert_to_float(at(data, dtype, done), dtype, block, n);
+      for (std::int64_t i = 0; i < n; ++i) block[i] *= factor;
+      convert_from_float(block, at(data, dtype, done), dtype, n);
+    }
+  }
+
+  void accumulate(void* destination, DType destination_dtype, const void* source,
+                  DType source_dtype, std::int64_t count) override {
+    if (destination_dtype == DType::kFloat32 && source_dtype == DType::kFloat32) {
+      float* d = static_cast<float*>(destination);
+      const float* s = static_cast<const float*>(source);
+#pragma omp simd
+      for (std::int64_t i = 0; i < count; ++i) d[i] += s[i];
+      return;
+    }
+    float sum[kBlock];
+    float addend[kBlock];
+    for (std::int64_t done = 0; done < count; done += kBlock) {
+      const std::int64_t n = std::min(kBlock, count - done);
+      convert_to_float(at(destination, destination_dtype, done), destination_dtype, sum, n);
+      convert_to_float(at(source, source_dtype, done), source_dtype, addend, n);
+      for (std::int64_t i = 0; i < n; ++i) sum[i] += addend[i];
+      convert_from_float(sum, at(destination, destination_dtype, done), destination_dtype, n);
+    }
+  }
+
+  GradientScan scan(const void* data, DType dtype, std::int64_t count) override {
+    GradientScan result;
+    std::int64_t nonfinite = 0;
+    auto scan_floats = [&](const float* values, std::int64_t n) {
+      double squares = 0.0;
+      std::int64_t bad = 0;
+#pragma omp simd reduction(+ : squares, bad)
+      for (std::int64_t i = 0; i < n; ++i) {
+        const double v = values[i];
+        bad += std::isfinite(v) ? 0 : 1;
+        squares += v * v;
+      }
+      result.sum_of_squares += squares;
+      nonfinite += bad;
+    };
+    if (dtype == DType::kFloat32) {
+      scan_floats(static_cast<const float*>(data), count);
+    } else {
+      float block[kBlock];
+      for (std::int64_t done = 0; done < count; done += kBlock) {
+        const std::int64_t n = std::min(kBlock, count - done);
+        convert_to_float(at(data, dtype, done), dtype, block, n);
+        scan_floats(block, n);
+      }
+    }
+    result.nonfinite = nonfinite > 0;
+    return result;
+  }
+
+  void apply_rule(const ShardSlice& slice, const StepContext& context) override {
+    rule_.apply(slice, context);
+  }
+
+  void synchronize() override {}
+
+ private:
+  const UpdateRule& rule_;
+};
+
+}  // namespace
+
+std::unique_ptr<ComputeBackend> make_cpu_backend(const UpdateRule& rule) {
+  return std::make_unique<CpuBackend>(rule);
+}
+
+std::unique_ptr<ComputeBackend> make_compute_backend(const Device& device, const UpdateRule& rule,
+                                                     [[maybe_unused]] MemoryTracker& tracker) {
+  if (!device.is_cuda()) return make_cpu_backend(rule);
+#if ZEROSHARD_WITH_CUDA
+  return cuda::make_cuda_backend(device, rule, tracker);
+#else
+  throw UsageError("device " + device.to_string() + ": " + cuda_unavailable_reason());
+#endif
+}
+
+}  // namespace zeroshard::detail

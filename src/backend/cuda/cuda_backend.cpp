@@ -1,0 +1,251 @@
+// The engine's memory and arithmetic on one GPU. Every operation is queued on the compute stream
+// and returns at once, except those that hand a value to the host (scan, copy_to_host), so the
+// engine's step runs as a stream of kernels the model's own work is ordered with.
+#include "backend/cuda/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <type_traits>
+#include <variant>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_stream.h"
+#include "backend/cuda/device_buffer.h"
+#include "kernels.h"
+#include "optim/builtin_rule.h"
+#include "optim/rule_checks.h"
+#include "util/check.h"
+
+namespace zeroshard::cuda {
+namespace {
+
+using detail::GradientScan;
+using detail::MemoryTracker;
+using detail::TrackedBuffer;
+
+// Elements widened at once for 16-bit gradients: 128 MiB of fp32, enough that a step is a few
+// launches per tensor group, small next to the model states of any model that needs a GPU.
+constexpr std::int64_t kWorkingChunk = std::int64_t{1} << 25;
+
+/// Device memory from CUDA's stream-ordered allocator, zero-filled on the backend's stream so
+/// that the fill is ordered before any later work on it (and, through the communicators' events,
+/// before any collective). Freeing is ordered on that stream too: unlike cudaFree it does not
+/// wait for the whole device, so releasing a stage-3 gather does not stall the prefetches in
+/// flight, and the pool hands the bytes to the next gather of the same size. Devices without
+/// memory pools fall back to cudaMalloc and cudaFree.
+class DeviceMemory final : public detail::MemoryResource {
+ public:
+  DeviceMemory(int device, const cudaStream_t& stream) : device_(device), stream_(stream) {
+    const DeviceGuard guard(device);
+    int supported = 0;
+    ZEROSHARD_CUDA_CHECK(
+        cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device));
+    stream_ordered_ = supported != 0;
+  }
+
+  MemoryLocation location() const noexcept override { return MemoryLocation::kDevice; }
+
+  void* allocate(std::size_t bytes, MemoryCategory category) override {
+    const DeviceGuard guard(device_);
+    void* data = nullptr;
+    const cudaError_t error =
+        stream_ordered_ ? cudaMallocAsync(&data, bytes, stream_) : cudaMalloc(&data, bytes);
+    if (error != cudaSuccess) {
+      throw_allocation_error(stream_ordered_ ? "cudaMallocAsync" : "cudaMalloc", bytes,
+                             to_string(category), error);
+    }
+    ZEROSHARD_CUDA_CHECK(cudaMemsetAsync(data, 0, bytes, stream_));
+    return data;
+  }
+
+  void deallocate(void* data) noexcept override {
+    const DeviceGuard guard(device_);
+    if (stream_ordered_) {
+      ZEROSHARD_CUDA_CHECK_NOTHROW(cudaFreeAsync(data, stream_));
+    } else {
+      ZEROSHARD_CUDA_CHECK_NOTHROW(cudaFree(data));
+    }
+  }
+
+ private:
+  int device_;
+  const cudaStream_t& stream_;
+  bool stream_ordered_ = false;
+};
+
+class CudaBackend final : public detail::ComputeBackend {
+ public:
+  CudaBackend(const Device& device, const UpdateRule& rule, detail::BuiltinRuleOptions options,
+              MemoryTracker& tracker)
+      : device_(device),
+        rule_(rule),
+        options_(std::move(options)),
+        tracker_(tracker),
+        memory_(device.index, stream_),
+        scalars_(sizeof(double) + sizeof(int)),
+        scan_result_(tracker, MemoryCategory::kCommunication, sizeof(double) + sizeof(int),
+                     memory_) {}
+
+  // The backend's own buffers are freed after this body, on the stream detached to.
+  ~CudaBackend() override { detach_stream(); }
+
+  Device device() const noexcept override { return device_; }
+  detail::MemoryResource& memory() noexcept override { return memory_; }
+  void* stream() const noexcept override { return stream_; }
+  void set_stream(void* stream) override { stream_ = static_cast<cudaStream_t>(stream); }
+  void detach_stream() noexcept override {
+    const DeviceGuard guard(device_.index);
+    ZEROSHARD_CUDA_CHECK_NOTHROW(cudaDeviceSynchronize());
+    stream_ = nullptr;
+  }
+  std::int64_t working_chunk_elements(std::int64_t owned) const noexcept override {
+    return std::max<std::int64_t>(2, std::min(owned, kWorkingChunk));
+  }
+  bool fuses_tensors() const noexcept override { return true; }
+
+  void zero(void* data, std::size_t bytes) override {
+    if (bytes == 0) return;
+    const DeviceGuard guard(device_.index);
+    ZEROSHARD_CUDA_CHECK(cudaMemsetAsync(data, 0, bytes, stream_));
+  }
+
+  void copy(void* destination, const void* source, std::size_t bytes) override {
+    if (bytes == 0 || destination == source) return;
+    const DeviceGuard guard(device_.index);
+    ZEROSHARD_CUDA_CHECK(
+        cudaMemcpyAsync(destination, source, bytes, cudaMemcpyDeviceToDevice, stream_));
+  }
+
+  void copy_to_host(void* host, const void* source, std::size_t bytes) override {
+    if (bytes == 0) return;
+    const DeviceGuard guard(device_.index);
+    ZEROSHARD_CUDA_CHECK(cudaMemcpyAsync(host, source, bytes, cudaMemcpyDeviceToHost, stream_));
+    ZEROSHARD_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  void copy_from_host(void* destination, const void* host, std::size_t bytes) override {
+    if (bytes == 0) return;
+    const DeviceGuard guard(device_.index);
+    ZEROSHARD_CUDA_CHECK(
+        cudaMemcpyAsync(destination, host, bytes, cudaMemcpyHostToDevice, stream_));
+    // The host buffer may be freed as soon as this returns.
+    ZEROSHARD_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  void widen(const void* in, DType from, float* out, std::int64_t count,
+             float multiplier) override {
+    const DeviceGuard guard(device_.index);
+    kernels::cast_to_float_scaled(in, from, out, count, multiplier, nullptr, stream_);
+  }
+
+  void narrow(const float* in, void* out, DType to, std::int64_t count) override {
+    const DeviceGuard guard(device_.index);
+    kernels::cast_from_float(in, out, to, count, stream_);
+  }
+
+  void scale(void* data, DType dtype, std::int64_t count, float factor) override {
+    const DeviceGuard guard(device_.index);
+    kernels::scale_in_place(data, dtype, count, factor, stream_);
+  }
+
+  void accumulate(void* destination, DType destination_dtype, const void* source,
+                  DType source_dtype, std::int64_t count) override {
+    const DeviceGuard guard(device_.index);
+    kernels::accumulate(destination, destination_dtype, source, source_dtype, count, stream_);
+  }
+
+  GradientScan scan(const void* data, DType dtype, std::int64_t count) override {
+    if (count == 0) return {};
+    const DeviceGuard guard(device_.index);
+    auto* sum = scan_result_.as<double>();
+    auto* flag = reinterpret_cast<int*>(sum + 1);
+    ZEROSHARD_CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int), stream_));
+    kernels::check_nonfinite(data, dtype, count, flag, stream_);
+    const std::size_t workspace_bytes = kernels::sum_of_squares_workspace_bytes(dtype, count);
+    if (workspace_.bytes() < workspace_bytes) {
+      workspace_ =
+          TrackedBuffer(tracker_, MemoryCategory::kCommunication, workspace_bytes, memory_);
+    }
+    kernels::sum_of_squares(data, dtype, count, sum, workspace_.data(), workspace_.bytes(),
+                            stream_);
+    ZEROSHARD_CUDA_CHECK(
+        cudaMemcpyAsync(scalars_.data(), sum, scalars_.bytes(), cudaMemcpyDeviceToHost, stream_));
+    ZEROSHARD_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    const auto* host_sum = scalars_.as<double>();
+    return {.sum_of_squares = *host_sum,
+            .nonfinite = *reinterpret_cast<const int*>(host_sum + 1) != 0};
+  }
+
+  void apply_rule(const ShardSlice& slice, const StepContext& context) override {
+    detail::check_apply_arguments(slice, context, rule_.state_count(), rule_.name());
+    if (slice.size == 0) return;
+    const DeviceGuard guard(device_.index);
+    float* state0 = slice.states.empty() ? nullptr : slice.states[0];
+    std::visit(
+        [&](const auto& options) {
+          using Options = std::decay_t<decltype(options)>;
+          if constexpr (std::is_same_v<Options, AdamWOptions>) {
+            kernels::adamw_step(slice.param, slice.grad, state0, slice.states[1],
+                                options.amsgrad ? slice.states[2] : nullptr, slice.size, options,
+                                context, stream_);
+          } else if constexpr (std::is_same_v<Options, AdamOptions>) {
+            kernels::adam_step(slice.param, slice.grad, state0, slice.states[1],
+                               options.amsgrad ? slice.states[2] : nullptr, slice.size, options,
+                               context, stream_);
+          } else if constexpr (std::is_same_v<Options, SgdOptions>) {
+            // The CPU rule refuses a momentum schedule without a buffer; so does the GPU.
+            ZEROSHARD_CHECK_USAGE(state0 != nullptr || !context.momentum.has_value(),
+                                  "sgd was built with momentum 0 and keeps no momentum buffer, "
+                                  "so it cannot follow a momentum schedule; give it a non-zero "
+                                  "momentum");
+            kernels::sgd_step(slice.param, slice.grad, state0, slice.size, options, context,
+                              stream_);
+          } else if constexpr (std::is_same_v<Options, LionOptions>) {
+            kernels::lion_step(slice.param, slice.grad, state0, slice.size, options, context,
+                               stream_);
+          } else {
+            static_assert(std::is_same_v<Options, AdagradOptions>);
+            kernels::adagrad_step(slice.param, slice.grad, state0, slice.size, options, context,
+                                  stream_);
+          }
+        },
+        options_);
+  }
+
+  void synchronize() override {
+    const DeviceGuard guard(device_.index);
+    ZEROSHARD_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+ private:
+  Device device_;
+  const UpdateRule& rule_;
+  detail::BuiltinRuleOptions options_;
+  MemoryTracker& tracker_;
+  cudaStream_t stream_ = nullptr;
+  DeviceMemory memory_;
+  PinnedHostBuffer scalars_;   // where scan's two results land on the host
+  TrackedBuffer scan_result_;  // the sum of squares (double) and the non-finite flag (int)
+  TrackedBuffer workspace_;    // CUB's scratch for the sum of squares, grown on demand
+};
+
+}  // namespace
+
+std::unique_ptr<detail::ComputeBackend> make_cuda_backend(const Device& device,
+                                                          const UpdateRule& rule,
+                                                          detail::MemoryTracker& tracker) {
+  ZEROSHARD_CHECK_USAGE(device.is_cuda(),
+                        "make_cuda_backend: " << device.to_string() << " is not a CUDA device");
+  std::optional<detail::BuiltinRuleOptions> options = detail::builtin_rule_options(rule);
+  ZEROSHARD_CHECK_USAGE(options.has_value(),
+                        "update rule '" << rule.name()
+                                        << "' is not one of zeroshard's built-in rules (adamw, "
+                                           "adam, sgd, lion, adagrad), which are the only ones "
+                                           "that run on a GPU; construct the Engine on "
+                                           "Device::cpu() to use your own rule");
+  const DeviceGuard guard(device.index);
+  return std::make_unique<CudaBackend>(device, rule, std::move(*options), tracker);
+}
+
+}  // namespace zeroshard::cuda

@@ -1,0 +1,268 @@
+// The transport-independent half of the communicator: requests, traffic counters, collective
+// names, and the choice of backend from the launcher's environment.
+#include "zeroshard/communicator.h"
+
+#include <cstdlib>
+#include <exception>
+#include <string>
+#include <utility>
+
+#include "comm/collective_tracker.h"
+#include "comm/gpu_communicator_factory.h"
+#include "comm/mpi_communicator.h"
+#include "comm/self_communicator.h"
+#include "comm/text_gather.h"
+#include "config/config_values.h"
+#include "util/check.h"
+#include "util/log.h"
+
+namespace zeroshard {
+namespace {
+
+// The implicit wait of a destructor or a move assignment: it cannot throw, so errors go to
+// the log. A request that already failed, or whose communicator timed out, is not waited on (the
+// Impl's destructor abandons it), so an error never becomes a hang, nor one timeout several.
+void finish_quietly(std::unique_ptr<Request::Impl> impl, bool failed,
+                    const std::shared_ptr<detail::CollectiveTracker>& tracker,
+                    std::int64_t seq) noexcept {
+  if (!impl || failed || (tracker && tracker->timed_out())) return;
+  try {
+    impl->wait();
+    if (tracker) tracker->complete(seq);
+  } catch (const std::exception& error) {
+    ZEROSHARD_LOG(kError, "error while waiting for a dropped request: " << error.what());
+  }
+}
+
+std::int64_t sum_of(std::span<const std::int64_t> counts) noexcept {
+  std::int64_t total = 0;
+  for (std::int64_t count : counts) total += count;
+  return total;
+}
+
+bool launched_by_mpi_launcher() {
+  const auto is_set = [](const char* name) { return std::getenv(name) != nullptr; };
+  return is_set("OMPI_COMM_WORLD_SIZE") || is_set("PMI_SIZE") || is_set("PMIX_RANK") ||
+         (is_set("SLURM_NTASKS") && is_set("SLURM_PROCID"));
+}
+
+}  // namespace
+
+const char* to_string(Collective collective) noexcept {
+  switch (collective) {
+    case Collective::kAllReduce:
+      return "all-reduce";
+    case Collective::kReduceScatter:
+      return "reduce-scatter";
+    case Collective::kAllGather:
+      return "all-gather";
+    case Collective::kBroadcast:
+      return "broadcast";
+    case Collective::kBarrier:
+      return "barrier";
+  }
+  return "unknown collective";
+}
+
+std::int64_t TrafficCounters::total_elements() const noexcept {
+  std::int64_t total = 0;
+  for (std::int64_t value : elements) total += value;
+  return total;
+}
+
+std::int64_t TrafficCounters::total_bytes() const noexcept {
+  std::int64_t total = 0;
+  for (std::int64_t value : bytes) total += value;
+  return total;
+}
+
+Request::Request(std::unique_ptr<Impl> impl, std::shared_ptr<detail::CollectiveTracker> tracker,
+                 std::int64_t seq)
+    : impl_(std::move(impl)), tracker_(std::move(tracker)), seq_(seq) {}
+
+Request& Request::operator=(Request&& other) noexcept {
+  if (this != &other) {
+    finish_quietly(std::move(impl_), failed_, tracker_, seq_);
+    impl_ = std::move(other.impl_);
+    failed_ = std::exchange(other.failed_, false);
+    tracker_ = std::move(other.tracker_);
+    seq_ = other.seq_;
+  }
+  return *this;
+}
+
+Request::~Request() { finish_quietly(std::move(impl_), failed_, tracker_, seq_); }
+
+template <class Step>
+bool Request::track(Step step) {
+  bool done = false;
+  try {
+    if (tracker_) tracker_->check_usable(seq_);
+    done = step();
+  } catch (const TimeoutError& error) {
+    failed_ = true;
+    // The first timeout of a communicator is diagnosed; later ones already point at it.
+    if (!tracker_ || tracker_->timed_out()) throw;
+    throw TimeoutError(tracker_->diagnose_timeout(seq_, error.what()));
+  } catch (...) {
+    failed_ = true;
+    if (tracker_) tracker_->fail(seq_);
+    throw;
+  }
+  if (done) {
+    if (tracker_) tracker_->complete(seq_);
+    impl_.reset();
+    failed_ = false;
+  }
+  return done;
+}
+
+void Request::wait() {
+  if (!impl_) return;
+  track([this] {
+    impl_->wait();
+    return true;
+  });
+}
+
+bool Request::test() {
+  if (!impl_) return true;
+  return track([this] { return impl_->test(); });
+}
+
+Communicator::Communicator() : tracker_(std::make_shared<detail::CollectiveTracker>()) {}
+
+Communicator::~Communicator() = default;
+
+void Communicator::forward_tracking_to_inner() noexcept { tracker_.reset(); }
+
+template <class Start>
+Request Communicator::tracked(Collective collective, std::int64_t count, std::optional<DType> dtype,
+                              Start start) {
+  if (!tracker_) return start();
+  if (!tracker_->identified()) tracker_->identify(rank(), size(), backend());
+  const std::int64_t seq = tracker_->begin(collective, count, dtype);
+  Request request;
+  try {
+    request = start();
+  } catch (const TimeoutError& error) {
+    if (tracker_->timed_out()) throw;
+    throw TimeoutError(tracker_->diagnose_timeout(seq, error.what()));
+  } catch (...) {
+    tracker_->fail(seq);
+    throw;
+  }
+  if (!request.pending()) {
+    tracker_->complete(seq);
+    return request;
+  }
+  return Request(std::move(request.impl_), tracker_, seq);
+}
+
+Request Communicator::all_reduce_async(void* data, std::int64_t count, DType dtype, ReduceOp op) {
+  return tracked(Collective::kAllReduce, count, dtype,
+                 [&] { return start_all_reduce(data, count, dtype, op); });
+}
+
+Request Communicator::reduce_scatter_async(const void* input, void* output,
+                                           std::span<const std::int64_t> counts, DType dtype,
+                                           ReduceOp op) {
+  return tracked(Collective::kReduceScatter, sum_of(counts), dtype,
+                 [&] { return start_reduce_scatter(input, output, counts, dtype, op); });
+}
+
+Request Communicator::all_gather_async(void* data, std::span<const std::int64_t> counts,
+                                       DType dtype) {
+  return tracked(Collective::kAllGather, sum_of(counts), dtype,
+                 [&] { return start_all_gather(data, counts, dtype); });
+}
+
+Request Communicator::broadcast_async(void* data, std::int64_t count, DType dtype, int root) {
+  return tracked(Collective::kBroadcast, count, dtype,
+                 [&] { return start_broadcast(data, count, dtype, root); });
+}
+
+// A barrier is a collective that completes before it returns: an empty request.
+void Communicator::barrier() {
+  tracked(Collective::kBarrier, 0, std::nullopt, [&] {
+    run_barrier();
+    return Request();
+  });
+}
+
+void Communicator::abort(int error_code) noexcept {
+  if (tracker_)
+    tracker_->dump("abort(" + std::to_string(error_code) + ") called on rank " +
+                   std::to_string(rank()));
+  end_job(error_code);
+  // end_job ends the process; the compiler cannot see that through the virtual call.
+  std::_Exit(error_code);
+}
+
+void Communicator::count_traffic(Collective collective, std::int64_t elements,
+                                 DType dtype) noexcept {
+  const auto index = static_cast<std::size_t>(collective);
+  traffic_.elements[index] += elements;
+  traffic_.bytes[index] += elements * static_cast<std::int64_t>(size_of(dtype));
+  traffic_.calls[index] += 1;
+}
+
+std::unique_ptr<Communicator> Communicator::from_environment() {
+  std::unique_ptr<Communicator> communicator;
+  if (launched_by_mpi_launcher()) {
+    communicator = detail::make_mpi_communicator(
+        {.timeout = detail::collective_timeout_from_environment(),
+         .reduce_scatter = detail::reduce_scatter_algorithm_from_environment()});
+  } else {
+    communicator = detail::make_self_communicator();
+  }
+  detail::set_rank_for_messages(communicator->rank());
+  return communicator;
+}
+
+std::vector<std::string> Communicator::all_gather_text(const std::string& text) {
+  return detail::gather_text(text, rank(), size(),
+                             [this](void* data, std::span<const std::int64_t> counts, DType dtype) {
+                               all_gather(data, counts, dtype);
+                             });
+}
+
+}  // namespace zeroshard
+
+namespace zeroshard {
+
+namespace detail {
+
+GpuTransport gpu_transport_from_environment() {
+  const char* value = std::getenv("ZEROSHARD_COMM_BACKEND");
+  if (value == nullptr || *value == '\0') return GpuTransport::kAuto;
+  const std::string name = ascii_lower(value);
+  if (name == "nccl") return GpuTransport::kNccl;
+  if (name == "mpi") return GpuTransport::kMpiStaging;
+  throw UsageError("ZEROSHARD_COMM_BACKEND='" + std::string(value) +
+                   "': expected nccl or mpi (MPI with host staging), or unset to let zeroshard "
+                   "choose");
+}
+
+}  // namespace detail
+
+std::unique_ptr<Communicator> Communicator::from_environment(const Device& device) {
+  const detail::GpuTransport transport = detail::gpu_transport_from_environment();
+  if (!device.is_cuda()) {
+    ZEROSHARD_CHECK_USAGE(transport != detail::GpuTransport::kNccl,
+                          "ZEROSHARD_COMM_BACKEND=nccl moves GPU buffers, but the device is "
+                              << device.to_string()
+                              << "; unset it or construct the engine on a CUDA device");
+    return from_environment();
+  }
+#if ZEROSHARD_WITH_CUDA
+  std::unique_ptr<Communicator> communicator =
+      detail::make_gpu_communicator(device, transport, launched_by_mpi_launcher());
+  detail::set_rank_for_messages(communicator->rank());
+  return communicator;
+#else
+  throw UsageError("a communicator for " + device.to_string() + ": " + cuda_unavailable_reason());
+#endif
+}
+
+}  // namespace zeroshard

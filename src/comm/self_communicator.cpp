@@ -1,0 +1,62 @@
+// The world of one: every collective is a local copy or a no-op, but is still checked and counted
+// under the same traffic convention as the MPI backend, so a single-rank run reports the same
+// numbers as `mpirun -np 1`.
+#include "comm/self_communicator.h"
+
+#include <cstring>
+
+#include "comm/collective_checks.h"
+
+namespace zeroshard::detail {
+namespace {
+
+class SelfCommunicator final : public Communicator {
+ public:
+  int rank() const noexcept override { return 0; }
+  int size() const noexcept override { return 1; }
+  std::string backend() const override { return "self"; }
+
+  Request start_all_reduce(void* data, std::int64_t count, DType dtype, ReduceOp) override {
+    check_buffer(Collective::kAllReduce, data, count);
+    count_traffic(Collective::kAllReduce, 2 * count, dtype);
+    return Request{};
+  }
+
+  Request start_reduce_scatter(const void* input, void* output,
+                               std::span<const std::int64_t> counts, DType dtype,
+                               ReduceOp) override {
+    const std::int64_t total = checked_total(Collective::kReduceScatter, counts, size());
+    check_buffer(Collective::kReduceScatter, input, total);
+    check_buffer(Collective::kReduceScatter, output, total);
+    const auto bytes = total * static_cast<std::int64_t>(size_of(dtype));
+    check_no_overlap(input, bytes, output, bytes);
+    if (total > 0) std::memcpy(output, input, static_cast<std::size_t>(bytes));
+    count_traffic(Collective::kReduceScatter, total, dtype);
+    return Request{};
+  }
+
+  Request start_all_gather(void* data, std::span<const std::int64_t> counts, DType dtype) override {
+    const std::int64_t total = checked_total(Collective::kAllGather, counts, size());
+    check_buffer(Collective::kAllGather, data, total);
+    count_traffic(Collective::kAllGather, total, dtype);
+    return Request{};
+  }
+
+  Request start_broadcast(void* data, std::int64_t count, DType dtype, int root) override {
+    check_buffer(Collective::kBroadcast, data, count);
+    check_root(root, size());
+    count_traffic(Collective::kBroadcast, count, dtype);
+    return Request{};
+  }
+
+  void run_barrier() override { count_traffic(Collective::kBarrier, 0, DType::kFloat32); }
+  [[noreturn]] void end_job(int error_code) noexcept override { std::_Exit(error_code); }
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_self_communicator() {
+  return std::make_unique<SelfCommunicator>();
+}
+
+}  // namespace zeroshard::detail

@@ -1,0 +1,528 @@
+// The config parser: from JSON text to a validated Config, in DeepSpeed's terms.
+#include "config/config_parser.h"
+
+#include <climits>
+#include <set>
+
+#include "config/batch_sizes.h"
+#include "config/config_values.h"
+#include "config/key_suggestion.h"
+
+namespace zeroshard {
+namespace {
+
+using detail::KeySpec;
+using detail::KeyStatus;
+using detail::ValueKind;
+using nlohmann::json;
+
+std::string join_path(const std::string& prefix, const std::string& key) {
+  return prefix.empty() ? key : prefix + "." + key;
+}
+
+std::string join(const std::vector<std::string>& words) {
+  std::string text;
+  for (const std::string& word : words) text += (text.empty() ? "" : ", ") + word;
+  return text;
+}
+
+// A string from the file as messages show it: "cpu".
+std::string quoted_text(std::string_view text) {
+  return "\"" + detail::printable_text(text) + "\"";
+}
+
+ConfigError type_error(const std::string& path, const json& value, const std::string& expected) {
+  return ConfigError(path, "got " + detail::describe_value(value) + ", expected " + expected);
+}
+
+// The value has the right type but lies outside `range`: "got 4, expected 0..3".
+ConfigError range_error(const std::string& path, const json& value, const detail::Range& range) {
+  return ConfigError(path,
+                     "got " + detail::describe_value(value) + ", expected " + range.describe());
+}
+
+// Deeper than any DeepSpeed config goes (optimizer.params.betas, an array in an object in an
+// object in the document, is 4) and shallow enough that every recursive walk of the document
+// (nlohmann's copy and comparison, drop_auto, read_section) stays far from the end of the stack.
+constexpr std::size_t kMaxNesting = 32;
+
+// nlohmann's messages start with "[json.exception.parse_error.101] "; the rest is the useful
+// part ("parse error at line 2, column 5: ..."). It may quote the token being read after
+// `token_marker` ("; last read: '"); that token is the file's own text, possibly megabytes of
+// any bytes, so it is escaped and cut like every value in a message.
+std::string nlohmann_message(const std::string& message, std::string_view token_marker) {
+  auto id_end = message.find("] ");
+  std::string text = id_end == std::string::npos ? message : message.substr(id_end + 2);
+  auto begin = text.find(token_marker);
+  if (begin == std::string::npos) return text;
+  begin += token_marker.size();
+  // The token ends at its closing quote, which is followed by "; expected ..." or nothing.
+  auto end = text.rfind("'; expected ");
+  if (end == std::string::npos || end < begin) end = text.rfind('\'');
+  if (end == std::string::npos || end < begin) end = text.size();
+  return text.substr(0, begin) +
+         detail::printable_text(std::string_view(text).substr(begin, end - begin)) +
+         text.substr(end);
+}
+
+// Parses JSON, rejecting a key given twice in one object as DeepSpeed does
+// (dict_raise_error_on_duplicate_keys) rather than silently keeping the last value, and nesting
+// deeper than kMaxNesting while it is read, before a deep value is built.
+json read_json(const std::string& text) {
+  // One per open object or array: the length `path` had when it opened, and an object's keys.
+  struct Open {
+    std::size_t path_length;
+    std::set<std::string> keys;
+  };
+  std::vector<Open> open;
+  // The key being read, as messages show it. Each key replaces the previous one at its level,
+  // so a key costs its own length, not the depth.
+  std::string path;
+  auto on_event = [&](int, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+      case json::parse_event_t::array_start:
+        if (open.size() == kMaxNesting) {
+          throw ConfigError(path, "objects and arrays nested more than " +
+                                      std::to_string(kMaxNesting) +
+                                      " deep; no DeepSpeed key needs more than 4, so look for "
+                                      "a bracket opened too often");
+        }
+        open.push_back({path.size(), {}});
+        break;
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
+        path.resize(open.back().path_length);
+        open.pop_back();
+        break;
+      case json::parse_event_t::key: {
+        path.resize(open.back().path_length);
+        if (!path.empty()) path += '.';
+        path += detail::printable_text(parsed.get_ref<const std::string&>());
+        if (!open.back().keys.insert(parsed.get_ref<const std::string&>()).second) {
+          throw ConfigError(path, "given twice in one object");
+        }
+        break;
+      }
+      case json::parse_event_t::value:
+        break;
+    }
+    return true;
+  };
+  json document;
+  try {
+    document = json::parse(text, on_event);
+  } catch (const json::parse_error& error) {
+    throw ConfigError("", "invalid JSON: " + nlohmann_message(error.what(), "; last read: '"));
+  } catch (const json::out_of_range& error) {
+    // A number too large for a double (1e999). JSON itself has no inf or nan, so after this
+    // every number the parser sees is finite. `path` still names the key being read.
+    throw ConfigError(path,
+                      nlohmann_message(error.what(), "parsing '") + "; expected a finite number");
+  }
+  if (!document.is_object()) {
+    throw ConfigError("", "got " + detail::describe_value(document) +
+                              " at the top level, expected a JSON object");
+  }
+  return document;
+}
+
+// DeepSpeed removes every "auto" value before validation, so the default applies.
+void drop_auto(json& object) {
+  for (auto it = object.begin(); it != object.end();) {
+    if (it->is_string() && it->get<std::string>() == "auto") {
+      it = object.erase(it);
+      continue;
+    }
+    if (it->is_object()) drop_auto(*it);
+    ++it;
+  }
+}
+
+// The value at a dotted path, or nullptr when a step is missing or not an object. A template
+// so that it serves both const and mutable documents.
+template <typename Json>
+Json* find_path(Json& document, const std::string& path) {
+  Json* node = &document;
+  std::size_t start = 0;
+  while (true) {
+    auto dot = path.find('.', start);
+    std::string key = path.substr(start, dot == std::string::npos ? dot : dot - start);
+    if (!node->is_object()) return nullptr;
+    auto it = node->find(key);
+    if (it == node->end()) return nullptr;
+    node = &*it;
+    if (dot == std::string::npos) return node;
+    start = dot + 1;
+  }
+}
+
+// Sets the value at a dotted path, creating sections that are missing or null.
+void set_path(json& document, const std::string& path, json value) {
+  json* node = &document;
+  std::size_t start = 0;
+  while (true) {
+    auto dot = path.find('.', start);
+    std::string key = path.substr(start, dot == std::string::npos ? dot : dot - start);
+    if (dot == std::string::npos) {
+      (*node)[key] = std::move(value);
+      return;
+    }
+    json& child = (*node)[key];
+    if (child.is_null()) child = json::object();
+    if (!child.is_object()) throw type_error(path.substr(0, dot), child, "an object");
+    node = &child;
+    start = dot + 1;
+  }
+}
+
+bool is_alias(const KeySpec& spec) {
+  return spec.status == KeyStatus::kAlias || spec.status == KeyStatus::kDeprecatedAlias;
+}
+
+ConfigError unknown_key(const std::string& prefix, const std::string& key) {
+  const std::string path = join_path(prefix, detail::printable_text(key));
+  std::vector<std::string> names;
+  std::vector<std::string> listed;
+  for (const KeySpec* child : detail::child_specs(prefix)) {
+    names.push_back(child->name());
+    if (!is_alias(*child)) listed.push_back(child->name());
+  }
+  std::string message = "unknown key" + (prefix.empty() ? "" : " in " + prefix);
+  if (auto suggestion = detail::closest_match(key, names)) {
+    return ConfigError(path, message + "; did you mean '" + *suggestion + "'?");
+  }
+  // A key at the wrong level, e.g. offload_optimizer at the top instead of in
+  // zero_optimization.
+  for (const KeySpec& spec : detail::key_specs()) {
+    if (spec.name() == key && spec.parent() != prefix) {
+      return ConfigError(path, message + "; did you mean '" + spec.path + "'? (it belongs in " +
+                                   (spec.parent().empty() ? "the top level" : spec.parent()) + ")");
+    }
+  }
+  return ConfigError(path, message + "; expected one of: " + join(listed));
+}
+
+std::string device_text(OffloadDevice device) {
+  return device == OffloadDevice::kCpu    ? "\"cpu\""
+         : device == OffloadDevice::kNvme ? "\"nvme\""
+                                          : "\"none\"";
+}
+
+std::string optimizer_choices() {
+  return detail::describe_expected(ValueKind::kString, detail::kAnyValue,
+                                   detail::find_key_spec("optimizer.type")->choices);
+}
+
+std::string scheduler_choices() {
+  return detail::describe_expected(ValueKind::kString, detail::kAnyValue,
+                                   detail::find_key_spec("scheduler.type")->choices);
+}
+
+}  // namespace
+
+ConfigParser::ConfigParser(int world_size) : world_size_(world_size) {
+  if (world_size < 1) {
+    throw UsageError("world_size must be at least 1, got " + std::to_string(world_size));
+  }
+}
+
+Config ConfigParser::parse(const std::string& text) {
+  json document = read_json(text);
+  drop_auto(document);
+  resolve_aliases(document);
+  read_section(document, "");
+  check_combinations(document);
+  config_.notices_ = std::move(notices_);
+  return std::move(config_);
+}
+
+void ConfigParser::resolve_aliases(json& document) {
+  for (const KeySpec& spec : detail::key_specs()) {
+    if (!is_alias(spec)) continue;
+    json* parent = spec.parent().empty() ? &document : find_path(document, spec.parent());
+    if (parent == nullptr || !parent->is_object() || !parent->contains(spec.name())) continue;
+    json value = std::move((*parent)[spec.name()]);
+    parent->erase(spec.name());
+    const bool is_switch = !spec.alias_value.empty();
+    if (is_switch && !value.is_boolean()) throw type_error(spec.path, value, "a boolean");
+    const std::vector<std::string> targets = detail::split_choices(spec.alias_of);
+    for (const std::string& target : targets) {
+      if (find_path(document, target) != nullptr) {
+        throw ConfigError(spec.path,
+                          std::string("given together with ") + target + ", " +
+                              (spec.status == KeyStatus::kAlias ? "another spelling of the same key"
+                                                                : "its new name") +
+                              "; give only one");
+      }
+      if (!is_switch) {
+        set_path(document, target, value);
+      } else if (value.get<bool>()) {
+        set_path(document, target, json::parse(spec.alias_value));
+      }
+    }
+    if (spec.status == KeyStatus::kDeprecatedAlias) {
+      notices_.push_back(spec.path + ": deprecated; " +
+                         (is_switch ? "true means " + spec.alias_of + " " + spec.alias_value
+                                    : "read as " + join(targets)));
+    }
+  }
+}
+
+void ConfigParser::read_section(const json& object, const std::string& prefix) {
+  const std::vector<const KeySpec*> children = detail::child_specs(prefix);
+  for (const auto& [key, value] : object.items()) {
+    bool known = false;
+    for (const KeySpec* child : children) known = known || child->name() == key;
+    if (!known) throw unknown_key(prefix, key);
+  }
+  // Table order, not file order: a section's type is read before the params that depend on it.
+  for (const KeySpec* child : children) {
+    auto it = object.find(child->name());
+    if (it != object.end()) read_key(*child, *it);
+  }
+}
+
+void ConfigParser::read_key(const KeySpec& spec, const json& value) {
+  if (value.is_null()) {
+    if (spec.default_json == "null") return;
+    throw type_error(spec.path, value,
+                     detail::describe_expected(spec.kind, spec.range, spec.choices));
+  }
+  switch (spec.kind) {
+    case ValueKind::kSection:
+    case ValueKind::kOpaqueSection:
+      if (!value.is_object()) throw type_error(spec.path, value, "an object");
+      if (spec.kind == ValueKind::kSection) read_section(value, spec.path);
+      break;
+    case ValueKind::kOptimizerParams:
+      read_optimizer_params(value);
+      break;
+    case ValueKind::kSchedulerParams:
+      read_scheduler_params(value);
+      break;
+    case ValueKind::kBool:
+    case ValueKind::kInteger:
+    case ValueKind::kNumber:
+    case ValueKind::kString: {
+      json checked = check_scalar(spec.path, spec.kind, spec.range, spec.choices, spec.fold_case,
+                                  spec.refused_choices, value);
+      if (std::holds_alternative<int& (*)(Config&)>(spec.field)) {
+        std::int64_t number = *detail::integer_value(checked);
+        if (number < INT_MIN || number > INT_MAX) {
+          throw ConfigError(spec.path, "got " + std::to_string(number) +
+                                           ", expected an integer that fits in 32 bits");
+        }
+      }
+      detail::write_field(spec.field, config_, checked);
+      if ((spec.status == KeyStatus::kRefused || spec.status == KeyStatus::kNotYet) &&
+          (spec.is_active ? spec.is_active(checked) : checked != json::parse(spec.default_json))) {
+        refuse(spec.path, "got " + detail::describe_value(checked) + "; " +
+                              (spec.status == KeyStatus::kRefused ? "not implemented in zeroshard"
+                                                                  : "not implemented yet") +
+                              " (only the default " + spec.default_json + " is accepted)");
+      }
+      break;
+    }
+  }
+  if (spec.kind == ValueKind::kOpaqueSection && spec.status == KeyStatus::kRefused) {
+    refuse(spec.path, "got an object; not implemented in zeroshard (only null is accepted)");
+  }
+  if (spec.status == KeyStatus::kNoEffect) {
+    notices_.push_back(spec.path + ": accepted, has no effect in zeroshard (" +
+                       spec.no_effect_reason + ")");
+  }
+}
+
+json ConfigParser::check_scalar(const std::string& path, ValueKind kind, const detail::Range& range,
+                                const std::string& choices, bool fold_case,
+                                const std::string& refused_choices, const json& value) {
+  const std::string expected = detail::describe_expected(kind, range, choices);
+  switch (kind) {
+    case ValueKind::kBool:
+      if (!value.is_boolean()) throw type_error(path, value, expected);
+      return value;
+    case ValueKind::kInteger: {
+      auto number = detail::integer_value(value);
+      if (!number) throw type_error(path, value, expected);
+      if (!range.contains(static_cast<double>(*number))) throw range_error(path, value, range);
+      return *number;
+    }
+    case ValueKind::kNumber: {
+      if (!value.is_number()) throw type_error(path, value, expected);
+      if (!range.contains(value.get<double>())) throw range_error(path, value, range);
+      return value;
+    }
+    case ValueKind::kString: {
+      if (!value.is_string()) throw type_error(path, value, expected);
+      const std::string text = value.get<std::string>();
+      if (choices.empty()) return value;
+      auto same = [fold_case](const std::string& a, const std::string& b) {
+        if (a.size() != b.size()) return false;
+        return fold_case ? detail::ascii_lower(a) == detail::ascii_lower(b) : a == b;
+      };
+      const std::vector<std::string> allowed = detail::split_choices(choices);
+      for (const std::string& choice : allowed) {
+        if (same(choice, text)) return choice;
+      }
+      for (const std::string& choice : detail::split_choices(refused_choices)) {
+        if (same(choice, text)) {
+          refuse(path, "got " + quoted_text(text) + "; " + choice +
+                           " is not implemented in zeroshard (expected " + expected + ")");
+          return choice;
+        }
+      }
+      std::string message = "got " + quoted_text(text) + ", expected " + expected;
+      if (auto suggestion = detail::closest_match(text, allowed)) {
+        message += "; did you mean '" + *suggestion + "'?";
+      }
+      throw ConfigError(path, message);
+    }
+    default:
+      throw type_error(path, value, expected);
+  }
+}
+
+void ConfigParser::read_optimizer_params(const json& params) {
+  if (!params.is_object()) throw type_error("optimizer.params", params, "an object");
+  if (config_.optimizer.type.empty()) {
+    throw ConfigError("optimizer.type",
+                      "missing, but optimizer.params is given; expected " + optimizer_choices());
+  }
+  for (const auto& [name, value] : params.items()) {
+    const std::string path = "optimizer.params." + detail::printable_text(name);
+    const std::string expected = "a number, a boolean or an array of numbers";
+    if (value.is_boolean()) {
+      config_.optimizer.params[name] = value.get<bool>() ? 1.0 : 0.0;
+    } else if (value.is_number()) {
+      config_.optimizer.params[name] =
+          check_scalar(path, ValueKind::kNumber, detail::kAnyValue, "", false, "", value)
+              .get<double>();
+    } else if (value.is_array()) {
+      std::vector<double> numbers;
+      for (const json& element : value) {
+        if (!element.is_number()) {
+          throw ConfigError(path, "got an array holding " + detail::describe_value(element) +
+                                      ", expected " + expected);
+        }
+        numbers.push_back(element.get<double>());
+      }
+      config_.optimizer.array_params[name] = std::move(numbers);
+    } else {
+      throw type_error(path, value, expected);
+    }
+  }
+}
+
+void ConfigParser::read_scheduler_params(const json& params) {
+  if (!params.is_object()) throw type_error("scheduler.params", params, "an object");
+  const detail::SchedulerSpec* scheduler = detail::find_scheduler_spec(config_.scheduler.type);
+  if (scheduler == nullptr) {
+    throw ConfigError("scheduler.type",
+                      "missing, but scheduler.params is given; expected " + scheduler_choices());
+  }
+  for (const auto& [name, value] : params.items()) {
+    const std::string path = "scheduler.params." + detail::printable_text(name);
+    const detail::SchedulerParamSpec* param = nullptr;
+    std::vector<std::string> names;
+    for (const detail::SchedulerParamSpec& candidate : scheduler->params) {
+      names.push_back(candidate.name);
+      if (candidate.name == name) param = &candidate;
+    }
+    if (param == nullptr) {
+      std::string message = "unknown param of " + scheduler->type;
+      if (auto suggestion = detail::closest_match(name, names)) {
+        message += "; did you mean '" + *suggestion + "'?";
+      }
+      throw ConfigError(path, message + " (" + scheduler->type + " takes " + join(names) + ")");
+    }
+    json checked = check_scalar(path, param->kind, param->range, param->choices, false, "", value);
+    if (checked.is_string()) {
+      config_.scheduler.string_params[name] = checked.get<std::string>();
+    } else if (checked.is_boolean()) {
+      config_.scheduler.params[name] = checked.get<bool>() ? 1.0 : 0.0;
+    } else {
+      config_.scheduler.params[name] = checked.get<double>();
+    }
+  }
+}
+
+void ConfigParser::check_combinations(const json& document) {
+  if (config_.fp16.enabled && config_.bf16.enabled) {
+    throw ConfigError("bf16.enabled",
+                      "fp16.enabled and bf16.enabled are both true; enable at most one");
+  }
+
+  ZeroConfig& zero = config_.zero_optimization;
+  const std::string stage = "zero_optimization.stage " + std::to_string(zero.stage);
+  struct Offload {
+    const char* path;
+    const OffloadConfig& config;
+  };
+  const Offload offloads[] = {{"zero_optimization.offload_optimizer", zero.offload_optimizer},
+                              {"zero_optimization.offload_param", zero.offload_param}};
+  for (const Offload& offload : offloads) {
+    if (offload.config.device == OffloadDevice::kNvme && offload.config.nvme_path.empty()) {
+      throw ConfigError(std::string(offload.path) + ".nvme_path",
+                        "missing; required when device is \"nvme\"");
+    }
+  }
+  if (zero.offload_param.device != OffloadDevice::kNone && zero.stage < 3) {
+    throw ConfigError("zero_optimization.offload_param.device",
+                      "got " + device_text(zero.offload_param.device) + " at " + stage +
+                          "; parameter offload needs stage 3");
+  }
+  if (zero.offload_optimizer.device != OffloadDevice::kNone && zero.stage == 0) {
+    throw ConfigError("zero_optimization.offload_optimizer.device",
+                      "got " + device_text(zero.offload_optimizer.device) + " at " + stage +
+                          "; optimizer offload needs stage 1, 2 or 3");
+  }
+  if (zero.offload_optimizer.ratio < 1.0 && zero.stage != 3) {
+    throw ConfigError("zero_optimization.offload_optimizer.ratio",
+                      "got " + detail::format_number(zero.offload_optimizer.ratio) + " at " +
+                          stage + "; a ratio below 1 needs stage 3");
+  }
+
+  if (const detail::SchedulerSpec* scheduler =
+          detail::find_scheduler_spec(config_.scheduler.type)) {
+    for (const detail::SchedulerParamSpec& param : scheduler->params) {
+      if (param.required && !config_.scheduler.params.contains(param.name)) {
+        throw ConfigError("scheduler.params." + param.name,
+                          "missing; required by " + scheduler->type);
+      }
+    }
+  }
+
+  auto given = [&document](const char* key) -> std::optional<std::int64_t> {
+    auto it = document.find(key);
+    if (it == document.end() || it->is_null()) return std::nullopt;
+    return *detail::integer_value(*it);
+  };
+  detail::BatchSizes batch = detail::resolve_batch_sizes(
+      given("train_batch_size"), given("train_micro_batch_size_per_gpu"),
+      given("gradient_accumulation_steps"), world_size_);
+  config_.train_batch_size = batch.train_batch_size;
+  config_.train_micro_batch_size_per_gpu = batch.train_micro_batch_size_per_gpu;
+  config_.gradient_accumulation_steps = batch.gradient_accumulation_steps;
+
+  // DeepSpeed's overlap_comm_valid: unset means on for stage 3 only.
+  const json* overlap = find_path(document, "zero_optimization.overlap_comm");
+  if (overlap == nullptr || overlap->is_null()) zero.overlap_comm = zero.stage == 3;
+
+  if (refusal_) throw *refusal_;
+  for (const Offload& offload : offloads) {
+    if (offload.config.device != OffloadDevice::kNone) {
+      const bool nvme = offload.config.device == OffloadDevice::kNvme;
+      throw ConfigError(std::string(offload.path) + ".device",
+                        std::string("got \"") + (nvme ? "nvme" : "cpu") + "\"; " +
+                            (nvme ? "NVMe" : "CPU") +
+                            " offload is not implemented yet (only \"none\" is accepted)");
+    }
+  }
+}
+
+void ConfigParser::refuse(const std::string& path, const std::string& message) {
+  if (!refusal_) refusal_.emplace(path, message);
+}
+
+}  // namespace zeroshard

@@ -1,0 +1,958 @@
+// The key table itself, with DeepSpeed's defaults (deepspeed/runtime/zero/config.py,
+// offload_config.py, constants.py, lr_schedules.py) and where each value lives in Config.
+#include "config/config_schema.h"
+
+#include <type_traits>
+
+#include "config/config_values.h"
+
+namespace zeroshard::detail {
+namespace {
+
+// A pointer to the Config member `member`, usable as a FieldRef.
+#define ZEROSHARD_CONFIG_FIELD(member) +[](Config& c) -> decltype((c.member)) { return c.member; }
+
+constexpr Range kStageRange{.min = 0, .max = 3};
+constexpr Range kAtLeastOne{.min = 1};
+constexpr Range kFraction{.min = 0, .max = 1};
+
+const char* const kIntegration = "a Python-side integration";
+
+bool enables_hpz(const nlohmann::json& value) { return value.get<double>() > 1; }
+bool enables_mics(const nlohmann::json& value) { return value.get<double>() > 0; }
+
+std::vector<KeySpec> make_key_specs() {
+  using K = ValueKind;
+  using S = KeyStatus;
+  return {
+      // --- batch size, clipping, logging -------------------------------------------------
+      {.path = "train_batch_size",
+       .kind = K::kInteger,
+       .default_json = "null",
+       .meaning = "Samples per optimizer step over all ranks: micro batch x "
+                  "gradient_accumulation_steps x world size. Derived when absent.",
+       .field = ZEROSHARD_CONFIG_FIELD(train_batch_size),
+       .range = kPositive},
+      {.path = "train_micro_batch_size_per_gpu",
+       .kind = K::kInteger,
+       .default_json = "null",
+       .meaning = "Samples per rank in one forward/backward. Derived when absent.",
+       .field = ZEROSHARD_CONFIG_FIELD(train_micro_batch_size_per_gpu),
+       .range = kPositive},
+      {.path = "gradient_accumulation_steps",
+       .kind = K::kInteger,
+       .default_json = "null",
+       .meaning = "Micro batches accumulated per optimizer step. Derived when absent; 1 when "
+                  "only one batch size is given.",
+       .field = ZEROSHARD_CONFIG_FIELD(gradient_accumulation_steps),
+       .range = kPositive},
+      {.path = "gradient_clipping",
+       .kind = K::kNumber,
+       .default_json = "1.0",
+       .meaning = "Clip the global gradient norm to this value; 0 = no clipping. Newest "
+                  "DeepSpeed's default (0.0 before #8068).",
+       .field = ZEROSHARD_CONFIG_FIELD(gradient_clipping),
+       .range = kNonNegative},
+      {.path = "steps_per_print",
+       .kind = K::kInteger,
+       .default_json = "null",
+       .meaning = "Print progress every this many steps; 0 or null = never (null is newest "
+                  "DeepSpeed's default; older versions printed every 10). Config holds 0 for "
+                  "null.",
+       .field = ZEROSHARD_CONFIG_FIELD(steps_per_print),
+       .range = kNonNegative},
+      {.path = "wall_clock_breakdown",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "Time forward, backward, reduction and step, and print the breakdown.",
+       .field = ZEROSHARD_CONFIG_FIELD(wall_clock_breakdown)},
+      {.path = "memory_breakdown",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "Print the memory held per category at each step.",
+       .field = ZEROSHARD_CONFIG_FIELD(memory_breakdown)},
+      {.path = "prescale_gradients",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "Scale gradients before the reduction instead of after it.",
+       .field = ZEROSHARD_CONFIG_FIELD(prescale_gradients)},
+      {.path = "gradient_predivide_factor",
+       .kind = K::kNumber,
+       .default_json = "1.0",
+       .meaning = "Divide gradients by this before the reduction and by world size / factor "
+                  "after it (headroom against fp16 overflow).",
+       .field = ZEROSHARD_CONFIG_FIELD(gradient_predivide_factor),
+       .range = kPositive},
+      {.path = "communication_data_type",
+       .kind = K::kString,
+       .default_json = "null",
+       .meaning = "Element type of gradient communication; null = the parameters' type.",
+       .field = ZEROSHARD_CONFIG_FIELD(communication_data_type),
+       .choices = "fp16|bf16|fp32",
+       .fold_case = true},
+      {.path = "data_types",
+       .kind = K::kSection,
+       .default_json = "{}",
+       .meaning = "Data-type settings."},
+      {.path = "data_types.grad_accum_dtype",
+       .kind = K::kString,
+       .default_json = "null",
+       .meaning = "Element type gradients are accumulated in; null = the parameters' type.",
+       .field = ZEROSHARD_CONFIG_FIELD(grad_accum_dtype),
+       .choices = "fp16|bf16|fp32",
+       .fold_case = true},
+      {.path = "sparse_gradients",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "Sparse (CSR) gradients for embedding layers.",
+       .status = S::kRefused},
+      {.path = "dump_state",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "Print the engine's state after initialisation.",
+       .status = S::kRefused},
+      {.path = "zero_allow_untested_optimizer",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "Allow an optimizer DeepSpeed has not tested with ZeRO.",
+       .status = S::kNoEffect,
+       .no_effect_reason = "every update rule may be used with every stage"},
+      {.path = "zero_force_ds_cpu_optimizer",
+       .kind = K::kBool,
+       .default_json = "true",
+       .meaning = "Require DeepSpeed's own CPU optimizer when offloading.",
+       .status = S::kRefused},
+      {.path = "checkpoint",
+       .kind = K::kSection,
+       .default_json = "{}",
+       .meaning = "Checkpoint loading and saving options."},
+      {.path = "checkpoint.tag_validation",
+       .kind = K::kString,
+       .default_json = "\"Warn\"",
+       .meaning = "What to do when ranks disagree on a checkpoint tag.",
+       .status = S::kRefused,
+       .choices = "Ignore|Warn|Fail",
+       .fold_case = true},
+      {.path = "checkpoint.load_universal",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "Load a DeepSpeed universal checkpoint.",
+       .status = S::kRefused},
+      {.path = "checkpoint.use_node_local_storage",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "Write checkpoints to node-local storage.",
+       .status = S::kRefused},
+      {.path = "checkpoint.parallel_write",
+       .kind = K::kSection,
+       .default_json = "{}",
+       .meaning = "Parallel checkpoint writing."},
+      {.path = "checkpoint.parallel_write.pipeline_stage",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "Write the checkpoint per pipeline stage.",
+       .status = S::kRefused},
+      {.path = "tensorboard",
+       .kind = K::kOpaqueSection,
+       .default_json = "null",
+       .meaning = "TensorBoard monitor.",
+       .status = S::kNoEffect,
+       .no_effect_reason = kIntegration},
+      {.path = "wandb",
+       .kind = K::kOpaqueSection,
+       .default_json = "null",
+       .meaning = "Weights & Biases monitor.",
+       .status = S::kNoEffect,
+       .no_effect_reason = kIntegration},
+      {.path = "csv_monitor",
+       .kind = K::kOpaqueSection,
+       .default_json = "null",
+       .meaning = "CSV monitor.",
+       .status = S::kNoEffect,
+       .no_effect_reason = kIntegration},
+      {.path = "flops_profiler",
+       .kind = K::kOpaqueSection,
+       .default_json = "null",
+       .meaning = "PyTorch-module FLOPs profiler.",
+       .status = S::kNoEffect,
+       .no_effect_reason = kIntegration},
+      {.path = "comms_logger",
+       .kind = K::kOpaqueSection,
+       .default_json = "null",
+       .meaning = "Logger of torch.distributed calls.",
+       .status = S::kNoEffect,
+       .no_effect_reason = kIntegration},
+
+      // --- optimizer and scheduler ----------------------------------------------------------
+      {.path = "optimizer",
+       .kind = K::kSection,
+       .default_json = "null",
+       .meaning = "The update rule; null = the program supplies its own."},
+      {.path = "optimizer.type",
+       .kind = K::kString,
+       .default_json = "null",
+       .meaning = "Update rule name, case-insensitive; stored in lower case.",
+       .field = ZEROSHARD_CONFIG_FIELD(optimizer.type),
+       .choices = "adam|adamw|sgd|lion|adagrad",
+       .refused_choices = "lamb|onebitadam|zerooneadam|onebitlamb|muadam|muadamw|musgd",
+       .fold_case = true},
+      {.path = "optimizer.params",
+       .kind = K::kOptimizerParams,
+       .default_json = "{}",
+       .meaning = "Rule options (lr, betas, eps, weight_decay, ...): numbers, booleans (held "
+                  "as 0/1) and number arrays. Names are checked by the update rule."},
+      {.path = "scheduler",
+       .kind = K::kSection,
+       .default_json = "null",
+       .meaning = "The learning-rate schedule; null = constant learning rate."},
+      {.path = "scheduler.type",
+       .kind = K::kString,
+       .default_json = "null",
+       .meaning = "Schedule name (case-sensitive, as in DeepSpeed).",
+       .field = ZEROSHARD_CONFIG_FIELD(scheduler.type),
+       .choices = "WarmupLR|WarmupDecayLR|WarmupCosineLR|OneCycle|LRRangeTest"},
+      {.path = "scheduler.params",
+       .kind = K::kSchedulerParams,
+       .default_json = "{}",
+       .meaning = "The schedule's parameters; see the scheduler table below."},
+
+      // --- mixed precision ------------------------------------------------------------------
+      {.path = "fp16",
+       .kind = K::kSection,
+       .default_json = "{}",
+       .meaning = "fp16 training with loss scaling."},
+      {.path = "fp16.enabled",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "Train with fp16 parameters and gradients and fp32 master weights.",
+       .field = ZEROSHARD_CONFIG_FIELD(fp16.enabled)},
+      {.path = "fp16.auto_cast",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "Cast the model's inputs to fp16.",
+       .status = S::kRefused,
+       .field = ZEROSHARD_CONFIG_FIELD(fp16.auto_cast)},
+      {.path = "fp16.loss_scale",
+       .kind = K::kNumber,
+       .default_json = "0",
+       .meaning = "0 = dynamic loss scaling; > 0 = this static scale.",
+       .field = ZEROSHARD_CONFIG_FIELD(fp16.loss_scale),
+       .range = kNonNegative},
+      {.path = "fp16.initial_scale_power",
+       .kind = K::kInteger,
+       .default_json = "16",
+       .meaning = "The dynamic scale starts at 2^this.",
+       .field = ZEROSHARD_CONFIG_FIELD(fp16.initial_scale_power),
+       .range = {.min = 0, .max = 127}},
+      {.path = "fp16.loss_scale_window",
+       .kind = K::kInteger,
+       .default_json = "1000",
+       .meaning = "Steps without overflow before the dynamic scale doubles.",
+       .field = ZEROSHARD_CONFIG_FIELD(fp16.loss_scale_window),
+       .range = kPositive},
+      {.path = "fp16.hysteresis",
+       .kind = K::kInteger,
+       .default_json = "2",
+       .meaning = "Overflows tolerated before the dynamic scale is halved.",
+       .field = ZEROSHARD_CONFIG_FIELD(fp16.hysteresis),
+       .range = kAtLeastOne},
+      {.path = "fp16.consecutive_hysteresis",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "Refill the hysteresis on every step without overflow.",
+       .field = ZEROSHARD_CONFIG_FIELD(fp16.consecutive_hysteresis)},
+      {.path = "fp16.min_loss_scale",
+       .kind = K::kNumber,
+       .default_json = "1",
+       .meaning = "Floor of the dynamic scale; an overflow at the floor is an error.",
+       .field = ZEROSHARD_CONFIG_FIELD(fp16.min_loss_scale),
+       .range = kPositive},
+      {.path = "fp16.fp16_master_weights_and_grads",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "Keep master weights and gradients in fp16 (DeepSpeed: stage 2 only).",
+       .status = S::kRefused,
+       .field = ZEROSHARD_CONFIG_FIELD(fp16.fp16_master_weights_and_grads)},
+      {.path = "bf16",
+       .kind = K::kSection,
+       .default_json = "{}",
+       .meaning = "bf16 training (no loss scaling)."},
+      {.path = "bf16.enabled",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "Train with bf16 parameters and gradients and fp32 master weights.",
+       .field = ZEROSHARD_CONFIG_FIELD(bf16.enabled)},
+      {.path = "bf16.immediate_grad_update",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "Accumulate each gradient into the fp32 buffer as soon as it is ready.",
+       .status = S::kRefused,
+       .field = ZEROSHARD_CONFIG_FIELD(bf16.immediate_grad_update)},
+      {.path = "bf16.check_grad_overflow",
+       .kind = K::kBool,
+       .default_json = "true",
+       .meaning = "Check bf16 gradients for inf/nan and skip the step when found.",
+       .field = ZEROSHARD_CONFIG_FIELD(bf16.check_grad_overflow)},
+      {.path = "bf16.bf16_master_weights_and_grads",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "Keep master weights and gradients in bf16.",
+       .status = S::kRefused},
+      {.path = "bf16.bf16_optimizer_states",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "Keep optimizer states in bf16 (needs bf16_master_weights_and_grads).",
+       .status = S::kRefused},
+      {.path = "bfloat16",
+       .kind = K::kSection,
+       .default_json = "",
+       .meaning = "Legacy name of bf16.",
+       .status = S::kDeprecatedAlias,
+       .alias_of = "bf16"},
+
+      // --- ZeRO -----------------------------------------------------------------------------
+      {.path = "zero_optimization",
+       .kind = K::kSection,
+       .default_json = "{}",
+       .meaning = "ZeRO sharding. Sizes are in elements."},
+      {.path = "zero_optimization.stage",
+       .kind = K::kInteger,
+       .default_json = "0",
+       .meaning = "0 = off; 1 = shard optimizer states; 2 = also gradients; 3 = also "
+                  "parameters.",
+       .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.stage),
+       .range = kStageRange},
+      {.path = "zero_optimization.contiguous_gradients",
+       .kind = K::kBool,
+       .default_json = "true",
+       .meaning = "Copy gradients into one contiguous buffer as they are produced (less "
+                  "fragmentation, higher peak).",
+       .status = S::kRefused,
+       .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.contiguous_gradients)},
+      {.path = "zero_optimization.reduce_scatter",
+       .kind = K::kBool,
+       .default_json = "true",
+       .meaning = "Average gradients with reduce-scatter rather than all-reduce.",
+       .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.reduce_scatter)},
+      {.path = "zero_optimization.reduce_bucket_size",
+       .kind = K::kInteger,
+       .default_json = "500000000",
+       .meaning = "Gradient elements reduced at a time.",
+       .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.reduce_bucket_size),
+       .range = kPositive},
+      {.path = "zero_optimization.use_multi_rank_bucket_allreduce",
+       .kind = K::kBool,
+       .default_json = "true",
+       .meaning = "Merge the reduce buckets of several ranks into one all-reduce.",
+       .status = S::kRefused},
+      {.path = "zero_optimization.allgather_partitions",
+       .kind = K::kBool,
+       .default_json = "true",
+       .meaning = "All-gather updated parameters at step end rather than broadcasting them "
+                  "rank by rank.",
+       .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.allgather_partitions)},
+      {.path = "zero_optimization.allgather_bucket_size",
+       .kind = K::kInteger,
+       .default_json = "500000000",
+       .meaning = "Parameter elements all-gathered at a time.",
+       .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.allgather_bucket_size),
+       .range = kPositive},
+      {.path = "zero_optimization.overlap_comm",
+       .kind = K::kBool,
+       .default_json = "null",
+       .meaning = "Overlap gradient reduction with the backward pass; null = true at stage 3, "
+                  "false otherwise.",
+       .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.overlap_comm)},
+      {.path = "zero_optimization.load_from_fp32_weights",
+       .kind = K::kBool,
+       .default_json = "true",
+       .meaning = "Initialise fp32 master weights from the checkpoint's fp32 copy, not from "
+                  "the 16-bit weights.",
+       .status = S::kNotYet,
+       .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.load_from_fp32_weights)},
+      {.path = "zero_optimization.elastic_checkpoint",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "Legacy elastic checkpoints.",
+       .status = S::kRefused},
+      {.path = "zero_optimization.sub_group_size",
+       .kind = K::kInteger,
+       .default_json = "1000000000",
+       .meaning = "Elements per tile of the optimizer step (bounds the temporary memory of "
+                  "offloaded steps).",
+       .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.sub_group_size),
+       .range = kPositive},
+      {.path = "zero_optimization.stage3_prefetch_bucket_size",
+       .kind = K::kInteger,
+       .default_json = "50000000",
+       .meaning = "Stage 3: parameter elements fetched ahead of use; 0 = no prefetch.",
+       .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.prefetch_bucket_size),
+       .range = kNonNegative},
+      {.path = "zero_optimization.stage3_param_persistence_threshold",
+       .kind = K::kInteger,
+       .default_json = "100000",
+       .meaning = "Stage 3: parameters with fewer elements stay unpartitioned.",
+       .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.param_persistence_threshold),
+       .range = kNonNegative},
+      {.path = "zero_optimization.stage3_model_persistence_threshold",
+       .kind = K::kInteger,
+       .default_json = "9223372036854775807",
+       .meaning = "Stage 3: cap on the total elements of unpartitioned parameters.",
+       .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.model_persistence_threshold),
+       .range = kNonNegative},
+      {.path = "zero_optimization.stage3_max_live_parameters",
+       .kind = K::kInteger,
+       .default_json = "1000000000",
+       .meaning = "Stage 3: gathered parameter elements held per rank before release.",
+       .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.max_live_parameters),
+       .range = kNonNegative},
+      {.path = "zero_optimization.stage3_max_reuse_distance",
+       .kind = K::kInteger,
+       .default_json = "1000000000",
+       .meaning = "Stage 3: keep a parameter gathered if it is used again within this many "
+                  "elements.",
+       .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.max_reuse_distance),
+       .range = kNonNegative},
+      {.path = "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "Stage 3: gather the full 16-bit weights when saving the model.",
+       .status = S::kNotYet,
+       .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.gather_16bit_weights_on_model_save)},
+      {.path = "zero_optimization.prefetch_bucket_size",
+       .kind = K::kInteger,
+       .meaning = "DeepSpeed's field name for the stage3_ key.",
+       .status = S::kAlias,
+       .alias_of = "zero_optimization.stage3_prefetch_bucket_size"},
+      {.path = "zero_optimization.param_persistence_threshold",
+       .kind = K::kInteger,
+       .meaning = "DeepSpeed's field name for the stage3_ key.",
+       .status = S::kAlias,
+       .alias_of = "zero_optimization.stage3_param_persistence_threshold"},
+      {.path = "zero_optimization.model_persistence_threshold",
+       .kind = K::kInteger,
+       .meaning = "DeepSpeed's field name for the stage3_ key.",
+       .status = S::kAlias,
+       .alias_of = "zero_optimization.stage3_model_persistence_threshold"},
+      {.path = "zero_optimization.max_live_parameters",
+       .kind = K::kInteger,
+       .meaning = "DeepSpeed's field name for the stage3_ key.",
+       .status = S::kAlias,
+       .alias_of = "zero_optimization.stage3_max_live_parameters"},
+      {.path = "zero_optimization.max_reuse_distance",
+       .kind = K::kInteger,
+       .meaning = "DeepSpeed's field name for the stage3_ key.",
+       .status = S::kAlias,
+       .alias_of = "zero_optimization.stage3_max_reuse_distance"},
+      {.path = "zero_optimization.gather_16bit_weights_on_model_save",
+       .kind = K::kBool,
+       .meaning = "DeepSpeed's field name for the stage3_ key.",
+       .status = S::kAlias,
+       .alias_of = "zero_optimization.stage3_gather_16bit_weights_on_model_save"},
+      {.path = "zero_optimization.stage3_gather_fp16_weights_on_model_save",
+       .kind = K::kBool,
+       .meaning = "Old name of stage3_gather_16bit_weights_on_model_save.",
+       .status = S::kDeprecatedAlias,
+       .alias_of = "zero_optimization.stage3_gather_16bit_weights_on_model_save"},
+      {.path = "zero_optimization.stage3_module_granularity_threshold",
+       .kind = K::kInteger,
+       .default_json = "0",
+       .meaning = "Stage 3: fetch fine-grained modules as one unit.",
+       .status = S::kRefused},
+      {.path = "zero_optimization.stage3_use_all_reduce_for_fetch_params",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "Stage 3: fetch parameters with an all-reduce.",
+       .status = S::kRefused},
+      {.path = "zero_optimization.stage3_allgather_sequential",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "Stage 3: all-gather parameter by parameter, without bucket flattening.",
+       .status = S::kRefused},
+      {.path = "zero_optimization.ignore_unused_parameters",
+       .kind = K::kBool,
+       .default_json = "true",
+       .meaning = "Stage 2: a parameter that never gets a gradient is not an error.",
+       .status = S::kRefused,
+       .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.ignore_unused_parameters)},
+      {.path = "zero_optimization.legacy_stage1",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "DeepSpeed's old stage-1 implementation.",
+       .status = S::kRefused},
+      {.path = "zero_optimization.round_robin_gradients",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "Stages 1/2 with CPU offload: copy gradients to the CPU in parallel, rank "
+                  "by rank.",
+       .status = S::kNotYet,
+       .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.round_robin_gradients)},
+      {.path = "zero_optimization.zero_hpz_partition_size",
+       .kind = K::kInteger,
+       .default_json = "1",
+       .meaning = "ZeRO++ hpZ: size of the secondary parameter partition group; > 1 enables "
+                  "it.",
+       .status = S::kRefused,
+       .range = kAtLeastOne,
+       .is_active = enables_hpz},
+      {.path = "zero_optimization.zero_quantized_weights",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "ZeRO++ qwZ: quantised weight all-gather.",
+       .status = S::kRefused},
+      {.path = "zero_optimization.zero_quantized_nontrainable_weights",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "Store frozen weights quantised.",
+       .status = S::kRefused},
+      {.path = "zero_optimization.zero_quantized_gradients",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "ZeRO++ qgZ: quantised gradient reduction.",
+       .status = S::kRefused},
+      {.path = "zero_optimization.zeropp_loco_param",
+       .kind = K::kOpaqueSection,
+       .default_json = "null",
+       .meaning = "ZeRO++ LoCo error feedback.",
+       .status = S::kRefused},
+      {.path = "zero_optimization.mics_shard_size",
+       .kind = K::kInteger,
+       .default_json = "-1",
+       .meaning = "MiCS shard group size; > 0 enables MiCS.",
+       .status = S::kRefused,
+       .is_active = enables_mics},
+      {.path = "zero_optimization.mics_hierarchical_params_gather",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "MiCS hierarchical all-gather.",
+       .status = S::kRefused},
+      {.path = "zero_optimization.memory_efficient_linear",
+       .kind = K::kBool,
+       .default_json = "true",
+       .meaning = "Stage 3 memory-efficient torch linear layer.",
+       .status = S::kRefused},
+      {.path = "zero_optimization.pipeline_loading_checkpoint",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "Stage 3 checkpoint loading in pipeline mode.",
+       .status = S::kRefused},
+      {.path = "zero_optimization.override_module_apply",
+       .kind = K::kBool,
+       .default_json = "true",
+       .meaning = "Stage 3 override of torch.nn.Module.apply.",
+       .status = S::kRefused},
+      {.path = "zero_optimization.log_trace_cache_warnings",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "Log invalidations of the stage-3 trace cache.",
+       .status = S::kRefused},
+      {.path = "zero_optimization.cpu_offload",
+       .kind = K::kBool,
+       .meaning = "Old switch for optimizer offload to the CPU.",
+       .status = S::kDeprecatedAlias,
+       .alias_of = "zero_optimization.offload_optimizer.device",
+       .alias_value = "\"cpu\""},
+      {.path = "zero_optimization.cpu_offload_param",
+       .kind = K::kBool,
+       .meaning = "Old switch for parameter offload to the CPU.",
+       .status = S::kDeprecatedAlias,
+       .alias_of = "zero_optimization.offload_param.device",
+       .alias_value = "\"cpu\""},
+      {.path = "zero_optimization.cpu_offload_use_pin_memory",
+       .kind = K::kBool,
+       .meaning = "Old pinned-memory switch of both offloads.",
+       .status = S::kDeprecatedAlias,
+       .alias_of = "zero_optimization.offload_optimizer.pin_memory|"
+                   "zero_optimization.offload_param.pin_memory"},
+
+      // offload_optimizer (stages 1-3) and offload_param (stage 3).
+      {.path = "zero_optimization.offload_optimizer",
+       .kind = K::kSection,
+       .default_json = "null",
+       .meaning = "Offload of optimizer states (and the step's computation) to CPU or NVMe; "
+                  "stages 1-3."},
+      {.path = "zero_optimization.offload_optimizer.device",
+       .kind = K::kString,
+       .default_json = "\"none\"",
+       .meaning = "Where optimizer states live. NVMe is not implemented yet.",
+       .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.offload_optimizer.device),
+       .choices = "none|cpu|nvme"},
+      {.path = "zero_optimization.offload_optimizer.nvme_path",
+       .kind = K::kString,
+       .default_json = "null",
+       .meaning = "Directory of the swap files; required for nvme.",
+       .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.offload_optimizer.nvme_path)},
+      {.path = "zero_optimization.offload_optimizer.buffer_count",
+       .kind = K::kInteger,
+       .default_json = "4",
+       .meaning = "NVMe swap buffers; at least the arrays per element (Adam: 4).",
+       .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.offload_optimizer.buffer_count),
+       .range = kPositive},
+      {.path = "zero_optimization.offload_optimizer.pin_memory",
+       .kind = K::kBool,
+       .default_json = "true",
+       .meaning = "Page-locked host memory (faster copies). Newest DeepSpeed's default (false "
+                  "before #8207).",
+       .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.offload_optimizer.pin_memory)},
+      {.path = "zero_optimization.offload_optimizer.pipeline_read",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "NVMe: read the next tile while computing this one.",
+       .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.offload_optimizer.pipeline_read)},
+      {.path = "zero_optimization.offload_optimizer.pipeline_write",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "NVMe: write the previous tile while computing this one.",
+       .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.offload_optimizer.pipeline_write)},
+      {.path = "zero_optimization.offload_optimizer.fast_init",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "NVMe: fast optimizer initialisation.",
+       .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.offload_optimizer.fast_init)},
+      {.path = "zero_optimization.offload_optimizer.ratio",
+       .kind = K::kNumber,
+       .default_json = "1.0",
+       .meaning = "Fraction of optimizer states offloaded; below 1 needs stage 3.",
+       .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.offload_optimizer.ratio),
+       .range = kFraction},
+      {.path = "zero_optimization.offload_optimizer.super_offload",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "Superchip (Grace Hopper) offload.",
+       .status = S::kRefused},
+      {.path = "zero_optimization.offload_optimizer.cpuadam_cores_perc",
+       .kind = K::kNumber,
+       .default_json = "0.8",
+       .meaning = "Superchip offload: share of CPU cores for the CPU optimizer.",
+       .status = S::kRefused,
+       .range = kFraction},
+      {.path = "zero_optimization.offload_param",
+       .kind = K::kSection,
+       .default_json = "null",
+       .meaning = "Offload of parameters to CPU or NVMe; stage 3 only."},
+      {.path = "zero_optimization.offload_param.device",
+       .kind = K::kString,
+       .default_json = "\"none\"",
+       .meaning = "Where parameters live. NVMe is not implemented yet.",
+       .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.offload_param.device),
+       .choices = "none|cpu|nvme"},
+      {.path = "zero_optimization.offload_param.nvme_path",
+       .kind = K::kString,
+       .default_json = "null",
+       .meaning = "Directory of the swap files; required for nvme.",
+       .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.offload_param.nvme_path)},
+      {.path = "zero_optimization.offload_param.buffer_count",
+       .kind = K::kInteger,
+       .default_json = "5",
+       .meaning = "Buffers in the NVMe parameter swap pool.",
+       .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.offload_param.buffer_count),
+       .range = kPositive},
+      {.path = "zero_optimization.offload_param.buffer_size",
+       .kind = K::kInteger,
+       .default_json = "100000000",
+       .meaning = "Elements per swap buffer.",
+       .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.offload_param.buffer_size),
+       .range = kPositive},
+      {.path = "zero_optimization.offload_param.max_in_cpu",
+       .kind = K::kInteger,
+       .default_json = "1000000000",
+       .meaning = "Parameter elements kept in CPU memory when offloading to NVMe.",
+       .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.offload_param.max_in_cpu),
+       .range = kNonNegative},
+      {.path = "zero_optimization.offload_param.pin_memory",
+       .kind = K::kBool,
+       .default_json = "true",
+       .meaning = "Page-locked host memory. Newest DeepSpeed's default (false before #8207).",
+       .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.offload_param.pin_memory)},
+
+      // --- activation checkpointing -------------------------------------------------------------
+      {.path = "activation_checkpointing",
+       .kind = K::kSection,
+       .default_json = "{}",
+       .meaning = "Activation checkpointing. Only the defaults are accepted for now."},
+      {.path = "activation_checkpointing.partition_activations",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "Shard checkpointed activations across model-parallel ranks.",
+       .status = S::kNotYet,
+       .field = ZEROSHARD_CONFIG_FIELD(activation_checkpointing.partition_activations)},
+      {.path = "activation_checkpointing.contiguous_memory_optimization",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "Copy checkpoints into one preallocated buffer (needs number_checkpoints).",
+       .status = S::kNotYet,
+       .field = ZEROSHARD_CONFIG_FIELD(activation_checkpointing.contiguous_memory_optimization)},
+      {.path = "activation_checkpointing.cpu_checkpointing",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "Keep checkpoints in CPU memory (needs partition_activations).",
+       .status = S::kNotYet,
+       .field = ZEROSHARD_CONFIG_FIELD(activation_checkpointing.cpu_checkpointing)},
+      {.path = "activation_checkpointing.number_checkpoints",
+       .kind = K::kInteger,
+       .default_json = "null",
+       .meaning = "Number of checkpoints, to size the contiguous buffer.",
+       .status = S::kNotYet,
+       .field = ZEROSHARD_CONFIG_FIELD(activation_checkpointing.number_checkpoints),
+       .range = kPositive},
+      {.path = "activation_checkpointing.synchronize_checkpoint_boundary",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "Synchronise the device at each checkpoint boundary.",
+       .status = S::kNotYet,
+       .field = ZEROSHARD_CONFIG_FIELD(activation_checkpointing.synchronize_checkpoint_boundary)},
+      {.path = "activation_checkpointing.profile",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "Time the forward and backward of each checkpoint.",
+       .status = S::kNotYet,
+       .field = ZEROSHARD_CONFIG_FIELD(activation_checkpointing.profile)},
+
+      // --- asynchronous I/O for NVMe offload --------------------------------------------------
+      {.path = "aio",
+       .kind = K::kSection,
+       .default_json = "{}",
+       .meaning = "I/O settings of the NVMe swapper."},
+      {.path = "aio.block_size",
+       .kind = K::kInteger,
+       .default_json = "1048576",
+       .meaning = "Bytes per I/O request.",
+       .field = ZEROSHARD_CONFIG_FIELD(aio.block_size),
+       .range = kPositive},
+      {.path = "aio.queue_depth",
+       .kind = K::kInteger,
+       .default_json = "8",
+       .meaning = "Requests in flight per queue.",
+       .field = ZEROSHARD_CONFIG_FIELD(aio.queue_depth),
+       .range = kPositive},
+      {.path = "aio.intra_op_parallelism",
+       .kind = K::kInteger,
+       .default_json = "1",
+       .meaning = "I/O threads per operation (renamed from thread_count in #7056).",
+       .field = ZEROSHARD_CONFIG_FIELD(aio.intra_op_parallelism),
+       .range = kPositive},
+      {.path = "aio.thread_count",
+       .kind = K::kInteger,
+       .meaning = "Old name of intra_op_parallelism.",
+       .status = S::kDeprecatedAlias,
+       .alias_of = "aio.intra_op_parallelism"},
+      {.path = "aio.single_submit",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "Submit requests one at a time rather than in a batch.",
+       .field = ZEROSHARD_CONFIG_FIELD(aio.single_submit)},
+      {.path = "aio.overlap_events",
+       .kind = K::kBool,
+       .default_json = "true",
+       .meaning = "Overlap request submission with completion.",
+       .field = ZEROSHARD_CONFIG_FIELD(aio.overlap_events)},
+      {.path = "aio.use_gds",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "GPUDirect Storage (CUDA only).",
+       .field = ZEROSHARD_CONFIG_FIELD(aio.use_gds)},
+  };
+}
+
+#undef ZEROSHARD_CONFIG_FIELD
+
+std::vector<SchedulerSpec> make_scheduler_specs() {
+  using K = ValueKind;
+  const SchedulerParamSpec warmup_type{
+      .name = "warmup_type", .kind = K::kString, .choices = "log|linear"};
+  const SchedulerParamSpec last_batch_iteration{
+      .name = "last_batch_iteration", .kind = K::kInteger, .range = {.min = -1}};
+  const SchedulerParamSpec warmup_num_steps{
+      .name = "warmup_num_steps", .kind = K::kInteger, .range = kPositive};
+  const SchedulerParamSpec total_num_steps{
+      .name = "total_num_steps", .kind = K::kInteger, .required = true, .range = kPositive};
+  return {
+      {.type = "WarmupLR",
+       .params = {{.name = "warmup_min_lr", .kind = K::kNumber},
+                  {.name = "warmup_max_lr", .kind = K::kNumber},
+                  warmup_num_steps,
+                  warmup_type,
+                  last_batch_iteration}},
+      {.type = "WarmupDecayLR",
+       .params = {total_num_steps,
+                  {.name = "warmup_min_lr", .kind = K::kNumber},
+                  {.name = "warmup_max_lr", .kind = K::kNumber},
+                  warmup_num_steps,
+                  warmup_type,
+                  last_batch_iteration}},
+      {.type = "WarmupCosineLR",
+       .params = {total_num_steps,
+                  {.name = "warmup_min_ratio", .kind = K::kNumber},
+                  warmup_num_steps,
+                  {.name = "cos_min_ratio", .kind = K::kNumber},
+                  warmup_type,
+                  last_batch_iteration}},
+      {.type = "OneCycle",
+       .params = {{.name = "cycle_min_lr", .kind = K::kNumber, .required = true},
+                  {.name = "cycle_max_lr", .kind = K::kNumber, .required = true},
+                  {.name = "decay_lr_rate", .kind = K::kNumber},
+                  {.name = "cycle_first_step_size", .kind = K::kInteger, .range = kPositive},
+                  {.name = "cycle_second_step_size", .kind = K::kInteger, .range = kPositive},
+                  {.name = "cycle_first_stair_count", .kind = K::kInteger, .range = kNonNegative},
+                  {.name = "cycle_second_stair_count", .kind = K::kInteger, .range = kNonNegative},
+                  {.name = "decay_step_size", .kind = K::kInteger, .range = kNonNegative},
+                  {.name = "cycle_momentum", .kind = K::kBool},
+                  {.name = "cycle_min_mom", .kind = K::kNumber},
+                  {.name = "cycle_max_mom", .kind = K::kNumber},
+                  {.name = "decay_mom_rate", .kind = K::kNumber},
+                  last_batch_iteration}},
+      {.type = "LRRangeTest",
+       .params = {{.name = "lr_range_test_min_lr", .kind = K::kNumber},
+                  {.name = "lr_range_test_step_size", .kind = K::kInteger, .range = kPositive},
+                  {.name = "lr_range_test_step_rate", .kind = K::kNumber},
+                  {.name = "lr_range_test_staircase", .kind = K::kBool},
+                  last_batch_iteration}},
+  };
+}
+
+}  // namespace
+
+bool Range::contains(double value) const {
+  return (min_exclusive ? value > min : value >= min) && value <= max;
+}
+
+std::string Range::describe() const {
+  const bool has_min = min != -std::numeric_limits<double>::infinity();
+  const bool has_max = max != std::numeric_limits<double>::infinity();
+  if (has_min && has_max) return format_number(min) + ".." + format_number(max);
+  if (has_min) return (min_exclusive ? "> " : ">= ") + format_number(min);
+  if (has_max) return "<= " + format_number(max);
+  return "";
+}
+
+std::string KeySpec::name() const {
+  auto dot = path.rfind('.');
+  return dot == std::string::npos ? path : path.substr(dot + 1);
+}
+
+std::string KeySpec::parent() const {
+  auto dot = path.rfind('.');
+  return dot == std::string::npos ? std::string() : path.substr(0, dot);
+}
+
+const std::vector<KeySpec>& key_specs() {
+  static const std::vector<KeySpec> specs = make_key_specs();
+  return specs;
+}
+
+const KeySpec* find_key_spec(std::string_view path) {
+  for (const KeySpec& spec : key_specs()) {
+    if (spec.path == path) return &spec;
+  }
+  return nullptr;
+}
+
+std::vector<const KeySpec*> child_specs(std::string_view parent) {
+  std::vector<const KeySpec*> children;
+  for (const KeySpec& spec : key_specs()) {
+    if (spec.parent() == parent) children.push_back(&spec);
+  }
+  return children;
+}
+
+const std::vector<SchedulerSpec>& scheduler_specs() {
+  static const std::vector<SchedulerSpec> specs = make_scheduler_specs();
+  return specs;
+}
+
+const SchedulerSpec* find_scheduler_spec(std::string_view type) {
+  for (const SchedulerSpec& spec : scheduler_specs()) {
+    if (spec.type == type) return &spec;
+  }
+  return nullptr;
+}
+
+std::vector<std::string> split_choices(std::string_view choices) {
+  std::vector<std::string> result;
+  while (!choices.empty()) {
+    auto bar = choices.find('|');
+    result.emplace_back(choices.substr(0, bar));
+    choices = bar == std::string_view::npos ? std::string_view() : choices.substr(bar + 1);
+  }
+  return result;
+}
+
+std::string describe_expected(ValueKind kind, const Range& range, std::string_view choices) {
+  std::string text;
+  switch (kind) {
+    case ValueKind::kSection:
+    case ValueKind::kOpaqueSection:
+    case ValueKind::kSchedulerParams:
+      return "an object";
+    case ValueKind::kOptimizerParams:
+      return "an object of numbers, booleans and number arrays";
+    case ValueKind::kBool:
+      return "a boolean";
+    case ValueKind::kString:
+      if (choices.empty()) return "a string";
+      text = "one of ";
+      for (const std::string& choice : split_choices(choices)) {
+        text += (text.size() > 7 ? ", " : "") + choice;
+      }
+      return text;
+    case ValueKind::kInteger:
+      text = "an integer";
+      break;
+    case ValueKind::kNumber:
+      text = "a number";
+      break;
+  }
+  std::string bounds = range.describe();
+  return bounds.empty() ? text : text + " " + bounds;
+}
+
+nlohmann::json read_field(const FieldRef& field, Config& config) {
+  return std::visit(
+      [&config](auto accessor) -> nlohmann::json {
+        using Accessor = decltype(accessor);
+        if constexpr (std::is_same_v<Accessor, std::monostate>) {
+          return nullptr;
+        } else {
+          const auto& value = accessor(config);
+          using Value = std::decay_t<decltype(value)>;
+          if constexpr (std::is_same_v<Value, OffloadDevice>) {
+            return value == OffloadDevice::kCpu    ? "cpu"
+                   : value == OffloadDevice::kNvme ? "nvme"
+                                                   : "none";
+          } else if constexpr (std::is_same_v<Value, std::optional<std::int64_t>>) {
+            return value ? nlohmann::json(*value) : nlohmann::json(nullptr);
+          } else if constexpr (std::is_same_v<Value, std::string>) {
+            return value.empty() ? nlohmann::json(nullptr) : nlohmann::json(value);
+          } else {
+            return value;
+          }
+        }
+      },
+      field);
+}
+
+void write_field(const FieldRef& field, Config& config, const nlohmann::json& value) {
+  std::visit(
+      [&config, &value](auto accessor) {
+        using Accessor = decltype(accessor);
+        if constexpr (!std::is_same_v<Accessor, std::monostate>) {
+          auto& target = accessor(config);
+          using Value = std::decay_t<decltype(target)>;
+          if constexpr (std::is_same_v<Value, OffloadDevice>) {
+            const std::string name = value.get<std::string>();
+            target = name == "cpu"    ? OffloadDevice::kCpu
+                     : name == "nvme" ? OffloadDevice::kNvme
+                                      : OffloadDevice::kNone;
+          } else if constexpr (std::is_same_v<Value, std::optional<std::int64_t>> ||
+                               std::is_same_v<Value, std::int64_t> || std::is_same_v<Value, int>) {
+            // Integer kinds were range-checked against the field's type by the parser.
+            target = static_cast<Value>(*integer_value(value));
+          } else {
+            target = value.get<Value>();
+          }
+        }
+      },
+      field);
+}
+
+}  // namespace zeroshard::detail

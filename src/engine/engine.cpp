@@ -1,0 +1,577 @@
+// The engine's public surface: registration, the flat layout and the buffers each stage owns,
+// parameter handles, and the forwarding from Engine to its state.
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <sstream>
+#include <utility>
+
+#include "comm/host_staged_communicator.h"
+#include "engine/engine_state.h"
+#include "engine/shape.h"
+#include "precision/half_conversion.h"
+#include "util/check.h"
+
+namespace zeroshard {
+namespace detail {
+
+namespace {
+
+// Tensors start on 16-element boundaries: 64 bytes of fp32, one cache line and one AVX-512
+// vector, so every tensor's slice of a shard starts aligned.
+constexpr std::int64_t kTensorAlignment = 16;
+
+std::string default_module_name(const std::string& name) {
+  const auto dot = name.rfind('.');
+  return dot == std::string::npos ? name : name.substr(0, dot);
+}
+
+}  // namespace
+
+EngineState::EngineState(Config config, Device device, std::unique_ptr<Communicator> communicator,
+                         std::unique_ptr<UpdateRule> rule)
+    : config_(std::move(config)),
+      device_(device),
+      comm_(std::move(communicator)),
+      rule_(std::move(rule)) {
+  ZEROSHARD_CHECK_USAGE(comm_ != nullptr, "Engine needs a communicator");
+  ZEROSHARD_CHECK_USAGE(comm_->buffer_device() == device_.type,
+                        "Engine on "
+                            << device_.to_string() << " with the '" << comm_->backend()
+                            << "' communicator, which takes "
+                            << (comm_->buffer_device() == DeviceType::kCuda ? "GPU" : "host")
+                            << " buffers: build the communicator with "
+                               "Communicator::from_environment(device)");
+  // Ranks that share a GPU stage their collectives through pinned host memory: that is
+  // communication memory of this engine too.
+  if (auto* staged = dynamic_cast<HostStagedCommunicator*>(comm_.get())) {
+    staged->charge_staging_to(tracker_);
+  }
+  if (!rule_) rule_ = make_update_rule(config_);
+  backend_ = make_compute_backend(device_, *rule_, tracker_);
+  scheduler_ = make_lr_scheduler(config_.scheduler, rule_->default_lr(), rule_->beta1());
+  rank_ = comm_->rank();
+  world_ = comm_->size();
+  stage_ = config_.zero_optimization.stage;
+  if (config_.fp16.enabled) {
+    dtype_ = DType::kFloat16;
+    scaler_.emplace(config_.fp16);
+  }
+  if (config_.bf16.enabled) dtype_ = DType::kBFloat16;
+  dsize_ = size_of(dtype_);
+  resolve_gradient_dtypes();
+  ParamGroupOptions default_group;
+  default_group.name = "default";
+  groups_.push_back({default_group});
+}
+
+EngineState::~EngineState() {
+  for (Bucket& bucket : buckets_) bucket.request = Request();
+  for (ModuleInfo& module : modules_) module.pending = Request();
+  // The model's compute stream may already be destroyed; the buffers below must not be freed on
+  // it, nor may the communicator order anything after it.
+  backend_->detach_stream();
+  comm_->set_compute_stream(nullptr);
+}
+
+void EngineState::resolve_gradient_dtypes() {
+  const std::string model = to_string(dtype_);
+  // DeepSpeed's communication_data_type: 16-bit gradients are reduced in their own type unless
+  // fp32 is asked for, which rounds the sum once instead of once per partial sum.
+  const std::string& comm = config_.communication_data_type;
+  comm_dtype_ = comm == "fp32" ? DType::kFloat32 : dtype_;
+  if (!comm.empty() && comm != "fp32" && comm != model) {
+    throw ConfigError("communication_data_type",
+                      "got " + comm + " with " + model +
+                          " parameters; zeroshard reduces gradients in the parameters' type (" +
+                          model + ", the default) or in fp32");
+  }
+  const std::string& accum = config_.grad_accum_dtype;
+  if (accum.empty() || accum == model) {
+    grad_shard_dtype_ = dtype_;
+    return;
+  }
+  if (accum != "fp32") {
+    throw ConfigError("data_types.grad_accum_dtype", "got " + accum + " with " + model +
+                                                         " parameters; expected " + model +
+                                                         " (the default) or fp32");
+  }
+  // At stages 0-1 the model's backward accumulates into the engine's whole gradient buffer,
+  // which is in the parameters' type; only the stage 2-3 gradient shard can be kept in fp32.
+  if (stage_ <= 1) {
+    throw ConfigError("data_types.grad_accum_dtype",
+                      "got fp32 with " + model + " parameters at zero_optimization.stage " +
+                          std::to_string(stage_) + "; at stages 0-1 gradients accumulate in " +
+                          model +
+                          " buffers the model writes. Use stage 2 or 3 for an fp32 gradient "
+                          "shard, or leave the key unset");
+  }
+  grad_shard_dtype_ = DType::kFloat32;
+}
+
+void EngineState::finalize() {
+  if (finalized_) return;
+  if (backend_->memory().location() != MemoryLocation::kHost) {
+    reduction_scalars_ = allocate(MemoryCategory::kCommunication, 2 * sizeof(float));
+  }
+  check_ranks_agree();
+  std::vector<std::int64_t> numels;
+  std::int64_t totals[2] = {};  // frozen, trainable; each with its worst-case alignment padding
+  for (const ParamInfo& p : params_) {
+    std::int64_t& total = totals[p.trainable ? 1 : 0];
+    total += p.numel + kTensorAlignment;
+    ZEROSHARD_CHECK_USAGE(total <= kMaxElements,
+                          "parameter '" << p.name << "' brings the "
+                                        << (p.trainable ? "trainable" : "frozen")
+                                        << " parameters past 2^56 elements, more than zeroshard "
+                                           "can address");
+  }
+  for (ParamInfo& p : params_) {
+    if (!p.trainable) continue;
+    p.tensor = static_cast<int>(numels.size());
+    numels.push_back(p.numel);
+    tensor_param_.push_back(static_cast<int>(&p - params_.data()));
+  }
+  layout_ = ShardLayout(numels, world_, kTensorAlignment);
+  const std::int64_t padded = layout_.padded_total();
+  const std::int64_t shard = layout_.shard_size();
+
+  // Stage 3 keeps small parameters whole (stage3_param_persistence_threshold), up to
+  // stage3_model_persistence_threshold elements in all, as DeepSpeed does.
+  if (stage_ == 3) {
+    std::int64_t persistent_total = 0;
+    for (ParamInfo& p : params_) {
+      if (!p.trainable) continue;
+      const auto& z = config_.zero_optimization;
+      if (p.numel < z.param_persistence_threshold &&
+          persistent_total + p.numel <= z.model_persistence_threshold) {
+        p.persistent = true;
+        persistent_total += p.numel;
+      }
+    }
+  }
+  for (ModuleInfo& m : modules_) {
+    bool any_trainable = false;
+    for (int index : m.params) {
+      const ParamInfo& p = params_[index];
+      if (!p.trainable) continue;
+      const std::int64_t lo = layout_.offset(p.tensor);
+      const std::int64_t hi = lo + p.numel;
+      m.flat_begin = any_trainable ? std::min(m.flat_begin, lo) : lo;
+      m.flat_end = any_trainable ? std::max(m.flat_end, hi) : hi;
+      any_trainable = true;
+      if (stage_ == 3 && !p.persistent) m.sharded = true;
+    }
+  }
+
+  const bool separate_master = dtype_ != DType::kFloat32;
+  const std::int64_t owned = stage_ == 0 ? padded : shard;
+  if (stage_ == 3) {
+    param_shard_ = allocate(MemoryCategory::kParameters, shard * dsize_);
+    for (ParamInfo& p : params_) {
+      if (p.persistent) p.persistent_copy = allocate(MemoryCategory::kParameters, p.numel * dsize_);
+    }
+  } else {
+    params_full_ = allocate(MemoryCategory::kParameters, padded * dsize_);
+  }
+  if (separate_master) master_ = allocate(MemoryCategory::kMasterWeights, owned * sizeof(float));
+  if (stage_ <= 1) {
+    grads_full_ = allocate(MemoryCategory::kGradients, padded * dsize_);
+  } else {
+    grad_shard_ = allocate(MemoryCategory::kGradients, shard * size_of(grad_shard_dtype_));
+  }
+  for (int s = 0; s < rule_->state_count(); ++s) {
+    states_.push_back(allocate(MemoryCategory::kOptimizerStates, owned * sizeof(float)));
+  }
+  std::int64_t frozen_total = 0;
+  for (ParamInfo& p : params_) {
+    if (p.trainable) continue;
+    p.frozen_offset = frozen_total;
+    frozen_total += p.numel;
+  }
+  frozen_ = allocate(MemoryCategory::kParameters, frozen_total * dsize_);
+  if (separate_master) {
+    // 16-bit gradients are widened to fp32 one chunk at a time, never for the whole shard. The
+    // chunk is a bounded working buffer, not a copy of the gradients, so it is counted with the
+    // other bounded buffers under communication: the model-state categories then hold exactly
+    // the ZeRO paper's bytes.
+    const std::int64_t chunk =
+        std::max<std::int64_t>(2, std::min(config_.zero_optimization.sub_group_size,
+                                           backend_->working_chunk_elements(owned)));
+    scratch_ = allocate(MemoryCategory::kCommunication, chunk * sizeof(float));
+  }
+  plan_buckets();
+  finalized_ = true;
+}
+
+std::int64_t EngineState::update_begin() const {
+  return stage_ == 0 ? 0 : layout_.shard_begin(rank_);
+}
+std::int64_t EngineState::update_end() const {
+  return stage_ == 0 ? layout_.padded_total() : layout_.shard_end(rank_);
+}
+
+float* EngineState::master_at(std::int64_t flat) {
+  if (dtype_ != DType::kFloat32) return master_.as<float>() + (flat - update_begin());
+  return static_cast<float*>(model_param_at(flat));
+}
+
+float* EngineState::state_at(int state, std::int64_t flat) {
+  return states_[state].as<float>() + (flat - update_begin());
+}
+
+void* EngineState::model_param_at(std::int64_t flat) {
+  if (stage_ == 3) {
+    return param_shard_.as<char>() + (flat - layout_.shard_begin(rank_)) * dsize_;
+  }
+  return params_full_.as<char>() + flat * dsize_;
+}
+
+void* EngineState::param_data(int index) {
+  require_finalized();
+  ParamInfo& p = params_[index];
+  if (!p.trainable) return frozen_.as<char>() + p.frozen_offset * dsize_;
+  if (stage_ != 3) return params_full_.as<char>() + layout_.offset(p.tensor) * dsize_;
+  if (p.persistent) return p.persistent_copy.data();
+  ModuleInfo& m = modules_[p.module];
+  ZEROSHARD_CHECK_USAGE(m.users > 0 && m.residency == ModuleResidency::kAvailable,
+                        "parameter '" << p.name << "' of module '" << m.name
+                                      << "' is not gathered: at ZeRO stage 3 call "
+                                         "engine.gather(module) (or hold a GatheredModule) "
+                                         "before reading or writing it");
+  return m.gathered.as<char>() + (layout_.offset(p.tensor) - m.flat_begin) * dsize_;
+}
+
+void* EngineState::param_grad(int index) {
+  require_finalized();
+  ParamInfo& p = params_[index];
+  ZEROSHARD_CHECK_USAGE(p.trainable, "parameter '" << p.name
+                                                   << "' is frozen (trainable = false) and has "
+                                                      "no gradient buffer");
+  ZEROSHARD_CHECK_USAGE(!p.grad_ready, "the gradient of '"
+                                           << p.name
+                                           << "' was already handed over with grad_ready() in "
+                                              "this micro-step; write it before calling it");
+  if (stage_ <= 1) return grads_full_.as<char>() + layout_.offset(p.tensor) * dsize_;
+  return bucket_grad_pointer(index);
+}
+
+void EngineState::copy_param_from(int index, const float* values) {
+  require_finalized();
+  ParamInfo& p = params_[index];
+  if (!p.trainable) {
+    store_host_values(values, frozen_.as<char>() + p.frozen_offset * dsize_, p.numel);
+    return;
+  }
+  const std::int64_t lo = layout_.offset(p.tensor);
+  const std::int64_t hi = lo + p.numel;
+  if (stage_ != 3) {
+    store_host_values(values, params_full_.as<char>() + lo * dsize_, p.numel);
+  } else {
+    const std::int64_t a = std::max(lo, layout_.shard_begin(rank_));
+    const std::int64_t b = std::min(hi, layout_.shard_end(rank_));
+    if (b > a) store_host_values(values + (a - lo), model_param_at(a), b - a);
+    if (p.persistent) store_host_values(values, p.persistent_copy.data(), p.numel);
+    ModuleInfo& m = modules_[p.module];
+    if (m.residency == ModuleResidency::kAvailable) {
+      store_host_values(values, m.gathered.as<char>() + (lo - m.flat_begin) * dsize_, p.numel);
+    }
+  }
+  if (dtype_ != DType::kFloat32) {
+    const std::int64_t a = std::max(lo, update_begin());
+    const std::int64_t b = std::min(hi, update_end());
+    if (b > a) backend_->copy_from_host(master_at(a), values + (a - lo), (b - a) * sizeof(float));
+  }
+}
+
+void EngineState::store_host_values(const float* values, void* destination, std::int64_t count) {
+  if (dtype_ == DType::kFloat32) {
+    backend_->copy_from_host(destination, values, count * sizeof(float));
+    return;
+  }
+  std::vector<char> rounded(count * dsize_);
+  convert_from_float(values, rounded.data(), dtype_, count);
+  backend_->copy_from_host(destination, rounded.data(), rounded.size());
+}
+
+TrackedBuffer EngineState::allocate(MemoryCategory category, std::size_t bytes) {
+  return TrackedBuffer(tracker_, category, bytes, backend_->memory());
+}
+
+void EngineState::all_reduce_host(float* values, int count, ReduceOp op) {
+  if (reduction_scalars_.empty()) {
+    comm_->all_reduce(values, count, DType::kFloat32, op);
+    return;
+  }
+  float* buffer = reduction_scalars_.as<float>();
+  backend_->copy_from_host(buffer, values, count * sizeof(float));
+  comm_->all_reduce(buffer, count, DType::kFloat32, op);
+  backend_->copy_to_host(values, buffer, count * sizeof(float));
+}
+
+std::vector<float> EngineState::consolidated_parameters() {
+  require_finalized();
+  const std::int64_t padded = layout_.padded_total();
+  // Gathered in engine memory, where the communicator expects its buffers, then read back.
+  TrackedBuffer gathered = allocate(MemoryCategory::kCommunication, padded * sizeof(float));
+  const std::int64_t lo = update_begin();
+  backend_->copy(gathered.as<float>() + lo, master_at(lo), (update_end() - lo) * sizeof(float));
+  if (stage_ != 0) {
+    comm_->all_gather(gathered.data(), layout_.rank_counts(0, padded), DType::kFloat32);
+  }
+  std::vector<float> flat(padded);
+  backend_->copy_to_host(flat.data(), gathered.data(), padded * sizeof(float));
+  std::vector<float> values;
+  values.reserve(layout_.unpadded_total());
+  for (int t = 0; t < layout_.tensor_count(); ++t) {
+    values.insert(values.end(), flat.begin() + layout_.offset(t),
+                  flat.begin() + layout_.offset(t) + layout_.numel(t));
+  }
+  return values;
+}
+
+ScheduledValues EngineState::scheduled() const {
+  if (lr_override_ >= 0.0) return {lr_override_, std::nullopt};
+  // DeepSpeed steps its scheduler after each applied update, so update k (0-based) runs with
+  // last_batch_iteration k - 1.
+  if (scheduler_) return scheduler_->at(global_step_ - 1);
+  return {rule_->default_lr(), std::nullopt};
+}
+
+}  // namespace detail
+
+// --- Parameter -----------------------------------------------------------------------------------
+
+namespace {
+detail::ParamInfo& info(detail::EngineState* state, int index) {
+  ZEROSHARD_CHECK_USAGE(state != nullptr, "use of an empty Parameter handle");
+  return state->params_[index];
+}
+}  // namespace
+
+const std::string& Parameter::name() const { return info(state_, index_).name; }
+const std::vector<std::int64_t>& Parameter::shape() const { return info(state_, index_).shape; }
+std::int64_t Parameter::numel() const { return info(state_, index_).numel; }
+bool Parameter::trainable() const { return info(state_, index_).trainable; }
+DType Parameter::dtype() const {
+  info(state_, index_);
+  return state_->dtype_;
+}
+ModuleId Parameter::module() const { return info(state_, index_).module; }
+
+float* Parameter::data() const {
+  ZEROSHARD_CHECK_USAGE(dtype() == DType::kFloat32,
+                        "Parameter::data() of '" << name() << "' needs fp32, but the model is "
+                                                 << to_string(dtype()) << "; use raw_data()");
+  return static_cast<float*>(raw_data());
+}
+void* Parameter::raw_data() const {
+  info(state_, index_);
+  return state_->param_data(index_);
+}
+float* Parameter::grad() const {
+  ZEROSHARD_CHECK_USAGE(dtype() == DType::kFloat32,
+                        "Parameter::grad() of '" << name() << "' needs fp32, but the model is "
+                                                 << to_string(dtype()) << "; use raw_grad()");
+  return static_cast<float*>(raw_grad());
+}
+void* Parameter::raw_grad() const {
+  info(state_, index_);
+  return state_->param_grad(index_);
+}
+void Parameter::copy_from(std::span<const float> values) const {
+  ZEROSHARD_CHECK_USAGE(static_cast<std::int64_t>(values.size()) == numel(),
+                        "Parameter::copy_from('" << name() << "'): got " << values.size()
+                                                 << " values, the parameter has " << numel());
+  state_->copy_param_from(index_, values.data());
+}
+
+// --- ActivationBuffer ----------------------------------------------------------------------------
+
+ActivationBuffer::ActivationBuffer() = default;
+ActivationBuffer::ActivationBuffer(ActivationBuffer&&) noexcept = default;
+ActivationBuffer& ActivationBuffer::operator=(ActivationBuffer&&) noexcept = default;
+ActivationBuffer::~ActivationBuffer() = default;
+float* ActivationBuffer::data() const noexcept { return buffer_ ? buffer_->as<float>() : nullptr; }
+std::size_t ActivationBuffer::bytes() const noexcept { return buffer_ ? buffer_->bytes() : 0; }
+
+// --- Engine --------------------------------------------------------------------------------------
+
+Engine::Engine(Config config, std::unique_ptr<Communicator> communicator,
+               std::unique_ptr<UpdateRule> rule)
+    : Engine(std::move(config), Device::cpu(), std::move(communicator), std::move(rule)) {}
+Engine::Engine(Config config, Device device, std::unique_ptr<Communicator> communicator,
+               std::unique_ptr<UpdateRule> rule)
+    : state_(std::make_unique<detail::EngineState>(std::move(config), device,
+                                                   std::move(communicator), std::move(rule))) {}
+Engine::Engine(Engine&&) noexcept = default;
+Engine& Engine::operator=(Engine&&) noexcept = default;
+Engine::~Engine() = default;
+
+int Engine::add_param_group(const ParamGroupOptions& options) {
+  ZEROSHARD_CHECK_USAGE(!state_->finalized_, "add_param_group('" << options.name
+                                                                 << "') after the engine was "
+                                                                    "finalized");
+  if (options.lr) {
+    ZEROSHARD_CHECK_USAGE(
+        std::isfinite(*options.lr) && *options.lr >= 0.0,
+        "Invalid learning rate: " << *options.lr << " (expected a finite value >= 0)");
+  }
+  if (options.weight_decay) {
+    ZEROSHARD_CHECK_USAGE(std::isfinite(*options.weight_decay) && *options.weight_decay >= 0.0,
+                          "Invalid weight_decay value: " << *options.weight_decay
+                                                         << " (expected a finite value >= 0)");
+  }
+  state_->groups_.push_back({options});
+  return static_cast<int>(state_->groups_.size()) - 1;
+}
+
+Parameter Engine::register_parameter(const std::string& name, std::vector<std::int64_t> shape,
+                                     const ParamOptions& options) {
+  auto& s = *state_;
+  ZEROSHARD_CHECK_USAGE(!s.finalized_, "register_parameter('"
+                                           << name
+                                           << "') after the engine was finalized (the first "
+                                              "data(), grad(), gather() or step() finalizes it): "
+                                              "register every parameter first");
+  ZEROSHARD_CHECK_USAGE(!name.empty(), "a parameter needs a name");
+  for (const auto& p : s.params_) {
+    ZEROSHARD_CHECK_USAGE(p.name != name, "parameter '" << name << "' is registered twice");
+  }
+  ZEROSHARD_CHECK_USAGE(options.group >= 0 && options.group < static_cast<int>(s.groups_.size()),
+                        "parameter '" << name << "': group " << options.group
+                                      << " does not exist (add_param_group first)");
+  for (std::int64_t d : shape) {
+    ZEROSHARD_CHECK_USAGE(d >= 0, "parameter '" << name << "': negative dimension " << d);
+  }
+  const std::optional<std::int64_t> numel = detail::element_product(shape);
+  ZEROSHARD_CHECK_USAGE(numel.has_value(),
+                        "parameter '" << name << "': shape " << detail::format_shape(shape)
+                                      << " has more than 2^56 elements, more than zeroshard can "
+                                         "address (did a dimension overflow?)");
+  const std::string module_name =
+      options.module.empty() ? detail::default_module_name(name) : options.module;
+  ModuleId module = -1;
+  for (std::size_t m = 0; m < s.modules_.size(); ++m) {
+    if (s.modules_[m].name == module_name) module = static_cast<ModuleId>(m);
+  }
+  if (module < 0) {
+    detail::ModuleInfo info;
+    info.name = module_name;
+    s.modules_.push_back(std::move(info));
+    module = static_cast<ModuleId>(s.modules_.size()) - 1;
+  } else {
+    // Stage 3 gathers a module as one contiguous range of the flat buffer.
+    ZEROSHARD_CHECK_USAGE(s.params_.back().module == module,
+                          "parameter '" << name << "' joins module '" << module_name
+                                        << "' after parameters of another module: register a "
+                                           "module's parameters one after another");
+  }
+  detail::ParamInfo p;
+  p.name = name;
+  p.shape = std::move(shape);
+  p.numel = *numel;
+  p.trainable = options.trainable;
+  p.group = options.group;
+  p.module = module;
+  s.params_.push_back(std::move(p));
+  const int index = static_cast<int>(s.params_.size()) - 1;
+  s.modules_[module].params.push_back(index);
+  return Parameter(state_.get(), index);
+}
+
+void Engine::finalize() { state_->finalize(); }
+
+std::vector<Parameter> Engine::parameters() const {
+  std::vector<Parameter> result;
+  for (std::size_t i = 0; i < state_->params_.size(); ++i) {
+    result.push_back(Parameter(state_.get(), static_cast<int>(i)));
+  }
+  return result;
+}
+
+Parameter Engine::parameter(std::string_view name) const {
+  for (std::size_t i = 0; i < state_->params_.size(); ++i) {
+    if (state_->params_[i].name == name) return Parameter(state_.get(), static_cast<int>(i));
+  }
+  throw UsageError("no parameter named '" + std::string(name) + "' is registered");
+}
+
+ModuleId Engine::module(std::string_view name) const {
+  std::ostringstream known;
+  for (std::size_t m = 0; m < state_->modules_.size(); ++m) {
+    if (state_->modules_[m].name == name) return static_cast<ModuleId>(m);
+    known << (m ? ", " : "") << "'" << state_->modules_[m].name << "'";
+  }
+  throw UsageError("no module named '" + std::string(name) + "'; known modules: " + known.str());
+}
+
+void Engine::gather(ModuleId module) { state_->gather(module); }
+void Engine::release(ModuleId module) { state_->release(module); }
+
+void Engine::grad_ready(Parameter parameter) {
+  ZEROSHARD_CHECK_USAGE(parameter.state_ == state_.get(),
+                        "grad_ready() with a parameter of another engine");
+  state_->mark_grad_ready(parameter.index_);
+}
+
+StepResult Engine::step() { return state_->step(); }
+void Engine::zero_grad() { state_->zero_grad(); }
+bool Engine::is_gradient_accumulation_boundary() const {
+  return state_->micro_step_ + 1 >= state_->config_.gradient_accumulation_steps;
+}
+std::int64_t Engine::global_step() const { return state_->global_step_; }
+double Engine::lr() const { return state_->current_lr(); }
+void Engine::set_lr(double lr) {
+  ZEROSHARD_CHECK_USAGE(std::isfinite(lr) && lr >= 0.0,
+                        "Invalid learning rate: " << lr << " (expected a finite value >= 0)");
+  state_->lr_override_ = lr;
+}
+double Engine::loss_scale() const { return state_->loss_scale(); }
+double Engine::global_grad_norm() const { return state_->last_grad_norm_; }
+const Config& Engine::config() const { return state_->config_; }
+Device Engine::device() const { return state_->device_; }
+void Engine::set_compute_stream(void* stream) {
+  state_->backend_->set_stream(stream);
+  state_->comm_->set_compute_stream(stream);
+}
+void* Engine::compute_stream() const { return state_->backend_->stream(); }
+Communicator& Engine::communicator() { return *state_->comm_; }
+const UpdateRule& Engine::update_rule() const { return *state_->rule_; }
+int Engine::rank() const { return state_->rank_; }
+int Engine::world_size() const { return state_->world_; }
+int Engine::stage() const { return state_->stage_; }
+DType Engine::model_dtype() const { return state_->dtype_; }
+std::int64_t Engine::trainable_numel() const {
+  state_->require_finalized();
+  return state_->layout_.unpadded_total();
+}
+std::int64_t Engine::padded_numel() const {
+  state_->require_finalized();
+  return state_->layout_.padded_total();
+}
+std::int64_t Engine::shard_begin() const {
+  state_->require_finalized();
+  return state_->layout_.shard_begin(state_->rank_);
+}
+std::int64_t Engine::shard_end() const {
+  state_->require_finalized();
+  return state_->layout_.shard_end(state_->rank_);
+}
+
+ActivationBuffer Engine::allocate_activations(std::size_t bytes) {
+  ActivationBuffer buffer;
+  buffer.buffer_ = std::make_unique<detail::TrackedBuffer>(
+      state_->allocate(MemoryCategory::kActivations, bytes));
+  return buffer;
+}
+
+MemoryReport Engine::memory_report() const {
+  return state_->tracker_.report(state_->rank_, state_->world_);
+}
+
+MemoryLocation Engine::memory_location() const { return state_->backend_->memory().location(); }
+
+std::vector<float> Engine::consolidated_parameters() { return state_->consolidated_parameters(); }
+
+}  // namespace zeroshard

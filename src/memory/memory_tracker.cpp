@@ -1,0 +1,133 @@
+// The accounting allocator behind every engine buffer.
+#include "memory/memory_tracker.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <new>
+#include <sstream>
+#include <string>
+#include <utility>
+
+#include "util/check.h"
+#include "zeroshard/error.h"
+
+namespace zeroshard::detail {
+
+void MemoryTracker::add(MemoryLocation location, MemoryCategory category, std::int64_t bytes) {
+  std::lock_guard lock(mutex_);
+  const int l = static_cast<int>(location);
+  MemoryUsage& usage = usage_[l][static_cast<int>(category)];
+  usage.current += bytes;
+  if (usage.current > usage.peak) usage.peak = usage.current;
+  total_current_[l] += bytes;
+  if (total_current_[l] > total_peak_[l]) total_peak_[l] = total_current_[l];
+}
+
+void MemoryTracker::remove(MemoryLocation location, MemoryCategory category, std::int64_t bytes) {
+  std::lock_guard lock(mutex_);
+  const int l = static_cast<int>(location);
+  usage_[l][static_cast<int>(category)].current -= bytes;
+  total_current_[l] -= bytes;
+}
+
+std::int64_t MemoryTracker::current(MemoryCategory category, MemoryLocation location) const {
+  std::lock_guard lock(mutex_);
+  return usage_[static_cast<int>(location)][static_cast<int>(category)].current;
+}
+
+MemoryReport MemoryTracker::report(int rank, int world_size) const {
+  MemoryReport report;
+  {
+    std::lock_guard lock(mutex_);
+    report.usage = usage_;
+    report.total_peak = total_peak_;
+  }
+  report.rank = rank;
+  report.world_size = world_size;
+  report.process_peak_rss = process_peak_rss_bytes();
+  return report;
+}
+
+namespace {
+
+class HostMemory final : public MemoryResource {
+ public:
+  MemoryLocation location() const noexcept override { return MemoryLocation::kHost; }
+  void* allocate(std::size_t bytes, MemoryCategory category) override {
+    const std::size_t rounded =
+        (bytes + kBufferAlignment - 1) / kBufferAlignment * kBufferAlignment;
+    void* data = std::aligned_alloc(kBufferAlignment, rounded);
+    if (data == nullptr) {
+      std::ostringstream os;
+      os << "cannot allocate " << bytes << " bytes of host memory for " << to_string(category)
+         << " [" << where(__FILE__, __LINE__)
+         << "]; lower the ZeRO stage's resident bytes (higher stage, smaller buckets) or offload";
+      throw OutOfMemoryError(os.str());
+    }
+    std::memset(data, 0, rounded);
+    return data;
+  }
+  void deallocate(void* data) noexcept override { std::free(data); }
+};
+
+}  // namespace
+
+MemoryResource& host_memory() noexcept {
+  static HostMemory memory;
+  return memory;
+}
+
+TrackedBuffer::TrackedBuffer(MemoryTracker& tracker, MemoryCategory category, std::size_t bytes,
+                             MemoryResource& resource)
+    : tracker_(&tracker), resource_(&resource), category_(category), bytes_(bytes) {
+  if (bytes == 0) return;
+  data_ = resource.allocate(bytes, category);
+  tracker_->add(resource.location(), category_, static_cast<std::int64_t>(bytes_));
+}
+
+TrackedBuffer::TrackedBuffer(TrackedBuffer&& other) noexcept
+    : tracker_(other.tracker_),
+      resource_(other.resource_),
+      category_(other.category_),
+      data_(std::exchange(other.data_, nullptr)),
+      bytes_(std::exchange(other.bytes_, 0)) {}
+
+TrackedBuffer& TrackedBuffer::operator=(TrackedBuffer&& other) noexcept {
+  if (this != &other) {
+    reset();
+    tracker_ = other.tracker_;
+    resource_ = other.resource_;
+    category_ = other.category_;
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+TrackedBuffer::~TrackedBuffer() { reset(); }
+
+void TrackedBuffer::reset() noexcept {
+  if (data_ != nullptr) {
+    resource_->deallocate(data_);
+    tracker_->remove(resource_->location(), category_, static_cast<std::int64_t>(bytes_));
+  }
+  data_ = nullptr;
+  bytes_ = 0;
+}
+
+std::int64_t process_peak_rss_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) {
+      std::istringstream fields(line.substr(6));
+      std::int64_t kib = 0;
+      fields >> kib;
+      return kib * 1024;
+    }
+  }
+  return 0;
+}
+
+}  // namespace zeroshard::detail
