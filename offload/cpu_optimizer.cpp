@@ -58,7 +58,9 @@ Isa isa_from_environment() {
                    "': expected avx512, avx2 or scalar, or unset to use the widest the CPU has");
 }
 
-// Runs `range(begin, end)` over [0, n), in tiles over the OpenMP team when n is large.
+// Runs `range(begin, end)` over [0, n), in tiles over the OpenMP team when n is large. `range`
+// must not throw: an exception cannot leave an OpenMP region, so callers look their loop up (and
+// have an unsupported path refused) before they get here.
 template <typename Range>
 void over_tiles(std::int64_t n, const Range& range) {
   if (n < kThreadedFrom) {
@@ -121,14 +123,13 @@ void sgd(Isa isa, const RuleArrays& arrays, std::int64_t n, const SgdScalars& s,
 }
 
 void lion(Isa isa, const RuleArrays& arrays, std::int64_t n, const LionScalars& s) {
-  over_tiles(
-      n, [&](std::int64_t begin, std::int64_t end) { kernels(isa).lion(arrays, begin, end, s); });
+  const auto loop = kernels(isa).lion;
+  over_tiles(n, [&](std::int64_t begin, std::int64_t end) { loop(arrays, begin, end, s); });
 }
 
 void adagrad(Isa isa, const RuleArrays& arrays, std::int64_t n, const AdagradScalars& s) {
-  over_tiles(n, [&](std::int64_t begin, std::int64_t end) {
-    kernels(isa).adagrad(arrays, begin, end, s);
-  });
+  const auto loop = kernels(isa).adagrad;
+  over_tiles(n, [&](std::int64_t begin, std::int64_t end) { loop(arrays, begin, end, s); });
 }
 
 }  // namespace zeroshard::detail::cpu_optimizer
