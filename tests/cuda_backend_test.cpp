@@ -208,9 +208,8 @@ TEST(CudaBackendRules, EveryBuiltinRuleMatchesTheCpuRuleAcrossSteps) {
                        .param_numel = kCount,
                        .size = kCount,
                        .param = d_param.as<float>(),
-                       .grad = d_grad.as<const float>(),
                        .states = d_state_pointers},
-                      context);
+                      {.grad = d_grad.data()}, context, {});
       for (auto [lo, hi] : {std::pair<std::int64_t, std::int64_t>{0, kFirst}, {kFirst, kCount}}) {
         std::vector<float*> pointers;
         for (auto& s : state) pointers.push_back(s.data() + lo);
@@ -218,9 +217,8 @@ TEST(CudaBackendRules, EveryBuiltinRuleMatchesTheCpuRuleAcrossSteps) {
                          .param_numel = hi - lo,
                          .size = hi - lo,
                          .param = param.data() + lo,
-                         .grad = grad.data() + lo,
                          .states = pointers},
-                        context);
+                        {.grad = grad.data() + lo}, context, {});
       }
     }
     std::vector<float> got(kCount);

@@ -7,8 +7,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 
 #include "memory/memory_tracker.h"
+#include "optim/builtin_rule.h"
 #include "zeroshard/device.h"
 #include "zeroshard/dtype.h"
 #include "zeroshard/optimizer.h"
@@ -30,6 +32,9 @@ class ComputeBackend {
 
   virtual Device device() const noexcept = 0;
   virtual MemoryResource& memory() noexcept = 0;
+  /// Page-locked host memory the device copies to and from without bouncing (cudaHostAlloc);
+  /// ordinary host memory on the CPU.
+  virtual MemoryResource& pinned_host_memory() noexcept = 0;
   /// The stream the engine's work and the model's compute are ordered on (a cudaStream_t; null is
   /// the legacy default stream and the only value on the CPU).
   virtual void* stream() const noexcept = 0;
@@ -66,8 +71,13 @@ class ComputeBackend {
                           DType source_dtype, std::int64_t count) = 0;
   /// Sum of squares (accumulated in double) and the inf/NaN check of `count` elements; waits.
   virtual GradientScan scan(const void* data, DType dtype, std::int64_t count) = 0;
-  /// Runs the engine's update rule on one slice (its param, grad and states in this memory).
-  virtual void apply_rule(const ShardSlice& slice, const StepContext& context) = 0;
+  /// Runs the engine's update rule on one slice (slice.grad unused): reads the gradient as `io`
+  /// says (its type, times io.grad_factor), updates the master weights and states in place and
+  /// writes io.param_copy, every pointer in this memory. `scratch` (fp32, this memory, possibly
+  /// empty) is where a rule that reads only fp32 gets its gradients widened, a chunk at a time;
+  /// without scratch such a backend scales an fp32 gradient in place (the step consumes it).
+  virtual void apply_rule(const ShardSlice& slice, const FusedStepIo& io,
+                          const StepContext& context, std::span<float> scratch) = 0;
   /// Blocks the host until everything queued so far has finished.
   virtual void synchronize() = 0;
 };

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <span>
+#include <vector>
 
 #include "backend/compute_backend.h"
 #include "precision/half_conversion.h"
@@ -30,10 +32,12 @@ char* at(void* data, DType dtype, std::int64_t index) {
 
 class CpuBackend final : public ComputeBackend {
  public:
-  explicit CpuBackend(const UpdateRule& rule) : rule_(rule) {}
+  explicit CpuBackend(const UpdateRule& rule)
+      : rule_(rule), builtin_(dynamic_cast<const BuiltinRule*>(&rule)) {}
 
   Device device() const noexcept override { return Device::cpu(); }
   MemoryResource& memory() noexcept override { return host_memory(); }
+  MemoryResource& pinned_host_memory() noexcept override { return host_memory(); }
   void* stream() const noexcept override { return nullptr; }
   void set_stream(void* stream) override {
     ZEROSHARD_CHECK_USAGE(stream == nullptr,
@@ -140,14 +144,44 @@ class CpuBackend final : public ComputeBackend {
     return result;
   }
 
-  void apply_rule(const ShardSlice& slice, const StepContext& context) override {
-    rule_.apply(slice, context);
+  void apply_rule(const ShardSlice& slice, const FusedStepIo& io, const StepContext& context,
+                  std::span<float> scratch) override {
+    if (builtin_ != nullptr) {
+      builtin_->apply_fused(slice, io, context);
+      return;
+    }
+    // A user's rule reads fp32 gradients with the factor applied: widened a chunk at a time.
+    if (io.grad_dtype == DType::kFloat32 && io.grad_factor == 1.0f) {
+      ShardSlice whole = slice;
+      whole.grad = static_cast<const float*>(io.grad);
+      rule_.apply(whole, context);
+    } else {
+      float block[kBlock];
+      const std::span<float> buffer = scratch.empty() ? std::span<float>(block) : scratch;
+      const auto chunk = static_cast<std::int64_t>(buffer.size());
+      std::vector<float*> states(slice.states.size());
+      for (std::int64_t done = 0; done < slice.size; done += chunk) {
+        const std::int64_t n = std::min(chunk, slice.size - done);
+        widen(at(io.grad, io.grad_dtype, done), io.grad_dtype, buffer.data(), n, io.grad_factor);
+        for (std::size_t s = 0; s < states.size(); ++s) states[s] = slice.states[s] + done;
+        ShardSlice part = slice;
+        part.offset_in_param += done;
+        part.size = n;
+        part.param += done;
+        part.grad = buffer.data();
+        part.states = states;
+        rule_.apply(part, context);
+      }
+    }
+    if (io.param_copy != nullptr)
+      narrow(slice.param, io.param_copy, io.param_copy_dtype, slice.size);
   }
 
   void synchronize() override {}
 
  private:
   const UpdateRule& rule_;
+  const BuiltinRule* builtin_;  ///< null for a user's own rule
 };
 
 }  // namespace

@@ -9,7 +9,6 @@
 #include "comm/host_staged_communicator.h"
 #include "engine/engine_state.h"
 #include "engine/shape.h"
-#include "precision/half_conversion.h"
 #include "util/check.h"
 
 namespace zeroshard {
@@ -66,10 +65,8 @@ EngineState::EngineState(Config config, Device device, std::unique_ptr<Communica
 }
 
 EngineState::~EngineState() {
-  for (Bucket& bucket : buckets_) bucket.request = Request();
-  for (ModuleInfo& module : modules_) module.pending = Request();
-  // The model's compute stream may already be destroyed; the buffers below must not be freed on
-  // it, nor may the communicator order anything after it.
+  // The model's compute stream may already be destroyed; the buffers the components free must
+  // not be freed on it, nor may the communicator order anything after it.
   backend_->detach_stream();
   comm_->set_compute_stream(nullptr);
 }
@@ -126,25 +123,28 @@ void EngineState::finalize() {
                                         << " parameters past 2^56 elements, more than zeroshard "
                                            "can address");
   }
+  std::int64_t frozen_total = 0;
   for (ParamInfo& p : params_) {
-    if (!p.trainable) continue;
+    if (!p.trainable) {
+      p.frozen_offset = frozen_total;
+      frozen_total += p.numel;
+      continue;
+    }
     p.tensor = static_cast<int>(numels.size());
     numels.push_back(p.numel);
     tensor_param_.push_back(static_cast<int>(&p - params_.data()));
   }
   layout_ = ShardLayout(numels, world_, kTensorAlignment);
-  const std::int64_t padded = layout_.padded_total();
-  const std::int64_t shard = layout_.shard_size();
 
   // Stage 3 keeps small parameters whole (stage3_param_persistence_threshold), up to
   // stage3_model_persistence_threshold elements in all, as DeepSpeed does.
+  const ZeroConfig& zero = config_.zero_optimization;
   if (stage_ == 3) {
     std::int64_t persistent_total = 0;
     for (ParamInfo& p : params_) {
       if (!p.trainable) continue;
-      const auto& z = config_.zero_optimization;
-      if (p.numel < z.param_persistence_threshold &&
-          persistent_total + p.numel <= z.model_persistence_threshold) {
+      if (p.numel < zero.param_persistence_threshold &&
+          persistent_total + p.numel <= zero.model_persistence_threshold) {
         p.persistent = true;
         persistent_total += p.numel;
       }
@@ -164,134 +164,73 @@ void EngineState::finalize() {
     }
   }
 
-  const bool separate_master = dtype_ != DType::kFloat32;
-  const std::int64_t owned = stage_ == 0 ? padded : shard;
-  if (stage_ == 3) {
-    param_shard_ = allocate(MemoryCategory::kParameters, shard * dsize_);
-    for (ParamInfo& p : params_) {
-      if (p.persistent) p.persistent_copy = allocate(MemoryCategory::kParameters, p.numel * dsize_);
-    }
-  } else {
-    params_full_ = allocate(MemoryCategory::kParameters, padded * dsize_);
+  context_ = std::make_unique<EngineContext>(EngineContext{.config = config_,
+                                                           .rank = rank_,
+                                                           .world = world_,
+                                                           .stage = stage_,
+                                                           .dtype = dtype_,
+                                                           .dsize = dsize_,
+                                                           .layout = layout_,
+                                                           .params = params_,
+                                                           .modules = modules_,
+                                                           .tensor_param = tensor_param_,
+                                                           .comm = *comm_,
+                                                           .backend = *backend_,
+                                                           .tracker = tracker_,
+                                                           .times = times_});
+  const OffloadConfig& offload_param = zero.offload_param;
+  Tier shard_tier = Tier::kDevice;
+  if (offload_param.device == OffloadDevice::kCpu) {
+    shard_tier = offload_param.pin_memory ? Tier::kPinnedHost : Tier::kPageableHost;
   }
-  if (separate_master) master_ = allocate(MemoryCategory::kMasterWeights, owned * sizeof(float));
-  if (stage_ <= 1) {
-    grads_full_ = allocate(MemoryCategory::kGradients, padded * dsize_);
-  } else {
-    grad_shard_ = allocate(MemoryCategory::kGradients, shard * size_of(grad_shard_dtype_));
-  }
-  for (int s = 0; s < rule_->state_count(); ++s) {
-    states_.push_back(allocate(MemoryCategory::kOptimizerStates, owned * sizeof(float)));
-  }
-  std::int64_t frozen_total = 0;
-  for (ParamInfo& p : params_) {
-    if (p.trainable) continue;
-    p.frozen_offset = frozen_total;
-    frozen_total += p.numel;
-  }
-  frozen_ = allocate(MemoryCategory::kParameters, frozen_total * dsize_);
-  if (separate_master) {
-    // 16-bit gradients are widened to fp32 one chunk at a time, never for the whole shard. The
-    // chunk is a bounded working buffer, not a copy of the gradients, so it is counted with the
-    // other bounded buffers under communication: the model-state categories then hold exactly
-    // the ZeRO paper's bytes.
-    const std::int64_t chunk =
-        std::max<std::int64_t>(2, std::min(config_.zero_optimization.sub_group_size,
-                                           backend_->working_chunk_elements(owned)));
-    scratch_ = allocate(MemoryCategory::kCommunication, chunk * sizeof(float));
-  }
-  plan_buckets();
+  params_store_ = std::make_unique<ParamCoordinator>(*context_, shard_tier);
+  bucketer_ = std::make_unique<GradBucketer>(*context_, comm_dtype_);
+  optimizer_ = std::make_unique<OptimizerShard>(*context_, *rule_, *params_store_,
+                                                bucketer_->full_grads(), grad_shard_dtype_);
+  bucketer_->deliver_to(*optimizer_);
   finalized_ = true;
-}
-
-std::int64_t EngineState::update_begin() const {
-  return stage_ == 0 ? 0 : layout_.shard_begin(rank_);
-}
-std::int64_t EngineState::update_end() const {
-  return stage_ == 0 ? layout_.padded_total() : layout_.shard_end(rank_);
-}
-
-float* EngineState::master_at(std::int64_t flat) {
-  if (dtype_ != DType::kFloat32) return master_.as<float>() + (flat - update_begin());
-  return static_cast<float*>(model_param_at(flat));
-}
-
-float* EngineState::state_at(int state, std::int64_t flat) {
-  return states_[state].as<float>() + (flat - update_begin());
-}
-
-void* EngineState::model_param_at(std::int64_t flat) {
-  if (stage_ == 3) {
-    return param_shard_.as<char>() + (flat - layout_.shard_begin(rank_)) * dsize_;
-  }
-  return params_full_.as<char>() + flat * dsize_;
 }
 
 void* EngineState::param_data(int index) {
   require_finalized();
-  ParamInfo& p = params_[index];
-  if (!p.trainable) return frozen_.as<char>() + p.frozen_offset * dsize_;
-  if (stage_ != 3) return params_full_.as<char>() + layout_.offset(p.tensor) * dsize_;
-  if (p.persistent) return p.persistent_copy.data();
-  ModuleInfo& m = modules_[p.module];
-  ZEROSHARD_CHECK_USAGE(m.users > 0 && m.residency == ModuleResidency::kAvailable,
-                        "parameter '" << p.name << "' of module '" << m.name
-                                      << "' is not gathered: at ZeRO stage 3 call "
-                                         "engine.gather(module) (or hold a GatheredModule) "
-                                         "before reading or writing it");
-  return m.gathered.as<char>() + (layout_.offset(p.tensor) - m.flat_begin) * dsize_;
+  return params_store_->data(index);
 }
 
 void* EngineState::param_grad(int index) {
   require_finalized();
-  ParamInfo& p = params_[index];
-  ZEROSHARD_CHECK_USAGE(p.trainable, "parameter '" << p.name
-                                                   << "' is frozen (trainable = false) and has "
-                                                      "no gradient buffer");
-  ZEROSHARD_CHECK_USAGE(!p.grad_ready, "the gradient of '"
-                                           << p.name
-                                           << "' was already handed over with grad_ready() in "
-                                              "this micro-step; write it before calling it");
-  if (stage_ <= 1) return grads_full_.as<char>() + layout_.offset(p.tensor) * dsize_;
-  return bucket_grad_pointer(index);
+  return bucketer_->grad(index);
+}
+
+void EngineState::mark_grad_ready(int index) {
+  require_finalized();
+  bucketer_->mark_ready(index, micro_step_);
+  params_store_->poll();
+}
+
+void EngineState::gather(ModuleId module) {
+  require_finalized();
+  ZEROSHARD_CHECK_USAGE(module >= 0 && module < static_cast<ModuleId>(modules_.size()),
+                        "gather(" << module << "): no such module");
+  params_store_->gather(module);
+  bucketer_->poll();
+}
+
+void EngineState::release(ModuleId module) {
+  ZEROSHARD_CHECK_USAGE(module >= 0 && module < static_cast<ModuleId>(modules_.size()),
+                        "release(" << module << "): no such module");
+  if (stage_ != 3) return;
+  params_store_->release(module);
 }
 
 void EngineState::copy_param_from(int index, const float* values) {
   require_finalized();
-  ParamInfo& p = params_[index];
-  if (!p.trainable) {
-    store_host_values(values, frozen_.as<char>() + p.frozen_offset * dsize_, p.numel);
-    return;
-  }
+  params_store_->store(index, values);
+  const ParamInfo& p = params_[index];
+  if (!p.trainable) return;
   const std::int64_t lo = layout_.offset(p.tensor);
-  const std::int64_t hi = lo + p.numel;
-  if (stage_ != 3) {
-    store_host_values(values, params_full_.as<char>() + lo * dsize_, p.numel);
-  } else {
-    const std::int64_t a = std::max(lo, layout_.shard_begin(rank_));
-    const std::int64_t b = std::min(hi, layout_.shard_end(rank_));
-    if (b > a) store_host_values(values + (a - lo), model_param_at(a), b - a);
-    if (p.persistent) store_host_values(values, p.persistent_copy.data(), p.numel);
-    ModuleInfo& m = modules_[p.module];
-    if (m.residency == ModuleResidency::kAvailable) {
-      store_host_values(values, m.gathered.as<char>() + (lo - m.flat_begin) * dsize_, p.numel);
-    }
-  }
-  if (dtype_ != DType::kFloat32) {
-    const std::int64_t a = std::max(lo, update_begin());
-    const std::int64_t b = std::min(hi, update_end());
-    if (b > a) backend_->copy_from_host(master_at(a), values + (a - lo), (b - a) * sizeof(float));
-  }
-}
-
-void EngineState::store_host_values(const float* values, void* destination, std::int64_t count) {
-  if (dtype_ == DType::kFloat32) {
-    backend_->copy_from_host(destination, values, count * sizeof(float));
-    return;
-  }
-  std::vector<char> rounded(count * dsize_);
-  convert_from_float(values, rounded.data(), dtype_, count);
-  backend_->copy_from_host(destination, rounded.data(), rounded.size());
+  const std::int64_t a = std::max(lo, context_->update_begin());
+  const std::int64_t b = std::min(lo + p.numel, context_->update_end());
+  if (b > a) optimizer_->load_master(a, values + (a - lo), b - a);
 }
 
 TrackedBuffer EngineState::allocate(MemoryCategory category, std::size_t bytes) {
@@ -314,8 +253,7 @@ std::vector<float> EngineState::consolidated_parameters() {
   const std::int64_t padded = layout_.padded_total();
   // Gathered in engine memory, where the communicator expects its buffers, then read back.
   TrackedBuffer gathered = allocate(MemoryCategory::kCommunication, padded * sizeof(float));
-  const std::int64_t lo = update_begin();
-  backend_->copy(gathered.as<float>() + lo, master_at(lo), (update_end() - lo) * sizeof(float));
+  optimizer_->copy_master_to(gathered.as<float>());
   if (stage_ != 0) {
     comm_->all_gather(gathered.data(), layout_.rank_counts(0, padded), DType::kFloat32);
   }

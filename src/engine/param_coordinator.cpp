@@ -1,25 +1,116 @@
-// Stage 3: gathering a module's parameter shards into a whole copy, prefetching the modules that
-// came next in the previous step, and releasing copies unless they are reused soon. Decisions
-// depend only on the call sequence, so every rank that makes the same calls issues the same
-// collectives in the same order.
+// Parameter storage by stage, and stage 3's gather, prefetch and release.
+#include "engine/param_coordinator.h"
+
 #include <algorithm>
 #include <chrono>
 
-#include "engine/engine_state.h"
 #include "util/check.h"
 
 namespace zeroshard::detail {
 
 namespace {
-std::int64_t module_size(const ModuleInfo& m) { return m.flat_end - m.flat_begin; }
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 }  // namespace
 
-void EngineState::gather(ModuleId module) {
-  require_finalized();
-  ZEROSHARD_CHECK_USAGE(module >= 0 && module < static_cast<ModuleId>(modules_.size()),
-                        "gather(" << module << "): no such module");
-  if (stage_ != 3) return;
-  ModuleInfo& m = modules_[module];
+ParamCoordinator::ParamCoordinator(const EngineContext& context, Tier shard_tier)
+    : context_(context), modules_(context.modules.size()) {
+  const std::size_t dsize = context_.dsize;
+  if (context_.stage == 3) {
+    param_shard_ = context_.allocate(shard_tier, MemoryCategory::kParameters,
+                                     context_.layout.shard_size() * dsize);
+    persistent_copies_.resize(context_.params.size());
+    for (std::size_t i = 0; i < context_.params.size(); ++i) {
+      const ParamInfo& p = context_.params[i];
+      if (p.persistent) {
+        persistent_copies_[i] =
+            context_.allocate(Tier::kDevice, MemoryCategory::kParameters, p.numel * dsize);
+      }
+    }
+  } else {
+    params_full_ = context_.allocate(Tier::kDevice, MemoryCategory::kParameters,
+                                     context_.layout.padded_total() * dsize);
+  }
+  std::int64_t frozen_total = 0;
+  for (const ParamInfo& p : context_.params) {
+    if (!p.trainable) frozen_total = std::max(frozen_total, p.frozen_offset + p.numel);
+  }
+  frozen_ = context_.allocate(Tier::kDevice, MemoryCategory::kParameters, frozen_total * dsize);
+}
+
+ParamCoordinator::~ParamCoordinator() {
+  for (ModuleState& module : modules_) module.pending = Request();
+}
+
+MemoryLocation ParamCoordinator::owned_location() const noexcept {
+  return context_.stage == 3 ? param_shard_.location() : params_full_.location();
+}
+
+void* ParamCoordinator::owned_at(std::int64_t flat) {
+  if (context_.stage == 3) {
+    return param_shard_.as<char>() + (flat - context_.layout.shard_begin(context_.rank)) *
+                                         static_cast<std::int64_t>(context_.dsize);
+  }
+  return params_full_.as<char>() + flat * static_cast<std::int64_t>(context_.dsize);
+}
+
+void* ParamCoordinator::data(int index) {
+  const ParamInfo& p = context_.params[index];
+  const auto dsize = static_cast<std::int64_t>(context_.dsize);
+  if (!p.trainable) return frozen_.as<char>() + p.frozen_offset * dsize;
+  const std::int64_t offset = context_.layout.offset(p.tensor);
+  if (context_.stage != 3) return params_full_.as<char>() + offset * dsize;
+  if (p.persistent) return persistent_copies_[index].data();
+  const ModuleInfo& info = context_.modules[p.module];
+  ModuleState& m = modules_[p.module];
+  ZEROSHARD_CHECK_USAGE(m.users > 0 && m.residency == Residency::kAvailable,
+                        "parameter '" << p.name << "' of module '" << info.name
+                                      << "' is not gathered: at ZeRO stage 3 call "
+                                         "engine.gather(module) (or hold a GatheredModule) "
+                                         "before reading or writing it");
+  return m.gathered.as<char>() + (offset - info.flat_begin) * dsize;
+}
+
+void ParamCoordinator::store(int index, const float* values) {
+  const ParamInfo& p = context_.params[index];
+  const auto dsize = static_cast<std::int64_t>(context_.dsize);
+  const MemoryLocation device = context_.backend.memory().location();
+  if (!p.trainable) {
+    context_.store_host_values(values, frozen_.as<char>() + p.frozen_offset * dsize, device,
+                               p.numel);
+    return;
+  }
+  const std::int64_t lo = context_.layout.offset(p.tensor);
+  const std::int64_t hi = lo + p.numel;
+  if (context_.stage != 3) {
+    context_.store_host_values(values, params_full_.as<char>() + lo * dsize, device, p.numel);
+    return;
+  }
+  const std::int64_t a = std::max(lo, context_.layout.shard_begin(context_.rank));
+  const std::int64_t b = std::min(hi, context_.layout.shard_end(context_.rank));
+  if (b > a) context_.store_host_values(values + (a - lo), owned_at(a), owned_location(), b - a);
+  if (p.persistent) {
+    context_.store_host_values(values, persistent_copies_[index].data(), device, p.numel);
+  }
+  const ModuleInfo& info = context_.modules[p.module];
+  ModuleState& m = modules_[p.module];
+  if (m.residency == Residency::kAvailable) {
+    context_.store_host_values(values, m.gathered.as<char>() + (lo - info.flat_begin) * dsize,
+                               device, p.numel);
+  }
+}
+
+std::int64_t ParamCoordinator::module_size(ModuleId module) const {
+  const ModuleInfo& info = context_.modules[module];
+  return info.flat_end - info.flat_begin;
+}
+
+void ParamCoordinator::gather(ModuleId module) {
+  if (context_.stage != 3) return;
+  ModuleState& m = modules_[module];
   if (trace_valid_) {
     if (trace_position_ < trace_.size() && trace_[trace_position_] == module) {
       ++trace_position_;
@@ -31,114 +122,117 @@ void EngineState::gather(ModuleId module) {
   }
   recording_.push_back(module);
   ++m.users;
-  if (!m.sharded) return;
-  if (m.residency == ModuleResidency::kReleased) {
-    const std::int64_t limit = config_.zero_optimization.max_live_parameters;
+  if (!context_.modules[module].sharded) return;
+  if (m.residency == Residency::kReleased) {
+    const std::int64_t limit = context_.config.zero_optimization.max_live_parameters;
+    const std::int64_t size = module_size(module);
     // Copies kept only for reuse are the first to go when the live budget is short.
-    for (std::size_t other = 0; other < modules_.size() && live_elements_ + module_size(m) > limit;
-         ++other) {
-      ModuleInfo& o = modules_[other];
-      if (o.sharded && o.users == 0 && o.residency != ModuleResidency::kReleased) {
+    for (std::size_t other = 0; other < modules_.size() && live_elements_ + size > limit; ++other) {
+      const ModuleState& o = modules_[other];
+      if (context_.modules[other].sharded && o.users == 0 && o.residency != Residency::kReleased) {
         free_module(static_cast<ModuleId>(other));
       }
     }
-    ZEROSHARD_CHECK_USAGE(live_elements_ + module_size(m) <= limit,
-                          "gathering module '"
-                              << m.name << "' (" << module_size(m) << " elements) would hold "
-                              << live_elements_ + module_size(m)
-                              << " gathered elements, more than "
-                                 "zero_optimization.stage3_max_live_parameters = "
-                              << limit << ": release modules after use or raise the limit");
+    ZEROSHARD_CHECK_USAGE(live_elements_ + size <= limit,
+                          "gathering module '" << context_.modules[module].name << "' (" << size
+                                               << " elements) would hold " << live_elements_ + size
+                                               << " gathered elements, more than "
+                                                  "zero_optimization.stage3_max_live_parameters = "
+                                               << limit
+                                               << ": release modules after use or raise the limit");
     start_gather(module);
   }
-  if (m.residency == ModuleResidency::kInFlight) finish_gather(module);
+  if (m.residency == Residency::kInFlight) finish_gather(module);
   if (trace_valid_) prefetch_after(trace_position_);
-  poll_transfers();
+  poll();
 }
 
-void EngineState::start_gather(ModuleId module) {
-  ModuleInfo& m = modules_[module];
+void ParamCoordinator::start_gather(ModuleId module) {
+  const ModuleInfo& info = context_.modules[module];
+  ModuleState& m = modules_[module];
   const auto start = std::chrono::steady_clock::now();
-  m.gathered = allocate(MemoryCategory::kParameters, module_size(m) * dsize_);
-  const std::int64_t lo = std::max(m.flat_begin, layout_.shard_begin(rank_));
-  const std::int64_t hi = std::min(m.flat_end, layout_.shard_end(rank_));
+  const auto dsize = static_cast<std::int64_t>(context_.dsize);
+  m.gathered =
+      context_.allocate(Tier::kDevice, MemoryCategory::kParameters, module_size(module) * dsize);
+  const std::int64_t lo = std::max(info.flat_begin, context_.layout.shard_begin(context_.rank));
+  const std::int64_t hi = std::min(info.flat_end, context_.layout.shard_end(context_.rank));
   if (hi > lo) {
-    backend_->copy(m.gathered.as<char>() + (lo - m.flat_begin) * dsize_, model_param_at(lo),
-                   (hi - lo) * dsize_);
+    // Under offload_param the shard is host memory: this copy brings it in.
+    context_.transfer(m.gathered.as<char>() + (lo - info.flat_begin) * dsize, m.gathered.location(),
+                      owned_at(lo), owned_location(), (hi - lo) * dsize);
   }
-  const auto counts = layout_.rank_counts(m.flat_begin, m.flat_end);
-  m.pending = comm_->all_gather_async(m.gathered.data(), counts, dtype_);
-  m.residency = ModuleResidency::kInFlight;
-  live_elements_ += module_size(m);
-  gather_seconds_ +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const auto counts = context_.layout.rank_counts(info.flat_begin, info.flat_end);
+  m.pending = context_.comm.all_gather_async(m.gathered.data(), counts, context_.dtype);
+  m.residency = Residency::kInFlight;
+  live_elements_ += module_size(module);
+  context_.times.gather += seconds_since(start);
 }
 
-void EngineState::finish_gather(ModuleId module) {
-  ModuleInfo& m = modules_[module];
+void ParamCoordinator::finish_gather(ModuleId module) {
+  ModuleState& m = modules_[module];
   const auto start = std::chrono::steady_clock::now();
   m.pending.wait();
-  m.residency = ModuleResidency::kAvailable;
-  gather_seconds_ +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  m.residency = Residency::kAvailable;
+  context_.times.gather += seconds_since(start);
 }
 
-void EngineState::free_module(ModuleId module) {
-  ModuleInfo& m = modules_[module];
-  if (m.residency == ModuleResidency::kInFlight) m.pending.wait();
+void ParamCoordinator::free_module(ModuleId module) {
+  ModuleState& m = modules_[module];
+  if (m.residency == Residency::kInFlight) m.pending.wait();
   m.gathered.reset();
-  m.residency = ModuleResidency::kReleased;
-  live_elements_ -= module_size(m);
+  m.residency = Residency::kReleased;
+  live_elements_ -= module_size(module);
 }
 
-void EngineState::prefetch_after(std::size_t trace_index) {
-  std::int64_t budget = config_.zero_optimization.prefetch_bucket_size;
-  const std::int64_t limit = config_.zero_optimization.max_live_parameters;
+void ParamCoordinator::prefetch_after(std::size_t trace_index) {
+  std::int64_t budget = context_.config.zero_optimization.prefetch_bucket_size;
+  const std::int64_t limit = context_.config.zero_optimization.max_live_parameters;
   for (std::size_t i = trace_index; i < trace_.size(); ++i) {
-    ModuleInfo& m = modules_[trace_[i]];
-    if (!m.sharded || m.users > 0) continue;
-    const std::int64_t size = module_size(m);
+    const ModuleId id = trace_[i];
+    const ModuleState& m = modules_[id];
+    if (!context_.modules[id].sharded || m.users > 0) continue;
+    const std::int64_t size = module_size(id);
     if (size > budget) return;
     budget -= size;
-    if (m.residency != ModuleResidency::kReleased) continue;  // already on its way
+    if (m.residency != Residency::kReleased) continue;  // already on its way
     if (live_elements_ + size > limit) return;
-    start_gather(trace_[i]);
+    start_gather(id);
   }
 }
 
-bool EngineState::reused_soon(ModuleId module) const {
+bool ParamCoordinator::reused_soon(ModuleId module) const {
   if (!trace_valid_) return false;
   // DeepSpeed's rule: walk the upcoming modules, counting their elements, until
   // stage3_max_reuse_distance is reached; a module met on the way is kept.
-  const std::int64_t distance = config_.zero_optimization.max_reuse_distance;
+  const std::int64_t distance = context_.config.zero_optimization.max_reuse_distance;
   std::int64_t traversed = 0;
   for (std::size_t i = trace_position_; i < trace_.size(); ++i) {
     if (traversed >= distance) return false;
     if (trace_[i] == module) return true;
-    traversed += module_size(modules_[trace_[i]]);
+    traversed += module_size(trace_[i]);
   }
   return false;
 }
 
-void EngineState::release(ModuleId module) {
-  ZEROSHARD_CHECK_USAGE(module >= 0 && module < static_cast<ModuleId>(modules_.size()),
-                        "release(" << module << "): no such module");
-  if (stage_ != 3) return;
-  ModuleInfo& m = modules_[module];
-  ZEROSHARD_CHECK_USAGE(m.users > 0, "release('" << m.name << "') without a matching gather()");
-  if (--m.users > 0 || !m.sharded) return;
+void ParamCoordinator::release(ModuleId module) {
+  if (context_.stage != 3) return;
+  ModuleState& m = modules_[module];
+  ZEROSHARD_CHECK_USAGE(m.users > 0, "release('" << context_.modules[module].name
+                                                 << "') without a matching gather()");
+  if (--m.users > 0 || !context_.modules[module].sharded) return;
   if (!reused_soon(module)) free_module(module);
 }
 
-void EngineState::release_all_after_step() {
+void ParamCoordinator::release_all_after_step() {
+  if (context_.stage != 3) return;
   for (std::size_t i = 0; i < modules_.size(); ++i) {
-    ModuleInfo& m = modules_[i];
+    const ModuleState& m = modules_[i];
     ZEROSHARD_CHECK_USAGE(m.users == 0, "step() while module '"
-                                            << m.name
+                                            << context_.modules[i].name
                                             << "' is still gathered: release every module "
                                                "(or end every GatheredModule) before step()");
     // The update changes the shards, so a kept copy would be stale.
-    if (m.sharded && m.residency != ModuleResidency::kReleased) {
+    if (context_.modules[i].sharded && m.residency != Residency::kReleased) {
       free_module(static_cast<ModuleId>(i));
     }
   }
@@ -150,20 +244,70 @@ void EngineState::release_all_after_step() {
   trace_position_ = 0;
 }
 
-void EngineState::refresh_persistent_params() {
+void ParamCoordinator::poll() {
+  for (ModuleState& m : modules_) {
+    if (m.residency == Residency::kInFlight) m.pending.test();
+  }
+}
+
+void ParamCoordinator::after_update() {
+  if (context_.stage == 1 || context_.stage == 2) all_gather_parameters();
+  if (context_.stage == 3) refresh_persistent_params();
+}
+
+void ParamCoordinator::all_gather_parameters() {
+  const ShardLayout& layout = context_.layout;
+  const DType dtype = context_.dtype;
+  const auto dsize = static_cast<std::int64_t>(context_.dsize);
+  const std::int64_t chunk = std::max<std::int64_t>(
+      context_.config.zero_optimization.allgather_bucket_size, layout.world_size());
+  const std::int64_t total = layout.padded_total();
   std::vector<Request> requests;
-  for (ParamInfo& p : params_) {
+  for (std::int64_t lo = 0; lo < total; lo += chunk) {
+    const std::int64_t hi = std::min(total, lo + chunk);
+    char* base = params_full_.as<char>();
+    if (context_.config.zero_optimization.allgather_partitions) {
+      requests.push_back(
+          context_.comm.all_gather_async(base + lo * dsize, layout.rank_counts(lo, hi), dtype));
+    } else {
+      // DeepSpeed's allgather_partitions=false: each owner broadcasts its part instead.
+      const auto counts = layout.rank_counts(lo, hi);
+      std::int64_t offset = lo;
+      for (int r = 0; r < context_.world; ++r) {
+        if (counts[r] > 0) {
+          requests.push_back(
+              context_.comm.broadcast_async(base + offset * dsize, counts[r], dtype, r));
+        }
+        offset += counts[r];
+      }
+    }
+    // Two chunks in flight bound the transfer's working set like the reduce buckets.
+    if (requests.size() > 2) {
+      requests.front().wait();
+      requests.erase(requests.begin());
+    }
+  }
+  for (Request& r : requests) r.wait();
+}
+
+void ParamCoordinator::refresh_persistent_params() {
+  const ShardLayout& layout = context_.layout;
+  const auto dsize = static_cast<std::int64_t>(context_.dsize);
+  std::vector<Request> requests;
+  for (std::size_t i = 0; i < context_.params.size(); ++i) {
+    const ParamInfo& p = context_.params[i];
     if (!p.persistent) continue;
-    const std::int64_t lo = layout_.offset(p.tensor);
+    TrackedBuffer& copy = persistent_copies_[i];
+    const std::int64_t lo = layout.offset(p.tensor);
     const std::int64_t hi = lo + p.numel;
-    const std::int64_t a = std::max(lo, layout_.shard_begin(rank_));
-    const std::int64_t b = std::min(hi, layout_.shard_end(rank_));
+    const std::int64_t a = std::max(lo, layout.shard_begin(context_.rank));
+    const std::int64_t b = std::min(hi, layout.shard_end(context_.rank));
     if (b > a) {
-      backend_->copy(p.persistent_copy.as<char>() + (a - lo) * dsize_, model_param_at(a),
-                     (b - a) * dsize_);
+      context_.transfer(copy.as<char>() + (a - lo) * dsize, copy.location(), owned_at(a),
+                        owned_location(), (b - a) * dsize);
     }
     requests.push_back(
-        comm_->all_gather_async(p.persistent_copy.data(), layout_.rank_counts(lo, hi), dtype_));
+        context_.comm.all_gather_async(copy.data(), layout.rank_counts(lo, hi), context_.dtype));
   }
   for (Request& r : requests) r.wait();
 }

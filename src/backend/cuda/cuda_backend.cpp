@@ -6,8 +6,11 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstring>
+#include <span>
 #include <type_traits>
 #include <variant>
+#include <vector>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_stream.h"
@@ -74,6 +77,30 @@ class DeviceMemory final : public detail::MemoryResource {
   bool stream_ordered_ = false;
 };
 
+/// Page-locked host memory (cudaHostAlloc), zero-filled: where offloaded buffers live, so that
+/// copies to and from the device run at full bus speed without a bounce through pageable pages.
+class PinnedHostMemory final : public detail::MemoryResource {
+ public:
+  explicit PinnedHostMemory(int device) : device_(device) {}
+  MemoryLocation location() const noexcept override { return MemoryLocation::kHost; }
+  void* allocate(std::size_t bytes, MemoryCategory category) override {
+    const DeviceGuard guard(device_);
+    void* data = nullptr;
+    const cudaError_t error = cudaHostAlloc(&data, bytes, cudaHostAllocDefault);
+    if (error != cudaSuccess) {
+      throw_allocation_error("cudaHostAlloc", bytes, to_string(category), error);
+    }
+    std::memset(data, 0, bytes);
+    return data;
+  }
+  void deallocate(void* data) noexcept override {
+    ZEROSHARD_CUDA_CHECK_NOTHROW(cudaFreeHost(data));
+  }
+
+ private:
+  int device_;
+};
+
 class CudaBackend final : public detail::ComputeBackend {
  public:
   CudaBackend(const Device& device, const UpdateRule& rule, detail::BuiltinRuleOptions options,
@@ -83,6 +110,7 @@ class CudaBackend final : public detail::ComputeBackend {
         options_(std::move(options)),
         tracker_(tracker),
         memory_(device.index, stream_),
+        pinned_(device.index),
         scalars_(sizeof(double) + sizeof(int)),
         scan_result_(tracker, MemoryCategory::kCommunication, sizeof(double) + sizeof(int),
                      memory_) {}
@@ -92,6 +120,7 @@ class CudaBackend final : public detail::ComputeBackend {
 
   Device device() const noexcept override { return device_; }
   detail::MemoryResource& memory() noexcept override { return memory_; }
+  detail::MemoryResource& pinned_host_memory() noexcept override { return pinned_; }
   void* stream() const noexcept override { return stream_; }
   void set_stream(void* stream) override { stream_ = static_cast<cudaStream_t>(stream); }
   void detach_stream() noexcept override {
@@ -177,10 +206,54 @@ class CudaBackend final : public detail::ComputeBackend {
             .nonfinite = *reinterpret_cast<const int*>(host_sum + 1) != 0};
   }
 
-  void apply_rule(const ShardSlice& slice, const StepContext& context) override {
-    detail::check_apply_arguments(slice, context, rule_.state_count(), rule_.name());
+  void apply_rule(const ShardSlice& slice, const detail::FusedStepIo& io,
+                  const StepContext& context, std::span<float> scratch) override {
     if (slice.size == 0) return;
     const DeviceGuard guard(device_.index);
+    if (io.grad_dtype == DType::kFloat32) {
+      // The kernels read fp32 gradients: the factor is applied in place, as the step consumes
+      // the gradients anyway.
+      auto* grad = const_cast<float*>(static_cast<const float*>(io.grad));
+      if (io.grad_factor != 1.0f) {
+        kernels::scale_in_place(grad, DType::kFloat32, slice.size, io.grad_factor, stream_);
+      }
+      ShardSlice whole = slice;
+      whole.grad = grad;
+      run_rule(whole, context);
+    } else {
+      ZEROSHARD_CHECK_USAGE(!scratch.empty(), "apply_rule: 16-bit gradients need a scratch buffer");
+      const auto chunk = static_cast<std::int64_t>(scratch.size());
+      std::vector<float*> states(slice.states.size());
+      const auto* grad = static_cast<const char*>(io.grad);
+      for (std::int64_t done = 0; done < slice.size; done += chunk) {
+        const std::int64_t n = std::min(chunk, slice.size - done);
+        kernels::cast_to_float_scaled(grad + done * size_of(io.grad_dtype), io.grad_dtype,
+                                      scratch.data(), n, io.grad_factor, nullptr, stream_);
+        for (std::size_t s = 0; s < states.size(); ++s) states[s] = slice.states[s] + done;
+        ShardSlice part = slice;
+        part.offset_in_param += done;
+        part.size = n;
+        part.param += done;
+        part.grad = scratch.data();
+        part.states = states;
+        run_rule(part, context);
+      }
+    }
+    if (io.param_copy != nullptr) {
+      kernels::cast_from_float(slice.param, io.param_copy, io.param_copy_dtype, slice.size,
+                               stream_);
+    }
+  }
+
+  void synchronize() override {
+    const DeviceGuard guard(device_.index);
+    ZEROSHARD_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+ private:
+  /// The built-in rule's fused kernel over one slice of fp32 gradients.
+  void run_rule(const ShardSlice& slice, const StepContext& context) {
+    detail::check_apply_arguments(slice, context, rule_.state_count(), rule_.name());
     float* state0 = slice.states.empty() ? nullptr : slice.states[0];
     std::visit(
         [&](const auto& options) {
@@ -213,18 +286,13 @@ class CudaBackend final : public detail::ComputeBackend {
         options_);
   }
 
-  void synchronize() override {
-    const DeviceGuard guard(device_.index);
-    ZEROSHARD_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  }
-
- private:
   Device device_;
   const UpdateRule& rule_;
   detail::BuiltinRuleOptions options_;
   MemoryTracker& tracker_;
   cudaStream_t stream_ = nullptr;
   DeviceMemory memory_;
+  PinnedHostMemory pinned_;
   PinnedHostBuffer scalars_;   // where scan's two results land on the host
   TrackedBuffer scan_result_;  // the sum of squares (double) and the non-finite flag (int)
   TrackedBuffer workspace_;    // CUB's scratch for the sum of squares, grown on demand

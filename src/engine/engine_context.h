@@ -1,0 +1,93 @@
+// What the engine's components share: the registered model, the flat layout, the collaborators
+// (communicator, the device's compute backend, one memory resource per tier) and the step's
+// timers. The engine builds it at finalize(); the gradient bucketer, the parameter coordinator and
+// the optimizer shard hold it by reference and each owns only its own buffers.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backend/compute_backend.h"
+#include "engine/shard_layout.h"
+#include "memory/memory_tracker.h"
+#include "zeroshard/communicator.h"
+#include "zeroshard/config.h"
+#include "zeroshard/engine.h"
+
+namespace zeroshard::detail {
+
+struct ParamInfo {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  std::int64_t numel = 0;
+  bool trainable = true;
+  int group = 0;
+  ModuleId module = -1;
+  int tensor = -1;                 ///< index in the trainable layout, -1 when frozen
+  std::int64_t frozen_offset = 0;  ///< element offset in the frozen buffer
+  int bucket = -1;
+  bool grad_ready = false;  ///< this micro-step's gradient was handed over
+  bool persistent = false;  ///< stage 3: kept whole on every rank
+};
+
+struct GroupInfo {
+  ParamGroupOptions options;
+};
+
+struct ModuleInfo {
+  std::string name;
+  std::vector<int> params;
+  std::int64_t flat_begin = 0;  ///< trainable range the module spans (empty if all frozen)
+  std::int64_t flat_end = 0;
+  bool sharded = false;  ///< stage 3 and holds a non-persistent trainable parameter
+};
+
+/// Where a buffer lives. On a CPU engine the device is host memory too, and pinned host memory is
+/// ordinary host memory (there is no DMA engine to lock pages for).
+enum class Tier { kDevice, kPinnedHost, kPageableHost };
+
+/// Seconds spent per part of the step since the last progress line (wall_clock_breakdown).
+struct StepTimes {
+  double reduce = 0.0;
+  double update = 0.0;
+  double gather = 0.0;
+};
+
+struct EngineContext {
+  const Config& config;
+  int rank = 0;
+  int world = 1;
+  int stage = 0;
+  DType dtype = DType::kFloat32;
+  std::size_t dsize = 4;
+  const ShardLayout& layout;
+  std::vector<ParamInfo>& params;
+  const std::vector<ModuleInfo>& modules;
+  const std::vector<int>& tensor_param;  ///< trainable tensor index -> parameter index
+  Communicator& comm;
+  ComputeBackend& backend;  ///< the device's: buckets, gathers and the model's buffers
+  MemoryTracker& tracker;
+  StepTimes& times;
+
+  MemoryResource& resource(Tier tier) const;
+  TrackedBuffer allocate(Tier tier, MemoryCategory category, std::size_t bytes) const;
+  /// Copies between two engine buffers wherever each lives; blocking when either is host memory.
+  void transfer(void* destination, MemoryLocation destination_location, const void* source,
+                MemoryLocation source_location, std::size_t bytes) const;
+  /// Rounds `count` host fp32 values into `destination` (model dtype, at `location`).
+  void store_host_values(const float* values, void* destination, MemoryLocation location,
+                         std::int64_t count) const;
+  /// The range of the flat buffer this rank updates: all of it at stage 0, its shard otherwise.
+  std::int64_t update_begin() const { return stage == 0 ? 0 : layout.shard_begin(rank); }
+  std::int64_t update_end() const {
+    return stage == 0 ? layout.padded_total() : layout.shard_end(rank);
+  }
+  /// Gradients are reduced once per accumulation window at stages 0-1, every micro-step after.
+  bool gradient_accumulation_boundary(std::int64_t micro_step) const {
+    return micro_step + 1 >= config.gradient_accumulation_steps;
+  }
+};
+
+}  // namespace zeroshard::detail

@@ -1,0 +1,188 @@
+// One optimizer step: finish the gradient reductions, agree on overflow and the global gradient
+// norm across ranks, fold unscaling, averaging and clipping into one gradient factor, run the
+// optimizer shard's update, and spread the updated parameters as the stage requires.
+#include <chrono>
+#include <cmath>
+#include <sstream>
+
+#include "engine/engine_state.h"
+#include "util/check.h"
+#include "util/log.h"
+
+namespace zeroshard::detail {
+
+namespace {
+
+// DeepSpeed's clip coefficient: max_norm / (norm + 1e-6), applied only when below 1.
+constexpr double kClipEpsilon = 1e-6;
+
+}  // namespace
+
+StepResult EngineState::step() {
+  require_finalized();
+  bucketer_->finish(micro_step_);
+  StepResult result;
+  result.lr = current_lr();
+  if (micro_step_ + 1 < config_.gradient_accumulation_steps) {
+    ++micro_step_;
+    return result;
+  }
+  micro_step_ = 0;
+  params_store_->release_all_after_step();
+
+  const auto update_start = std::chrono::steady_clock::now();
+  const std::int64_t lo = context_->update_begin();
+  const std::int64_t hi = context_->update_end();
+  // Gradients arrive summed over ranks and micro-steps and multiplied by the loss scale.
+  const double unscale = bucketer_->post_reduction_factor() /
+                         (static_cast<double>(config_.gradient_accumulation_steps) * loss_scale());
+
+  // The norm needs every rank's part before the clip coefficient is known, so one pass only
+  // inspects the gradients; the update then applies unscale x clip as one fp32 factor as it reads
+  // them. The owned range is contiguous (padding between tensors stays zero), so it is one scan.
+  const GradientScan scan = optimizer_->scan(lo, hi);
+  // Stage 0 holds identical whole gradients on every rank; the other stages sum their shards.
+  bool nonfinite = scan.nonfinite;
+  double squares_total = scan.sum_of_squares * unscale * unscale;
+  if (stage_ != 0) {
+    float partial[2] = {static_cast<float>(squares_total), scan.nonfinite ? 1.0f : 0.0f};
+    all_reduce_host(partial, 2, ReduceOp::kSum);
+    squares_total = partial[0];
+    nonfinite = partial[1] != 0.0f || !std::isfinite(partial[0]);
+  } else {
+    nonfinite = nonfinite || !std::isfinite(squares_total);
+  }
+  // bf16 with check_grad_overflow off trusts the gradients, as DeepSpeed's BF16 optimizer does.
+  const bool check = dtype_ != DType::kBFloat16 || config_.bf16.check_grad_overflow;
+  if (nonfinite && check) {
+    if (dtype_ == DType::kFloat16) {
+      zero_grad();
+      result.skipped = true;
+      on_overflow();
+      return result;
+    }
+    // Every rank names the same parameter: the first one, in registration order, that holds a
+    // non-finite value in some rank's shard. A float carries the index exactly below 2^24
+    // parameters; the per-tensor scans and this extra all-reduce run only on the way to the
+    // error.
+    int culprit = -1;
+    for (const TensorPiece& piece : layout_.pieces(lo, hi)) {
+      if (optimizer_->scan(piece.flat_offset, piece.flat_offset + piece.size).nonfinite) {
+        culprit = tensor_param_[piece.tensor];
+        break;
+      }
+    }
+    zero_grad();
+    if (stage_ != 0) {
+      const auto count = static_cast<float>(params_.size());
+      float key = culprit >= 0 ? count - static_cast<float>(culprit) : 0.0f;
+      all_reduce_host(&key, 1, ReduceOp::kMax);
+      culprit = key > 0.0f ? static_cast<int>(count - key) : -1;
+    }
+    std::ostringstream os;
+    os << "non-finite gradient (inf or NaN) ";
+    if (culprit >= 0) {
+      os << "in parameter '" << params_[culprit].name << "'";
+    } else {
+      os << "(the sum of squares of the gradients overflowed fp32)";
+    }
+    // The check runs after the reduction, so any rank's backward may have produced the value.
+    os << " at step " << global_step_ + 1 << " (found after summing the ranks' gradients)";
+    if (dtype_ == DType::kBFloat16) {
+      // DeepSpeed's BF16 optimizer with check_grad_overflow skips such a step; there is no loss
+      // scale to lower, so it only says so.
+      if (rank_ == 0) {
+        ZEROSHARD_LOG(kProgress, os.str() << ": update skipped on every rank");
+      }
+      result.skipped = true;
+      return result;
+    }
+    os << "; the update was not applied (parameters and optimizer states are unchanged). Check "
+          "the model's backward and the learning rate, or train with fp16 dynamic loss scaling "
+          "or bf16 to skip such steps";
+    throw UsageError(os.str());
+  }
+  const double norm = std::sqrt(squares_total);
+  last_grad_norm_ = norm;
+  result.grad_norm = norm;
+  double clip = 1.0;
+  if (config_.gradient_clipping > 0.0) {
+    const double coefficient = config_.gradient_clipping / (norm + kClipEpsilon);
+    if (coefficient < 1.0) clip = coefficient;
+  }
+
+  const ScheduledValues schedule = scheduled();
+  const double default_lr = rule_->default_lr();
+  GroupContexts contexts;
+  for (const GroupInfo& group : groups_) {
+    const ParamGroupOptions& options = group.options;
+    StepContext context;
+    context.step = global_step_ + 1;
+    context.lr = options.lr
+                     ? (default_lr > 0.0 ? *options.lr * schedule.lr / default_lr : *options.lr)
+                     : schedule.lr;
+    context.weight_decay = options.weight_decay.value_or(rule_->default_weight_decay());
+    context.momentum = schedule.momentum;
+    contexts.push_back(context);
+  }
+  optimizer_->update(static_cast<float>(unscale * clip), contexts);
+  const auto gather_start = std::chrono::steady_clock::now();
+  times_.update += std::chrono::duration<double>(gather_start - update_start).count();
+  params_store_->after_update();
+  times_.gather +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - gather_start).count();
+  zero_grad();
+  ++global_step_;
+  on_clean_step();
+  result.updated = true;
+  print_progress(result);
+  return result;
+}
+
+void EngineState::on_overflow() {
+  scaler_->update(true);
+  if (rank_ == 0) {
+    ZEROSHARD_LOG(kProgress, "OVERFLOW at step "
+                                 << global_step_ + 1
+                                 << ": update skipped on every rank, loss scale now "
+                                 << loss_scale());
+  }
+}
+
+void EngineState::on_clean_step() {
+  if (!scaler_) return;
+  scaler_->update(false);
+}
+
+void EngineState::zero_grad() {
+  require_finalized();
+  bucketer_->zero_full_grads();
+  optimizer_->zero_gradients();
+}
+
+void EngineState::print_progress(const StepResult& result) {
+  const std::int64_t every = config_.steps_per_print;
+  if (rank_ != 0 || every <= 0 || global_step_ % every != 0) return;
+  std::ostringstream os;
+  os << "step " << global_step_ << " | lr " << result.lr << " | grad_norm " << result.grad_norm;
+  if (dtype_ == DType::kFloat16) os << " | loss_scale " << loss_scale();
+  if (config_.wall_clock_breakdown) {
+    const double per_step = 1000.0 / static_cast<double>(every);
+    os << " | reduce " << times_.reduce * per_step << " ms | update " << times_.update * per_step
+       << " ms | gather " << times_.gather * per_step << " ms (per step, averaged over " << every
+       << ")";
+    times_ = StepTimes{};
+  }
+  if (config_.memory_breakdown) {
+    const MemoryReport report = tracker_.report(rank_, world_);
+    const MemoryLocation where = backend_->memory().location();
+    os << " | model states " << report.model_state_bytes(where) / 1048576.0
+       << " MiB, communication "
+       << report.at(MemoryCategory::kCommunication, where).current / 1048576.0
+       << " MiB, peak total " << report.total_peak[static_cast<int>(where)] / 1048576.0 << " MiB"
+       << (where == MemoryLocation::kDevice ? " on the GPU" : "");
+  }
+  detail::log(LogLevel::kProgress, os.str());
+}
+
+}  // namespace zeroshard::detail

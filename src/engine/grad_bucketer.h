@@ -1,0 +1,91 @@
+// Gradient buckets: contiguous ranges of the flat gradient buffer, reduced in a fixed order (last
+// registered parameters first, as backward produces them) so that every rank issues the same
+// collectives in the same order whatever order its gradients arrive in. Each reduced part of
+// this rank's shard is handed to a sink (the optimizer shard) as its bucket completes.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "engine/engine_context.h"
+
+namespace zeroshard::detail {
+
+/// Receives this rank's part of each reduced bucket, stages 1-3: elements [lo, hi) of the flat
+/// buffer, summed over the ranks, in `dtype` at `data` (engine memory, valid during the call).
+class ReducedGradientSink {
+ public:
+  virtual ~ReducedGradientSink() = default;
+  virtual void accept_reduced(std::int64_t lo, std::int64_t hi, const void* data, DType dtype) = 0;
+};
+
+class GradBucketer {
+ public:
+  /// Plans the buckets and, at stages 0-1, allocates the whole gradient buffer the model writes.
+  GradBucketer(const EngineContext& context, DType comm_dtype);
+  /// Waits for every reduction in flight before the buffers it writes are freed.
+  ~GradBucketer();
+  GradBucketer(const GradBucketer&) = delete;
+  GradBucketer& operator=(const GradBucketer&) = delete;
+
+  void deliver_to(ReducedGradientSink& sink) { sink_ = &sink; }
+
+  /// Where the model writes the gradient of parameter `index` in this micro-step.
+  void* grad(int index);
+  /// The gradient was written; launches every bucket that is now complete, in order.
+  void mark_ready(int index, std::int64_t micro_step);
+  /// Launches what is left and waits for every reduction; readiness starts over.
+  void finish(std::int64_t micro_step);
+  /// Lets the transport advance the reductions in flight (MPI moves non-blocking collectives only
+  /// inside MPI calls): called at every grad_ready() and gather(), so that a reduction proceeds
+  /// while the model computes instead of all at once when it is waited for.
+  void poll();
+  /// Stages 0-1: the whole gradients (model dtype), reduced in place at the boundary.
+  char* full_grads() const { return grads_full_.as<char>(); }
+  void zero_full_grads();
+
+  /// Factors DeepSpeed applies around the reduction (prescale_gradients, predivide factor).
+  double pre_reduction_factor() const;
+  double post_reduction_factor() const;
+
+ private:
+  /// A contiguous range of the flat gradient buffer reduced by one collective.
+  struct Bucket {
+    std::int64_t begin = 0;
+    std::int64_t end = 0;
+    std::vector<int> params;
+    int ready = 0;
+    int slot = -1;  ///< stages 1-3: the communication buffer it uses
+    Request request;
+  };
+  /// A reusable communication buffer: input area (stages 2-3), the fp32 send area (16-bit
+  /// gradients reduced in fp32), then the receive area.
+  struct Slot {
+    TrackedBuffer buffer;
+    bool busy = false;
+  };
+
+  void plan();
+  char* slot_send(int slot);
+  char* slot_recv(int slot);
+  int acquire_slot();
+  void launch_ready(std::int64_t micro_step);
+  void launch(int bucket);
+  void complete_oldest();
+
+  const EngineContext& context_;
+  DType comm_dtype_;
+  bool scatter_ = false;  ///< stages 1-3 with reduce_scatter: each rank receives its part only
+  ReducedGradientSink* sink_ = nullptr;
+  TrackedBuffer grads_full_;
+  std::vector<Bucket> buckets_;           ///< in launch order (last registered parameters first)
+  std::int64_t slot_input_elements_ = 0;  ///< model dtype
+  std::int64_t slot_send_elements_ = 0;   ///< fp32, when 16-bit gradients are sent widened
+  std::int64_t slot_recv_elements_ = 0;   ///< communication dtype
+  std::vector<Slot> slots_;
+  std::deque<int> in_flight_;
+  std::size_t next_launch_ = 0;
+};
+
+}  // namespace zeroshard::detail

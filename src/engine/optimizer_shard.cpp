@@ -1,0 +1,197 @@
+// Placement of the optimizer shard's buffers, the arrival of reduced gradients, and the update
+// loop: for each sub-group, acquire (resident in this part), apply the rule with the step's one
+// gradient factor while writing the model's copy, write back, release.
+#include "engine/optimizer_shard.h"
+
+#include <algorithm>
+
+#include "optim/builtin_rule.h"
+
+namespace zeroshard::detail {
+
+namespace {
+
+// Offload on a GPU: elements per write-back of updated parameters through pinned memory, so the
+// staging buffer stays small whatever sub_group_size is (8 MiB of 16-bit values).
+constexpr std::int64_t kWriteBackElements = std::int64_t{1} << 22;
+
+}  // namespace
+
+OptimizerShard::OptimizerShard(const EngineContext& context, const UpdateRule& rule,
+                               ParamCoordinator& params, const char* full_grads,
+                               DType grad_shard_dtype)
+    : context_(context),
+      rule_(rule),
+      params_(params),
+      full_grads_(full_grads),
+      update_backend_(&context.backend),
+      owned_begin_(context.update_begin()),
+      grad_shard_dtype_(grad_shard_dtype) {
+  const OffloadConfig& offload = context_.config.zero_optimization.offload_optimizer;
+  Tier tier = Tier::kDevice;
+  if (offload.device == OffloadDevice::kCpu) {
+    host_backend_ = make_cpu_backend(rule_);
+    update_backend_ = host_backend_.get();
+    tier = offload.pin_memory ? Tier::kPinnedHost : Tier::kPageableHost;
+    // DeepSpeed's offloaded gradient partition is fp32, whatever the model's type.
+    grad_shard_dtype_ = DType::kFloat32;
+  }
+  const std::int64_t owned = context_.update_end() - owned_begin_;
+  master_aliases_params_ = !offloaded() && context_.dtype == DType::kFloat32;
+  if (!master_aliases_params_) {
+    master_ = context_.allocate(tier, MemoryCategory::kMasterWeights, owned * sizeof(float));
+  }
+  if (context_.stage >= 2 || offloaded()) {
+    grad_shard_ = context_.allocate(tier, MemoryCategory::kGradients,
+                                    context_.layout.shard_size() * size_of(grad_shard_dtype_));
+  }
+  for (int s = 0; s < rule_.state_count(); ++s) {
+    states_.push_back(
+        context_.allocate(tier, MemoryCategory::kOptimizerStates, owned * sizeof(float)));
+  }
+  state_pointers_.resize(states_.size());
+  if (context_.dtype != DType::kFloat32) {
+    // A backend whose rule cannot read 16-bit gradients widens them here one chunk at a time,
+    // never for the whole shard. The chunk is a bounded working buffer, not a copy of the
+    // gradients, so it is counted with the other bounded buffers under communication: the
+    // model-state categories then hold exactly the ZeRO paper's bytes.
+    const std::int64_t chunk =
+        std::max<std::int64_t>(2, std::min(context_.config.zero_optimization.sub_group_size,
+                                           update_backend_->working_chunk_elements(owned)));
+    scratch_ = context_.allocate(tier, MemoryCategory::kCommunication, chunk * sizeof(float));
+  }
+}
+
+char* OptimizerShard::staging(std::size_t bytes) {
+  if (staging_.bytes() < bytes) {
+    staging_ = context_.allocate(Tier::kPinnedHost, MemoryCategory::kCommunication, bytes);
+  }
+  return staging_.as<char>();
+}
+
+void OptimizerShard::accept_reduced(std::int64_t lo, std::int64_t hi, const void* data,
+                                    DType dtype) {
+  // Stage 1 on the device reads its shard where the bucketer left it.
+  if (grad_shard_.empty()) return;
+  const std::int64_t count = hi - lo;
+  void* destination = grad_shard_.as<char>() + (lo - owned_begin_) * size_of(grad_shard_dtype_);
+  const void* source = data;
+  if (offloaded() && context_.backend.memory().location() == MemoryLocation::kDevice) {
+    const std::size_t bytes = count * size_of(dtype);
+    char* host = staging(bytes);
+    context_.backend.copy_to_host(host, data, bytes);
+    source = host;
+  }
+  update_backend_->accumulate(destination, grad_shard_dtype_, source, dtype, count);
+}
+
+void OptimizerShard::zero_gradients() {
+  update_backend_->zero(grad_shard_.data(), grad_shard_.bytes());
+}
+
+OptimizerShard::GradView OptimizerShard::gradients() const {
+  if (!grad_shard_.empty()) return {grad_shard_.as<char>(), owned_begin_, grad_shard_dtype_};
+  return {full_grads_, 0, context_.dtype};
+}
+
+GradientScan OptimizerShard::scan(std::int64_t lo, std::int64_t hi) {
+  const GradView view = gradients();
+  return update_backend_->scan(view.base + (lo - view.first) * size_of(view.dtype), view.dtype,
+                               hi - lo);
+}
+
+float* OptimizerShard::master_at(std::int64_t flat) {
+  if (master_aliases_params_) return static_cast<float*>(params_.owned_at(flat));
+  return master_.as<float>() + (flat - owned_begin_);
+}
+
+float* OptimizerShard::state_at(int state, std::int64_t flat) {
+  return states_[state].as<float>() + (flat - owned_begin_);
+}
+
+void OptimizerShard::load_master(std::int64_t flat, const float* values, std::int64_t count) {
+  if (master_aliases_params_) return;
+  context_.transfer(master_at(flat), master_.location(), values, MemoryLocation::kHost,
+                    count * sizeof(float));
+}
+
+void OptimizerShard::copy_master_to(float* destination) {
+  const std::int64_t count = context_.update_end() - owned_begin_;
+  const MemoryLocation source =
+      master_aliases_params_ ? params_.owned_location() : master_.location();
+  context_.transfer(destination + owned_begin_, context_.backend.memory().location(),
+                    master_at(owned_begin_), source, count * sizeof(float));
+}
+
+void OptimizerShard::update(float grad_factor, const GroupContexts& contexts) {
+  // Runs of the owned range: one tensor piece, or on a backend with fused kernels every
+  // consecutive piece of one parameter group (the zero padding between them stays zero under
+  // every rule), so that a step is one launch per group and sub-group.
+  struct Run {
+    std::int64_t begin;
+    std::int64_t end;
+    int first_param;
+    std::int64_t offset_in_param;
+  };
+  std::vector<Run> runs;
+  for (const TensorPiece& piece : context_.layout.pieces(owned_begin_, context_.update_end())) {
+    const int param = context_.tensor_param[piece.tensor];
+    if (update_backend_->fuses_tensors() && !runs.empty() &&
+        context_.params[runs.back().first_param].group == context_.params[param].group) {
+      runs.back().end = piece.flat_offset + piece.size;
+    } else {
+      runs.push_back(
+          {piece.flat_offset, piece.flat_offset + piece.size, param, piece.offset_in_tensor});
+    }
+  }
+  std::int64_t tile = context_.config.zero_optimization.sub_group_size;
+  if (!master_aliases_params_ && params_.owned_location() != update_backend_->memory().location()) {
+    tile = std::min(tile, kWriteBackElements);
+  }
+  for (const Run& run : runs) {
+    for (std::int64_t begin = run.begin; begin < run.end; begin += tile) {
+      update_sub_group(begin, std::min(run.end, begin + tile), run.first_param,
+                       run.offset_in_param + (begin - run.begin), grad_factor, contexts);
+    }
+  }
+}
+
+void OptimizerShard::update_sub_group(std::int64_t begin, std::int64_t end, int param,
+                                      std::int64_t offset_in_param, float grad_factor,
+                                      const GroupContexts& contexts) {
+  const ParamInfo& p = context_.params[param];
+  for (std::size_t s = 0; s < states_.size(); ++s) {
+    state_pointers_[s] = state_at(static_cast<int>(s), begin);
+  }
+  ShardSlice slice;
+  slice.param_name = p.name;
+  slice.param_numel = p.numel;
+  slice.offset_in_param = offset_in_param;
+  slice.size = end - begin;
+  slice.param = master_at(begin);
+  slice.states = state_pointers_;
+  const GradView view = gradients();
+  FusedStepIo io;
+  io.grad = view.base + (begin - view.first) * size_of(view.dtype);
+  io.grad_dtype = view.dtype;
+  io.grad_factor = grad_factor;
+  io.param_copy_dtype = context_.dtype;
+  // Write back: straight into the parameters when the update can reach them, through pinned
+  // memory when they are on the GPU and the update on the host.
+  const std::size_t copy_bytes = slice.size * context_.dsize;
+  const bool staged =
+      !master_aliases_params_ && params_.owned_location() != update_backend_->memory().location();
+  if (staged) {
+    io.param_copy = staging(copy_bytes);
+  } else if (!master_aliases_params_) {
+    io.param_copy = params_.owned_at(begin);
+  }
+  const std::span<float> scratch(scratch_.as<float>(), scratch_.bytes() / sizeof(float));
+  update_backend_->apply_rule(slice, io, contexts[p.group], scratch);
+  if (staged) {
+    context_.transfer(params_.owned_at(begin), params_.owned_location(), io.param_copy,
+                      MemoryLocation::kHost, copy_bytes);
+  }
+}
+
+}  // namespace zeroshard::detail
