@@ -177,6 +177,13 @@ TEST(Config, MapsDeprecatedAliasesAndSaysSo) {
   EXPECT_THAT(config.notices()[0], StartsWith("bfloat16: deprecated; read as bf16"));
 }
 
+TEST(Config, DeprecatedOffloadSwitchesTurnOnCpuOffload) {
+  const Config config = Config::from_json_string(R"({"train_batch_size": 8,
+    "zero_optimization": {"stage": 3, "cpu_offload": true, "cpu_offload_param": true}})");
+  EXPECT_EQ(config.zero_optimization.offload_optimizer.device, OffloadDevice::kCpu);
+  EXPECT_EQ(config.zero_optimization.offload_param.device, OffloadDevice::kCpu);
+}
+
 TEST(Config, DeprecatedSwitchesReachTheKeysTheyStandFor) {
   // The features behind these switches are not implemented yet, so the refusal names the key
   // the old spelling maps to: proof of the mapping.
@@ -190,8 +197,6 @@ TEST(Config, DeprecatedSwitchesReachTheKeysTheyStandFor) {
     }
     return std::string("no error");
   };
-  EXPECT_EQ(error_path(R"("cpu_offload": true)"), "zero_optimization.offload_optimizer.device");
-  EXPECT_EQ(error_path(R"("cpu_offload_param": true)"), "zero_optimization.offload_param.device");
   EXPECT_EQ(error_path(R"("stage3_gather_fp16_weights_on_model_save": true)"),
             "zero_optimization.stage3_gather_16bit_weights_on_model_save");
   EXPECT_EQ(error_path(R"("gather_16bit_weights_on_model_save": true)"),
@@ -402,6 +407,55 @@ TEST(ConfigValidation, OffloadRatioBelowOneNeedsStage3) {
     "offload_optimizer": {"device": "cpu", "ratio": 0.5}}})");
   EXPECT_EQ(error.key_path(), "zero_optimization.offload_optimizer.ratio");
   EXPECT_THAT(error.what(), HasSubstr("got 0.5 at zero_optimization.stage 2"));
+}
+
+TEST(ConfigValidation, CpuOffloadAtStage3IsAccepted) {
+  const Config config = Config::from_json_string(R"({"train_batch_size": 8,
+    "zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "cpu", "pin_memory": false},
+      "offload_param": {"device": "cpu", "max_in_cpu": 5000}}})");
+  EXPECT_EQ(config.zero_optimization.offload_optimizer.device, OffloadDevice::kCpu);
+  EXPECT_FALSE(config.zero_optimization.offload_optimizer.pin_memory);
+  EXPECT_EQ(config.zero_optimization.offload_param.device, OffloadDevice::kCpu);
+  EXPECT_EQ(config.zero_optimization.offload_param.max_in_cpu, 5000);
+}
+
+TEST(ConfigValidation, NvmeOnlyKeysWithDeviceCpuAreRefusedByName) {
+  const std::pair<const char*, const char*> cases[] = {
+      {R"("offload_optimizer": {"device": "cpu", "buffer_count": 8})",
+       "zero_optimization.offload_optimizer.buffer_count"},
+      {R"("offload_optimizer": {"device": "cpu", "pipeline_read": true})",
+       "zero_optimization.offload_optimizer.pipeline_read"},
+      {R"("offload_optimizer": {"device": "cpu", "pipeline_write": true})",
+       "zero_optimization.offload_optimizer.pipeline_write"},
+      {R"("offload_optimizer": {"device": "cpu", "fast_init": true})",
+       "zero_optimization.offload_optimizer.fast_init"},
+      {R"("offload_optimizer": {"device": "cpu", "nvme_path": "/nvme"})",
+       "zero_optimization.offload_optimizer.nvme_path"},
+      {R"("offload_param": {"device": "cpu", "buffer_count": 4})",
+       "zero_optimization.offload_param.buffer_count"},
+      {R"("offload_param": {"device": "cpu", "buffer_size": 1000})",
+       "zero_optimization.offload_param.buffer_size"},
+  };
+  for (const auto& [offload, key] : cases) {
+    ConfigError error =
+        config_error(std::string(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, )") +
+                     offload + "}}");
+    EXPECT_EQ(error.key_path(), key) << offload;
+    EXPECT_THAT(error.what(), HasSubstr("applies to device \"nvme\" only")) << offload;
+  }
+  // At their defaults they are fine: configs that spell every key out still load.
+  EXPECT_NO_THROW(Config::from_json_string(R"({"train_batch_size": 8,
+    "zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "cpu", "buffer_count": 4, "pipeline_read": false},
+      "offload_param": {"device": "cpu", "buffer_count": 5, "buffer_size": 100000000}}})"));
+}
+
+TEST(ConfigValidation, PartialOffloadIsNotImplementedYet) {
+  ConfigError error = config_error(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
+    "offload_optimizer": {"device": "cpu", "ratio": 0.5}}})");
+  EXPECT_EQ(error.key_path(), "zero_optimization.offload_optimizer.ratio");
+  EXPECT_THAT(error.what(), HasSubstr("not implemented yet"));
 }
 
 TEST(ConfigValidation, Fp16AndBf16Together) {

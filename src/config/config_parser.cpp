@@ -511,13 +511,37 @@ void ConfigParser::check_combinations(const json& document) {
 
   if (refusal_) throw *refusal_;
   for (const Offload& offload : offloads) {
-    if (offload.config.device != OffloadDevice::kNone) {
-      const bool nvme = offload.config.device == OffloadDevice::kNvme;
-      throw ConfigError(std::string(offload.path) + ".device",
-                        std::string("got \"") + (nvme ? "nvme" : "cpu") + "\"; " +
-                            (nvme ? "NVMe" : "CPU") +
-                            " offload is not implemented yet (only \"none\" is accepted)");
+    const std::string path(offload.path);
+    if (offload.config.device == OffloadDevice::kNvme) {
+      throw ConfigError(path + ".device",
+                        "got \"nvme\"; NVMe offload is not implemented yet (\"none\" and \"cpu\" "
+                        "are accepted)");
     }
+    if (offload.config.device != OffloadDevice::kCpu) continue;
+    // With device cpu every element stays in CPU memory: the NVMe swap knobs have nothing to act
+    // on. DeepSpeed ignores them there; zeroshard says so rather than pretend they took effect.
+    const OffloadConfig defaults = &offload.config == &zero.offload_param
+                                       ? ZeroConfig::param_offload_defaults()
+                                       : OffloadConfig{};
+    const auto nvme_only = [&](const char* key, bool differs) {
+      if (differs) {
+        throw ConfigError(path + "." + key,
+                          "applies to device \"nvme\" only; with device \"cpu\" remove it "
+                          "(every element stays in CPU memory, no swap buffers are used)");
+      }
+    };
+    nvme_only("nvme_path", !offload.config.nvme_path.empty());
+    nvme_only("buffer_count", offload.config.buffer_count != defaults.buffer_count);
+    nvme_only("buffer_size", offload.config.buffer_size != defaults.buffer_size);
+    nvme_only("pipeline_read", offload.config.pipeline_read);
+    nvme_only("pipeline_write", offload.config.pipeline_write);
+    nvme_only("fast_init", offload.config.fast_init);
+  }
+  if (zero.offload_optimizer.ratio < 1.0) {
+    throw ConfigError("zero_optimization.offload_optimizer.ratio",
+                      "got " + detail::format_number(zero.offload_optimizer.ratio) +
+                          "; partial optimizer offload (part of the sub-groups updated on the "
+                          "device) is not implemented yet: use 1.0");
   }
 }
 

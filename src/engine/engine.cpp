@@ -182,6 +182,15 @@ void EngineState::finalize() {
   Tier shard_tier = Tier::kDevice;
   if (offload_param.device == OffloadDevice::kCpu) {
     shard_tier = offload_param.pin_memory ? Tier::kPinnedHost : Tier::kPageableHost;
+    // With device cpu the whole shard stays in CPU memory: max_in_cpu is its budget.
+    if (layout_.shard_size() > offload_param.max_in_cpu) {
+      throw ConfigError("zero_optimization.offload_param.max_in_cpu",
+                        "got " + std::to_string(offload_param.max_in_cpu) + "; rank " +
+                            std::to_string(rank_) + " keeps its whole parameter shard of " +
+                            std::to_string(layout_.shard_size()) +
+                            " elements in CPU memory under device \"cpu\". Raise max_in_cpu, "
+                            "add ranks, or remove the key");
+    }
   }
   params_store_ = std::make_unique<ParamCoordinator>(*context_, shard_tier);
   bucketer_ = std::make_unique<GradBucketer>(*context_, comm_dtype_);

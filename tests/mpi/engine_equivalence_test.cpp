@@ -15,52 +15,6 @@
 namespace zeroshard::testing {
 namespace {
 
-struct RuleCase {
-  std::string name;
-  std::function<std::unique_ptr<UpdateRule>()> make;
-};
-
-std::vector<RuleCase> rule_cases() {
-  return {
-      {"adamw",
-       [] {
-         AdamWOptions o;
-         o.lr = 1e-2;
-         o.weight_decay = 0.1;
-         return make_adamw(o);
-       }},
-      {"adam",
-       [] {
-         AdamOptions o;
-         o.lr = 1e-2;
-         o.weight_decay = 0.05;
-         return make_adam(o);
-       }},
-      {"sgd",
-       [] {
-         SgdOptions o;
-         o.lr = 1e-2;
-         o.momentum = 0.9;
-         o.nesterov = true;
-         return make_sgd(o);
-       }},
-      {"lion",
-       [] {
-         LionOptions o;
-         o.lr = 1e-3;
-         o.weight_decay = 0.1;
-         return make_lion(o);
-       }},
-      {"adagrad",
-       [] {
-         AdagradOptions o;
-         o.lr = 1e-2;
-         o.lr_decay = 0.01;
-         return make_adagrad(o);
-       }},
-  };
-}
-
 class EngineEquivalence : public ::testing::TestWithParam<std::tuple<int, int>> {};
 
 TEST_P(EngineEquivalence, ShardedParametersEqualOneUnshardedRankAfterTenSteps) {

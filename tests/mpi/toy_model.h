@@ -231,6 +231,54 @@ class ToyReference {
   std::vector<std::vector<std::vector<float>>> states_;
 };
 
+/// A built-in update rule, by name, built fresh for each engine or reference.
+struct RuleCase {
+  std::string name;
+  std::function<std::unique_ptr<UpdateRule>()> make;
+};
+
+/// Every built-in rule, with options that make weight decay and momentum matter.
+inline std::vector<RuleCase> rule_cases() {
+  return {
+      {"adamw",
+       [] {
+         AdamWOptions o;
+         o.lr = 1e-2;
+         o.weight_decay = 0.1;
+         return make_adamw(o);
+       }},
+      {"adam",
+       [] {
+         AdamOptions o;
+         o.lr = 1e-2;
+         o.weight_decay = 0.05;
+         return make_adam(o);
+       }},
+      {"sgd",
+       [] {
+         SgdOptions o;
+         o.lr = 1e-2;
+         o.momentum = 0.9;
+         o.nesterov = true;
+         return make_sgd(o);
+       }},
+      {"lion",
+       [] {
+         LionOptions o;
+         o.lr = 1e-3;
+         o.weight_decay = 0.1;
+         return make_lion(o);
+       }},
+      {"adagrad",
+       [] {
+         AdagradOptions o;
+         o.lr = 1e-2;
+         o.lr_decay = 0.01;
+         return make_adagrad(o);
+       }},
+  };
+}
+
 /// A config for `stage` with small buckets so that several buckets and gathers happen.
 inline Config toy_config(int stage) {
   Config config;

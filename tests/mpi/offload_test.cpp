@@ -1,0 +1,188 @@
+// Offload moves bytes, never the math: with offload_optimizer (and at stage 3 offload_param) on
+// CPU memory, training gives the same parameters, bit for bit, as without, for every rule, stage,
+// precision and world size; the bytes move to host memory; the offload keys are honoured or
+// refused by name.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "mpi/toy_model.h"
+#include "precision/half_conversion.h"
+
+namespace zeroshard::testing {
+namespace {
+
+enum class Offload { kOptimizer, kOptimizerAndParams };
+
+using OffloadCase = std::tuple<int, DType, int, Offload>;  // stage, precision, rule, offload
+
+Config case_config(int stage, DType dtype) {
+  Config config = toy_config(stage);
+  config.fp16.enabled = dtype == DType::kFloat16;
+  // 2^8 keeps the scaled toy gradients (|g| <= 4, summed over 4 ranks and 2 micro-steps) finite.
+  config.fp16.initial_scale_power = 8;
+  config.bf16.enabled = dtype == DType::kBFloat16;
+  config.gradient_accumulation_steps = 2;
+  config.gradient_clipping = 1.0;
+  // The offloaded gradient shard is fp32 (DeepSpeed's); the resident one matches it only when it
+  // is fp32 too, which DeepSpeed's grad_accum_dtype allows from stage 2.
+  if (dtype != DType::kFloat32 && stage >= 2) config.grad_accum_dtype = "fp32";
+  return config;
+}
+
+/// One micro-step of the toy model in any precision: the gradient is computed from the values the
+/// model sees, multiplied by the loss scale, and added to the gradient buffer in its type.
+void micro_step(Engine& engine, const std::vector<ToyTensor>& tensors,
+                const std::vector<Parameter>& handles, std::int64_t step) {
+  const DType dtype = engine.model_dtype();
+  const auto scale = static_cast<float>(engine.loss_scale());
+  toy_backward(engine, tensors, handles, [&](std::size_t k) {
+    const std::int64_t n = tensors[k].numel;
+    const std::size_t bytes = n * size_of(dtype);
+    const std::vector<char> raw_param = to_host(engine, handles[k].raw_data(), bytes);
+    void* grad_buffer = handles[k].raw_grad();
+    std::vector<char> raw_grad = to_host(engine, grad_buffer, bytes);
+    std::vector<float> w(n);
+    std::vector<float> g(n);
+    detail::convert_to_float(raw_param.data(), dtype, w.data(), n);
+    detail::convert_to_float(raw_grad.data(), dtype, g.data(), n);
+    for (std::int64_t i = 0; i < n; ++i) {
+      g[i] += scale * toy_gradient(w[i], static_cast<int>(k), i, engine.rank(), step);
+    }
+    detail::convert_from_float(g.data(), raw_grad.data(), dtype, n);
+    from_host(engine, grad_buffer, raw_grad.data(), bytes);
+  });
+}
+
+struct Trained {
+  std::vector<float> master;
+  std::vector<char> model;  ///< every trainable parameter as the model sees it
+  double loss_scale = 0.0;
+  double grad_norm = 0.0;
+  int updates = 0;
+  std::int64_t host_master_bytes = 0;  ///< where an offloaded update keeps its fp32 copy
+};
+
+Trained train(Config config, int rule) {
+  Engine engine = make_engine(std::move(config), rule_cases()[rule].make());
+  ParamGroupOptions slow;
+  slow.name = "slow";
+  slow.lr = engine.update_rule().default_lr() * 0.5;
+  const int slow_group = engine.add_param_group(slow);
+  const auto tensors = uneven_toy_tensors();
+  const auto handles = register_toy(engine, tensors, slow_group);
+  Trained result;
+  for (std::int64_t step = 0; step < 8; ++step) {
+    micro_step(engine, tensors, handles, step);
+    result.updates += engine.step().updated ? 1 : 0;
+  }
+  result.master = engine.consolidated_parameters();
+  for (std::size_t k = 0; k < tensors.size(); ++k) {
+    if (!tensors[k].trainable) continue;
+    auto guard = engine.gathered(handles[k].module());
+    const std::vector<char> bytes =
+        to_host(engine, handles[k].raw_data(), tensors[k].numel * size_of(engine.model_dtype()));
+    result.model.insert(result.model.end(), bytes.begin(), bytes.end());
+  }
+  result.loss_scale = engine.loss_scale();
+  result.grad_norm = engine.global_grad_norm();
+  result.host_master_bytes =
+      engine.memory_report().at(MemoryCategory::kMasterWeights, MemoryLocation::kHost).current;
+  return result;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+class OffloadEquivalence : public ::testing::TestWithParam<OffloadCase> {};
+
+TEST_P(OffloadEquivalence, TrainsBitForBitAsWithoutOffload) {
+  const auto [stage, dtype, rule, offload] = GetParam();
+  const Config resident = case_config(stage, dtype);
+  Config offloaded = resident;
+  offloaded.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
+  if (offload == Offload::kOptimizerAndParams) {
+    offloaded.zero_optimization.offload_param.device = OffloadDevice::kCpu;
+  }
+  const Trained expected = train(resident, rule);
+  const Trained actual = train(offloaded, rule);
+  EXPECT_EQ(expected.updates, 4);
+  EXPECT_EQ(actual.updates, expected.updates);
+  EXPECT_TRUE(same_bits(actual.master, expected.master)) << "fp32 master weights differ";
+  EXPECT_EQ(actual.model, expected.model) << "the parameters the model sees differ";
+  EXPECT_EQ(actual.loss_scale, expected.loss_scale);
+  EXPECT_EQ(actual.grad_norm, expected.grad_norm);
+  // The offloaded run did offload: its update has an fp32 master of its own in host memory, even
+  // for an fp32 model, whose resident update works on the parameters themselves.
+  EXPECT_GT(actual.host_master_bytes, 0);
+  if (dtype == DType::kFloat32 && !test_device().is_cuda()) {
+    EXPECT_EQ(expected.host_master_bytes, 0);
+  }
+}
+
+std::vector<OffloadCase> offload_cases() {
+  std::vector<OffloadCase> cases;
+  for (int stage = 1; stage <= 3; ++stage) {
+    for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+      for (int rule = 0; rule < static_cast<int>(rule_cases().size()); ++rule) {
+        cases.emplace_back(stage, dtype, rule, Offload::kOptimizer);
+        if (stage == 3) cases.emplace_back(stage, dtype, rule, Offload::kOptimizerAndParams);
+      }
+    }
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(StagesPrecisionsRules, OffloadEquivalence,
+                         ::testing::ValuesIn(offload_cases()), [](const auto& info) {
+                           const OffloadCase& c = info.param;
+                           return "stage" + std::to_string(std::get<0>(c)) + "_" +
+                                  to_string(std::get<1>(c)) + "_" +
+                                  rule_cases()[std::get<2>(c)].name +
+                                  (std::get<3>(c) == Offload::kOptimizerAndParams ? "_params" : "");
+                         });
+
+// Where the bytes go: the optimizer shard (master, states, fp32 gradient shard) is counted where
+// the offloaded update runs, and the parameters the model reads stay with the engine.
+TEST(OffloadMemory, OptimizerShardBytesFollowTheZeroOffloadLayout) {
+  Config config = case_config(2, DType::kBFloat16);
+  config.grad_accum_dtype.clear();
+  config.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
+  Engine engine = make_engine(config, make_adamw());
+  const auto tensors = uneven_toy_tensors();
+  register_toy(engine, tensors);
+  const MemoryReport report = engine.memory_report();
+  const std::int64_t shard = engine.shard_end() - engine.shard_begin();
+  const MemoryLocation host = MemoryLocation::kHost;
+  EXPECT_EQ(report.at(MemoryCategory::kMasterWeights, host).current, 4 * shard);
+  EXPECT_EQ(report.at(MemoryCategory::kOptimizerStates, host).current, 8 * shard);
+  EXPECT_EQ(report.at(MemoryCategory::kGradients, host).current, 4 * shard);
+  if (engine.device().is_cuda()) {
+    const MemoryLocation device = MemoryLocation::kDevice;
+    EXPECT_EQ(report.at(MemoryCategory::kMasterWeights, device).current, 0);
+    EXPECT_EQ(report.at(MemoryCategory::kOptimizerStates, device).current, 0);
+    EXPECT_EQ(report.at(MemoryCategory::kGradients, device).current, 0);
+  }
+}
+
+TEST(OffloadKeys, MaxInCpuBelowTheShardIsRefusedByName) {
+  Config config = toy_config(3);
+  config.zero_optimization.offload_param.device = OffloadDevice::kCpu;
+  config.zero_optimization.offload_param.max_in_cpu = 10;
+  Engine engine = make_engine(config, make_adamw());
+  try {
+    register_toy(engine, uneven_toy_tensors());
+    FAIL() << "finalize() accepted a shard larger than max_in_cpu";
+  } catch (const ConfigError& error) {
+    EXPECT_EQ(error.key_path(), "zero_optimization.offload_param.max_in_cpu");
+    EXPECT_NE(std::string(error.what()).find("parameter shard of"), std::string::npos)
+        << error.what();
+  }
+}
+
+}  // namespace
+}  // namespace zeroshard::testing
