@@ -52,7 +52,8 @@ struct Row {
   double number(const std::string& column) const { return std::stod(at(column)); }
   std::string label() const {
     return "N=" + at("world_size") + " rank " + at("rank") + " stage " + at("stage") + " " +
-           at("precision") + " offload " + at("offload_optimizer");
+           at("precision") + " offload_optimizer " + at("offload_optimizer") + " offload_param " +
+           at("offload_param");
   }
 };
 

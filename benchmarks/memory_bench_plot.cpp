@@ -22,6 +22,11 @@ struct Point {
   double theory_mb = 0.0;
 };
 
+/// The plots show the ZeRO curves of the device: rows without any offload.
+bool resident(const Record& r) {
+  return r.ok() && r.value("offload_optimizer") == "none" && r.value("offload_param") == "none";
+}
+
 }  // namespace
 
 std::vector<std::string> draw_plots(const std::vector<Record>& records, const std::string& dir,
@@ -32,13 +37,13 @@ std::vector<std::string> draw_plots(const std::vector<Record>& records, const st
   }
   std::set<std::string> precisions;
   for (const Record& r : records) {
-    if (r.ok() && r.value("offload_optimizer") == "none") precisions.insert(r.value("precision"));
+    if (resident(r)) precisions.insert(r.value("precision"));
   }
   std::vector<std::string> images;
   for (const std::string& precision : precisions) {
     std::map<int, std::map<int, Point>> series;  // stage -> world size -> point
     for (const Record& r : records) {
-      if (!r.ok() || r.value("precision") != precision || r.value("offload_optimizer") != "none") {
+      if (!resident(r) || r.value("precision") != precision) {
         continue;
       }
       Point& p = series[std::stoi(r.value("stage"))][r.world_size];

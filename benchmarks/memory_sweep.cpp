@@ -54,7 +54,7 @@ const std::vector<Dimension>& dimensions() {
        }},
       {"offload_optimizer",
        "--offload-optimizer",
-       {"none"},
+       {"none", "cpu"},
        [](nlohmann::json& config, const std::string& value) {
          if (value != "none" && value != "cpu" && value != "nvme") {
            unknown_value("--offload-optimizer", value, "none, cpu or nvme");
@@ -63,6 +63,20 @@ const std::vector<Dimension>& dimensions() {
          config["zero_optimization"]["offload_optimizer"]["device"] = value;
          if (value == "nvme") {
            config["zero_optimization"]["offload_optimizer"]["nvme_path"] =
+               "/tmp/zeroshard_memory_bench_nvme";
+         }
+       }},
+      {"offload_param",
+       "--offload-param",
+       {"none", "cpu"},
+       [](nlohmann::json& config, const std::string& value) {
+         if (value != "none" && value != "cpu" && value != "nvme") {
+           unknown_value("--offload-param", value, "none, cpu or nvme");
+         }
+         if (value == "none") return;
+         config["zero_optimization"]["offload_param"]["device"] = value;
+         if (value == "nvme") {
+           config["zero_optimization"]["offload_param"]["nvme_path"] =
                "/tmp/zeroshard_memory_bench_nvme";
          }
        }},
@@ -100,7 +114,9 @@ sweep:
   --world-sizes 1,2,3,4   ranks per run
   --stages 0,1,2,3
   --precisions fp32,fp16,bf16
-  --offload-optimizer none[,cpu,nvme]
+  --offload-optimizer none,cpu[,nvme]
+  --offload-param none,cpu[,nvme]   (combinations DeepSpeed forbids are left out: optimizer
+                          offload at stage 0, parameter offload below stage 3)
   --reduce-bucket-size N  elements (default 5e8, DeepSpeed's)
   --persistence-threshold N   stage3_param_persistence_threshold (default 0: all sharded)
   --max-reuse-distance N      stage3_max_reuse_distance (default 0: re-gather for backward)
@@ -250,6 +266,13 @@ std::vector<Configuration> configurations(const BenchOptions& options) {
     }
     result = std::move(next);
   }
+  // DeepSpeed's placement rules: such a row would measure nothing but the refusal.
+  std::erase_if(result, [](const Configuration& c) {
+    const bool stage0 = c.value("stage") == "0";
+    const bool stage3 = c.value("stage") == "3";
+    return (stage0 && c.value("offload_optimizer") != "none") ||
+           (!stage3 && c.value("offload_param") != "none");
+  });
   return result;
 }
 

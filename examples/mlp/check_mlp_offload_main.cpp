@@ -18,8 +18,7 @@ void expect(bool ok, const std::string& what) {
   if (!ok) ++failures;
 }
 
-std::int64_t rank0_bytes(const nlohmann::json& report, const char* location,
-                         const char* category) {
+std::int64_t rank0_bytes(const nlohmann::json& report, const char* location, const char* category) {
   const nlohmann::json& memory = report.at("memory").at(0);
   if (!memory.contains(location)) return 0;
   return memory.at(location).at(category).at("current").get<std::int64_t>();
