@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <deque>
 #include <memory>
 #include <numeric>
@@ -246,8 +245,9 @@ std::vector<Bucket> plan_buckets(const Model& model, std::int64_t limit) {
   return buckets;
 }
 
-// Requests in issue order, at most `limit` of them pending: the engine keeps two reductions and
-// two gather chunks in flight, and the floor is held to the same bound.
+// Requests in issue order, at most `limit` of them pending. The floor keeps two transfers in
+// flight, the engine's bound for gradient reductions and parameter chunks; the engine's stage-3
+// prefetch may start more gathers at once, which on CPU ranks buys nothing.
 class InFlight {
  public:
   explicit InFlight(std::size_t limit) : limit_(limit) {}
