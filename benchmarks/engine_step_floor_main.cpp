@@ -1,0 +1,729 @@
+// zeroshard-step-floor: an engine step against its floor. For each ZeRO stage it times, with the
+// model's arithmetic left out, the engine's work of one training iteration (stage-3 gathers,
+// gradient hand-overs, step()) and, in the same run and on the same communicator, the work no
+// engine can avoid: the stage's collectives, the norm's scalar all-reduce and one AdamW pass.
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <deque>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cpu_optimizer.h"  // cpu_optimizer::adam, active_isa: the update rule the engine runs
+#include "zeroshard/zeroshard.h"
+
+namespace {
+
+using zeroshard::Collective;
+using zeroshard::Communicator;
+using zeroshard::DType;
+using zeroshard::Engine;
+using zeroshard::ReduceOp;
+using zeroshard::Request;
+using Clock = std::chrono::steady_clock;
+namespace cpu_optimizer = zeroshard::detail::cpu_optimizer;
+
+constexpr const char* kUsage =
+    "usage: zeroshard-step-floor [--params P] [--layers L] [--bucket B] [--iterations N]\n"
+    "                            [--warmup N] [--stages 0123] [--precision fp32,bf16] [--check]\n"
+    "  --params      about P trainable parameters (default 16777216), as L layers of a W x 2W\n"
+    "                weight and a W bias, W a multiple of 64 (at least 64)\n"
+    "  --layers      L, one module each (default 8)\n"
+    "  --bucket      reduce_bucket_size and allgather_bucket_size in elements (default 4194304)\n"
+    "  --iterations  timed iterations of engine and floor each, alternated; medians are reported\n"
+    "                (default 10)\n"
+    "  --warmup      untimed iterations of each first (default 2)\n"
+    "  --stages      the ZeRO stages to measure, as digits (default 0123)\n"
+    "  --precision   comma-separated list of fp32, bf16, fp16: one table each (default fp32)\n"
+    "  --check       exit 1 unless every stage gave a positive, finite ratio (for the test suite)\n"
+    "Run under mpirun, e.g. OMP_NUM_THREADS=1 mpirun -np 2 zeroshard-step-floor\n";
+
+// The engine's placement rule (src/engine/engine.cpp, kTensorAlignment): every tensor starts on a
+// multiple of 16 elements and the total is padded to equal shards of such multiples. The program
+// checks its copy of the layout against the engine's padded_numel() and shard_begin().
+constexpr std::int64_t kAlignment = 16;
+
+// Stage 3 with stage3_max_reuse_distance 0: a module's gathered copy is freed after its forward
+// use and gathered again for backward, as for a model whose layers do not all stay gathered.
+// The floor then has two all-gathers per module (DeepSpeed's default reuse distance would keep
+// them all and halve that traffic).
+constexpr int kReuseDistance = 0;
+
+struct Options {
+  std::int64_t params = 16777216;
+  int layers = 8;
+  std::int64_t bucket = 4194304;
+  int iterations = 10;
+  int warmup = 2;
+  std::string stages = "0123";
+  std::vector<DType> precisions = {DType::kFloat32};
+  bool check = false;
+};
+
+template <class T>
+std::optional<std::string> parse_positive(std::string_view flag, std::string_view value, T& out,
+                                          T max) {
+  T parsed{};
+  const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), parsed);
+  if (error != std::errc() || end != value.data() + value.size() || parsed <= 0 || parsed > max) {
+    return std::string(flag) + ": expected an integer in 1.." + std::to_string(max) + ", got '" +
+           std::string(value) + "'";
+  }
+  out = parsed;
+  return std::nullopt;
+}
+
+std::optional<std::string> parse_precisions(std::string_view value, std::vector<DType>& out) {
+  out.clear();
+  while (true) {
+    const std::size_t comma = value.find(',');
+    const std::string_view name = value.substr(0, comma);
+    if (name == "fp32") {
+      out.push_back(DType::kFloat32);
+    } else if (name == "bf16") {
+      out.push_back(DType::kBFloat16);
+    } else if (name == "fp16") {
+      out.push_back(DType::kFloat16);
+    } else {
+      return "--precision: expected fp32, bf16 or fp16, got '" + std::string(name) + "'";
+    }
+    if (comma == std::string_view::npos) return std::nullopt;
+    value.remove_prefix(comma + 1);
+  }
+}
+
+std::optional<std::string> parse_options(int argc, char** argv, Options& options) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view flag = argv[i];
+    if (flag == "--check") {
+      options.check = true;
+      continue;
+    }
+    if (i + 1 >= argc) return "missing value after " + std::string(flag);
+    const std::string_view value = argv[++i];
+    std::optional<std::string> problem;
+    if (flag == "--params") {
+      problem = parse_positive<std::int64_t>(flag, value, options.params, std::int64_t{1} << 31);
+    } else if (flag == "--layers") {
+      problem = parse_positive(flag, value, options.layers, 4096);
+    } else if (flag == "--bucket") {
+      problem = parse_positive<std::int64_t>(flag, value, options.bucket, std::int64_t{1} << 31);
+    } else if (flag == "--iterations") {
+      problem = parse_positive(flag, value, options.iterations, 100000);
+    } else if (flag == "--warmup") {
+      problem = parse_positive(flag, value, options.warmup, 100000);
+    } else if (flag == "--stages") {
+      if (value.empty() || value.find_first_not_of("0123") != std::string_view::npos) {
+        problem = "--stages: expected digits 0-3, got '" + std::string(value) + "'";
+      }
+      options.stages = value;
+    } else if (flag == "--precision") {
+      problem = parse_precisions(value, options.precisions);
+    } else {
+      return "unknown flag " + std::string(flag);
+    }
+    if (problem) return problem;
+  }
+  return std::nullopt;
+}
+
+std::int64_t round_up(std::int64_t value, std::int64_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
+const char* precision_json(DType dtype) {
+  switch (dtype) {
+    case DType::kBFloat16:
+      return R"(, "bf16": {"enabled": true})";
+    case DType::kFloat16:
+      return R"(, "fp16": {"enabled": true})";
+    case DType::kFloat32:
+      break;
+  }
+  return "";
+}
+
+std::string config_json(int stage, DType dtype, const Options& options) {
+  const std::string bucket = std::to_string(options.bucket);
+  std::string json =
+      R"({"train_micro_batch_size_per_gpu": 1, "gradient_clipping": 1.0,)"
+      R"( "optimizer": {"type": "AdamW", "params": {"lr": 0.001, "weight_decay": 0.01}},)"
+      R"( "zero_optimization": {"stage": )" +
+      std::to_string(stage) + R"(, "overlap_comm": true, "reduce_bucket_size": )" + bucket +
+      R"(, "allgather_bucket_size": )" + bucket;
+  if (stage == 3) json += R"(, "stage3_max_reuse_distance": )" + std::to_string(kReuseDistance);
+  return json + "}" + precision_json(dtype) + "}";
+}
+
+// The model: `layers` modules of a [width, 2 width] weight and a [width] bias, in registration
+// order, and the engine's flat layout of them.
+struct Model {
+  int layers = 0;
+  std::int64_t width = 0;
+  std::vector<std::int64_t> numels;   // per tensor, registration order
+  std::vector<std::int64_t> offsets;  // flat offset of each tensor
+  std::int64_t total = 0;             // trainable elements, without padding
+  std::int64_t padded = 0;
+  std::int64_t shard = 0;
+  int world = 1;
+
+  Model(const Options& options, int world_size) : layers(options.layers), world(world_size) {
+    const double per_layer = static_cast<double>(options.params) / options.layers;
+    width = std::max<std::int64_t>(64, std::llround(std::sqrt(per_layer / 2.0) / 64.0) * 64);
+    std::int64_t cursor = 0;
+    for (int l = 0; l < layers; ++l) {
+      for (std::int64_t n : {2 * width * width, width}) {
+        cursor = round_up(cursor, kAlignment);
+        offsets.push_back(cursor);
+        numels.push_back(n);
+        cursor += n;
+        total += n;
+      }
+    }
+    padded = round_up(cursor, kAlignment * world);
+    shard = padded / world;
+  }
+
+  /// Stage 3 keeps a tensor whole, outside its module's gathers, when it is small (the engine's
+  /// rule, with stage3_param_persistence_threshold and stage3_model_persistence_threshold).
+  std::vector<bool> persistent(std::int64_t param_threshold, std::int64_t model_threshold) const {
+    std::vector<bool> result;
+    std::int64_t kept = 0;
+    for (std::int64_t n : numels) {
+      const bool keep = n < param_threshold && kept + n <= model_threshold;
+      if (keep) kept += n;
+      result.push_back(keep);
+    }
+    return result;
+  }
+
+  std::int64_t module_begin(int layer) const { return offsets[2 * layer]; }
+  std::int64_t module_end(int layer) const {
+    return offsets[2 * layer + 1] + numels[2 * layer + 1];
+  }
+
+  /// Elements of [begin, end) each rank owns (rank r owns [r shard, (r + 1) shard)).
+  std::vector<std::int64_t> rank_counts(std::int64_t begin, std::int64_t end) const {
+    std::vector<std::int64_t> counts(world);
+    for (int r = 0; r < world; ++r) {
+      counts[r] =
+          std::max<std::int64_t>(0, std::min(end, (r + 1) * shard) - std::max(begin, r * shard));
+    }
+    return counts;
+  }
+};
+
+struct Bucket {
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
+  int first_tensor = 0;  // the lowest tensor in it: its reduction may start once that is ready
+};
+
+// The engine's buckets (src/engine/grad_bucketer.cpp): they tile the flat buffer from the top,
+// on tensor boundaries, each closing before it would exceed the limit.
+std::vector<Bucket> plan_buckets(const Model& model, std::int64_t limit) {
+  std::vector<Bucket> buckets;
+  Bucket current{.begin = 0, .end = model.padded, .first_tensor = -1};
+  for (int t = static_cast<int>(model.numels.size()) - 1; t >= 0; --t) {
+    if (current.first_tensor >= 0 && current.end - model.offsets[t] > limit) {
+      current.begin = model.offsets[current.first_tensor];
+      buckets.push_back(current);
+      current = Bucket{.begin = 0, .end = current.begin, .first_tensor = -1};
+    }
+    current.first_tensor = t;
+  }
+  current.begin = 0;
+  buckets.push_back(current);
+  return buckets;
+}
+
+// Requests in issue order, at most `limit` of them pending. The floor keeps two transfers in
+// flight, the engine's bound for gradient reductions and parameter chunks; the engine's stage-3
+// prefetch may start more gathers at once, which on CPU ranks buys nothing.
+class InFlight {
+ public:
+  explicit InFlight(std::size_t limit) : limit_(limit) {}
+  void push(Request request) {
+    requests_.push_back(std::move(request));
+    while (requests_.size() > limit_) {
+      requests_.front().wait();
+      requests_.pop_front();
+    }
+  }
+  void drain() {
+    for (Request& r : requests_) r.wait();
+    requests_.clear();
+  }
+
+ private:
+  std::size_t limit_;
+  std::deque<Request> requests_;
+};
+
+double ms_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+// The floor of one iteration: the collectives the engine's stage needs, with its bucket sizes and
+// its in-flight bound, the scalar all-reduce of the gradient norm (stages 1-3; at stage 0 every
+// rank holds the whole reduced gradient), and one AdamW pass over the elements this rank updates
+// (all of them at stage 0, its shard otherwise), on arrays of its own. What it leaves out is what
+// a perfect engine would fold into those passes: scaling the gradient by 1/world and the clip
+// coefficient, scanning it for the norm, zeroing it, copying it between buffers and, under
+// bf16/fp16, converting gradients and parameters (the floor's update runs on fp32 arrays).
+//   stage 0: all-reduce of each gradient bucket.
+//   stage 1, 2: reduce-scatter of each gradient bucket; all-gather of the parameters in
+//            allgather_bucket_size chunks after the update.
+//   stage 3: all-gather of each module for forward and again for backward (kReuseDistance), the
+//            reduce-scatter of each bucket once backward has passed its lowest tensor, and after
+//            the update an all-gather of each parameter kept whole (below
+//            stage3_param_persistence_threshold: the biases; at tiny sizes every tensor, and then
+//            a module holds none to gather).
+class Floor {
+ public:
+  Floor(const Model& model, int stage, DType dtype, const zeroshard::ZeroConfig& zero,
+        Communicator& comm)
+      : model_(model),
+        stage_(stage),
+        dtype_(dtype),
+        gather_chunk_(std::max<std::int64_t>(zero.allgather_bucket_size, model.world)),
+        persistent_(
+            model.persistent(zero.param_persistence_threshold, zero.model_persistence_threshold)),
+        comm_(comm),
+        buckets_(plan_buckets(model, zero.reduce_bucket_size)) {
+    const std::size_t dsize = zeroshard::size_of(dtype);
+    update_size_ = stage == 0 ? model.padded : model.shard;
+    grads_.assign(model.padded * dsize, std::byte{0});
+    params_.assign(model.padded * dsize, std::byte{0});
+    for (std::int64_t i = 0; i < model.padded; ++i) {
+      // Any finite values do: the collectives' and the update's cost does not depend on them.
+      const float value = static_cast<float>(i % 13 - 6) * 1e-3f;
+      zeroshard::convert(&value, DType::kFloat32, grads_.data() + i * dsize, dtype, 1);
+    }
+    std::int64_t widest = 0;
+    for (const Bucket& b : buckets_) widest = std::max(widest, b.end - b.begin);
+    for (std::vector<std::byte>& slot : recv_) slot.assign(widest * dsize, std::byte{0});
+    if (stage == 3) {
+      for (int l = 0; l < model.layers; ++l) {
+        gathered_.emplace_back((model.module_end(l) - model.module_begin(l)) * dsize);
+      }
+    }
+    master_.assign(update_size_, 0.01f);
+    grad32_.assign(update_size_, 1e-3f);
+    exp_avg_.assign(update_size_, 0.0f);
+    exp_avg_sq_.assign(update_size_, 0.0f);
+  }
+
+  struct Times {
+    double comm_ms = 0.0;
+    double update_ms = 0.0;
+  };
+
+  Times iterate() {
+    Times times;
+    const Clock::time_point start = Clock::now();
+    InFlight pending(2);
+    if (stage_ == 3) {
+      for (int l = 0; l < model_.layers; ++l) {
+        if (sharded(l)) pending.push(gather_module(l));
+      }
+      pending.drain();
+      std::size_t next_bucket = 0;
+      for (int l = model_.layers - 1; l >= 0; --l) {
+        if (sharded(l)) pending.push(gather_module(l));
+        // Backward has now produced the gradients of tensors 2l and above.
+        while (next_bucket < buckets_.size() && buckets_[next_bucket].first_tensor >= 2 * l) {
+          pending.push(reduce_bucket(next_bucket++));
+        }
+      }
+      pending.drain();
+    } else {
+      for (std::size_t b = 0; b < buckets_.size(); ++b) pending.push(reduce_bucket(b));
+      pending.drain();
+    }
+    if (stage_ != 0) {
+      float partial[2] = {1.0f, 0.0f};  // sum of squares, non-finite flag, as the engine sends
+      comm_.all_reduce(partial, 2, DType::kFloat32, ReduceOp::kSum);
+    }
+    const Clock::time_point update_start = Clock::now();
+    update();
+    times.update_ms = ms_since(update_start);
+    const std::size_t dsize = zeroshard::size_of(dtype_);
+    if (stage_ == 1 || stage_ == 2) {
+      for (std::int64_t lo = 0; lo < model_.padded; lo += gather_chunk_) {
+        const std::int64_t hi = std::min(model_.padded, lo + gather_chunk_);
+        pending.push(comm_.all_gather_async(params_.data() + lo * dsize, model_.rank_counts(lo, hi),
+                                            dtype_));
+      }
+    } else if (stage_ == 3) {
+      for (std::size_t t = 0; t < model_.numels.size(); ++t) {
+        if (!persistent_[t]) continue;
+        const std::int64_t lo = model_.offsets[t];
+        const std::int64_t hi = lo + model_.numels[t];
+        // Into the tensor's place in params_, standing in for its persistent copy.
+        std::vector<std::int64_t> counts = model_.rank_counts(lo, hi);
+        pending.push(comm_.all_gather_async(params_.data() + lo * dsize, counts, dtype_));
+      }
+    }
+    pending.drain();
+    times.comm_ms = ms_since(start) - times.update_ms;
+    return times;
+  }
+
+ private:
+  bool sharded(int layer) const { return !persistent_[2 * layer] || !persistent_[2 * layer + 1]; }
+
+  Request gather_module(int layer) {
+    const std::int64_t lo = model_.module_begin(layer);
+    const std::int64_t hi = model_.module_end(layer);
+    return comm_.all_gather_async(gathered_[layer].data(), model_.rank_counts(lo, hi), dtype_);
+  }
+
+  Request reduce_bucket(std::size_t b) {
+    const Bucket& bucket = buckets_[b];
+    const std::size_t dsize = zeroshard::size_of(dtype_);
+    std::byte* input = grads_.data() + bucket.begin * dsize;
+    if (stage_ == 0) {
+      return comm_.all_reduce_async(input, bucket.end - bucket.begin, dtype_, ReduceOp::kSum);
+    }
+    // Two receive areas, one per reduction in flight.
+    return comm_.reduce_scatter_async(input, recv_[b % 2].data(),
+                                      model_.rank_counts(bucket.begin, bucket.end), dtype_,
+                                      ReduceOp::kSum);
+  }
+
+  void update() {
+    ++step_;
+    // AdamW's defaults with lr 1e-3 and weight decay 0.01, as in config_json().
+    const double lr = 1e-3;
+    const double beta1 = 0.9;
+    const double beta2 = 0.999;
+    const auto t = static_cast<double>(step_);
+    const cpu_optimizer::AdamScalars scalars{
+        .weight_factor = static_cast<float>(1.0 - lr * 0.01),
+        .l2 = 0.0f,
+        .beta1 = static_cast<float>(beta1),
+        .one_minus_beta1 = static_cast<float>(1.0 - beta1),
+        .beta2 = static_cast<float>(beta2),
+        .one_minus_beta2 = static_cast<float>(1.0 - beta2),
+        .step_size = static_cast<float>(lr / (1.0 - std::pow(beta1, t))),
+        .inv_bias_correction2_sqrt = static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(beta2, t))),
+        .eps = 1e-8f,
+    };
+    float* states[2] = {exp_avg_.data(), exp_avg_sq_.data()};
+    cpu_optimizer::adam(cpu_optimizer::active_isa(),
+                        {.param = master_.data(), .grad = grad32_.data(), .states = states},
+                        update_size_, scalars, false);
+  }
+
+  const Model& model_;
+  int stage_;
+  DType dtype_;
+  std::int64_t gather_chunk_;
+  std::vector<bool> persistent_;  // per tensor, at stage 3
+  Communicator& comm_;
+  std::vector<Bucket> buckets_;
+  std::int64_t update_size_ = 0;
+  std::int64_t step_ = 0;
+  std::vector<std::byte> grads_;
+  std::vector<std::byte> params_;
+  std::array<std::vector<std::byte>, 2> recv_;
+  std::vector<std::vector<std::byte>> gathered_;
+  std::vector<float> master_;
+  std::vector<float> grad32_;
+  std::vector<float> exp_avg_;
+  std::vector<float> exp_avg_sq_;
+};
+
+// The engine's part of one training iteration without the model's arithmetic: stage-3 gathers as
+// forward and backward make them, every gradient handed over in reverse registration order (its
+// buffer fetched as backward would fetch it), and step().
+class EngineIteration {
+ public:
+  EngineIteration(Engine& engine, const Model& model) : engine_(engine) {
+    for (int l = 0; l < model.layers; ++l) {
+      const std::string name = "layer" + std::to_string(l);
+      params_.push_back(
+          engine.register_parameter(name + ".weight", {model.width, 2 * model.width}));
+      params_.push_back(engine.register_parameter(name + ".bias", {model.width}));
+      modules_.push_back(engine.module(name));
+    }
+    engine.finalize();
+    std::vector<float> values;
+    for (const zeroshard::Parameter& p : params_) {
+      values.assign(static_cast<std::size_t>(p.numel()), 0.01f);
+      p.copy_from(values);
+    }
+  }
+
+  struct Times {
+    double backward_ms = 0.0;  // gathers and grad_ready calls
+    double step_ms = 0.0;      // step() alone
+  };
+
+  /// With `write_grads` the gradients get deterministic values (warm-up only: step() zeroes them
+  /// afterwards, and the engine's work does not depend on their values).
+  Times iterate(bool write_grads) {
+    Times times;
+    const Clock::time_point start = Clock::now();
+    for (zeroshard::ModuleId module : modules_) {
+      const Engine::GatheredModule gathered = engine_.gathered(module);
+    }
+    for (std::size_t l = modules_.size(); l-- > 0;) {
+      const Engine::GatheredModule gathered = engine_.gathered(modules_[l]);
+      for (std::size_t p = 2 * l + 2; p-- > 2 * l;) {
+        void* grad = params_[p].raw_grad();
+        if (write_grads) fill(params_[p], grad);
+        engine_.grad_ready(params_[p]);
+      }
+    }
+    const Clock::time_point step_start = Clock::now();
+    times.backward_ms = std::chrono::duration<double, std::milli>(step_start - start).count();
+    engine_.step();
+    times.step_ms = ms_since(step_start);
+    return times;
+  }
+
+ private:
+  void fill(const zeroshard::Parameter& p, void* grad) {
+    const std::size_t dsize = zeroshard::size_of(p.dtype());
+    for (std::int64_t i = 0; i < p.numel(); ++i) {
+      const float value = static_cast<float>(i % 13 - 6) * 1e-3f;
+      zeroshard::convert(&value, DType::kFloat32, static_cast<std::byte*>(grad) + i * dsize,
+                         p.dtype(), 1);
+    }
+  }
+
+  Engine& engine_;
+  std::vector<zeroshard::Parameter> params_;
+  std::vector<zeroshard::ModuleId> modules_;
+};
+
+// What one iteration sent through the engine's communicator: calls and elements per collective.
+struct Traffic {
+  std::array<std::int64_t, zeroshard::kCollectiveCount> calls{};
+  std::array<std::int64_t, zeroshard::kCollectiveCount> elements{};
+  bool operator==(const Traffic&) const = default;
+
+  long long total_calls() const { return std::accumulate(calls.begin(), calls.end(), 0LL); }
+  long long total_elements() const {
+    return std::accumulate(elements.begin(), elements.end(), 0LL);
+  }
+  /// "all-reduce 1 x 2, reduce-scatter 4 x 16777216, ..." (calls x elements), nonzero ones only.
+  std::string describe() const {
+    std::string text;
+    for (int c = 0; c < zeroshard::kCollectiveCount; ++c) {
+      if (calls[c] == 0) continue;
+      if (!text.empty()) text += ", ";
+      text += std::string(zeroshard::to_string(static_cast<Collective>(c))) + " " +
+              std::to_string(calls[c]) + " x " + std::to_string(elements[c]);
+    }
+    return text;
+  }
+};
+
+Traffic traffic_since(const zeroshard::TrafficCounters& before,
+                      const zeroshard::TrafficCounters& after) {
+  Traffic t;
+  for (int c = 0; c < zeroshard::kCollectiveCount; ++c) {
+    t.calls[c] = after.calls[c] - before.calls[c];
+    t.elements[c] = after.elements[c] - before.elements[c];
+  }
+  return t;
+}
+
+struct StageResult {
+  int stage = 0;
+  double step_ms = 0.0;
+  double backward_ms = 0.0;
+  double step_call_ms = 0.0;
+  double floor_ms = 0.0;
+  double floor_comm_ms = 0.0;
+  double floor_update_ms = 0.0;
+  // The median over iterations of step / floor of the same iteration, measured back to back: less
+  // touched by a slow spell of the machine than the ratio of the medians.
+  double paired_ratio = 0.0;
+  Traffic engine_traffic;
+  Traffic floor_traffic;
+};
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+// Times are each rank's, reduced to the slowest rank's: an iteration is as slow as its slowest
+// rank. Every timed piece starts from a barrier on `host`, a communicator of the program's own.
+StageResult measure(int stage, DType dtype, const Options& options, const Model& model,
+                    Communicator& host) {
+  const zeroshard::Config config =
+      zeroshard::Config::from_json_string(config_json(stage, dtype, options), host.size());
+  Engine engine(config, Communicator::from_environment());
+  EngineIteration engine_iteration(engine, model);
+  if (engine.padded_numel() != model.padded || engine.shard_begin() != model.shard * host.rank()) {
+    throw zeroshard::UsageError(
+        "the benchmark's copy of the engine's layout is out of date: padded " +
+        std::to_string(engine.padded_numel()) + " vs " + std::to_string(model.padded));
+  }
+  Communicator& comm = engine.communicator();
+  Floor floor(model, stage, dtype, config.zero_optimization, comm);
+
+  StageResult result;
+  result.stage = stage;
+  std::vector<double> step, backward, step_call, floor_total, floor_comm, floor_update;
+  for (int i = 0; i < options.warmup + options.iterations; ++i) {
+    const bool timed = i >= options.warmup;
+    // Alternate which goes first, so that drifts in the machine's state touch both alike.
+    for (int half = 0; half < 2; ++half) {
+      const bool engine_turn = (half == 0) == (i % 2 == 0);
+      host.barrier();
+      const zeroshard::TrafficCounters before = comm.traffic();
+      std::array<float, 3> t{};  // total, then its two parts
+      if (engine_turn) {
+        const EngineIteration::Times e = engine_iteration.iterate(!timed);
+        t = {static_cast<float>(e.backward_ms + e.step_ms), static_cast<float>(e.backward_ms),
+             static_cast<float>(e.step_ms)};
+        result.engine_traffic = traffic_since(before, comm.traffic());
+      } else {
+        const Floor::Times f = floor.iterate();
+        t = {static_cast<float>(f.comm_ms + f.update_ms), static_cast<float>(f.comm_ms),
+             static_cast<float>(f.update_ms)};
+        result.floor_traffic = traffic_since(before, comm.traffic());
+      }
+      host.all_reduce(t.data(), 3, DType::kFloat32, ReduceOp::kMax);
+      if (!timed) continue;
+      if (engine_turn) {
+        step.push_back(t[0]);
+        backward.push_back(t[1]);
+        step_call.push_back(t[2]);
+      } else {
+        floor_total.push_back(t[0]);
+        floor_comm.push_back(t[1]);
+        floor_update.push_back(t[2]);
+      }
+    }
+  }
+  result.step_ms = median(step);
+  result.backward_ms = median(backward);
+  result.step_call_ms = median(step_call);
+  result.floor_ms = median(floor_total);
+  result.floor_comm_ms = median(floor_comm);
+  result.floor_update_ms = median(floor_update);
+  std::vector<double> ratios;
+  for (std::size_t i = 0; i < step.size(); ++i) ratios.push_back(step[i] / floor_total[i]);
+  result.paired_ratio = median(ratios);
+  return result;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options options;
+  if (argc == 2 && (std::string_view(argv[1]) == "--help" || std::string_view(argv[1]) == "-h")) {
+    std::printf("%s", kUsage);
+    return 0;
+  }
+  if (const std::optional<std::string> problem = parse_options(argc, argv, options)) {
+    std::fprintf(stderr, "zeroshard-step-floor: %s\n%s", problem->c_str(), kUsage);
+    return 2;
+  }
+  std::unique_ptr<Communicator> host;
+  try {
+    host = Communicator::from_environment();
+    const bool print = host->rank() == 0;
+    const Model model(options, host->size());
+    if (print) {
+      std::printf(
+          "zeroshard-step-floor: %d rank(s), %d layers of a %lldx%lld weight and a %lld bias "
+          "(%lld parameters), bucket %lld elements, AdamW, gradient_clipping 1.0, CPU update on "
+          "%s; median of %d iterations after %d warm-up, engine and floor alternated, slowest "
+          "rank\n"
+          "  step:     the engine's iteration without the model: stage-3 gathers, grad_ready of "
+          "each\n"
+          "            parameter in reverse order (backward ms), step() (step() ms)\n"
+          "  floor:    the stage's collectives on the engine's communicator and bucket sizes, "
+          "the norm's\n"
+          "            all-reduce (comm ms), and one AdamW pass over the updated elements "
+          "(update ms)\n"
+          "  paired:   the median of step / floor of the same iteration (the columns before it are "
+          "medians\n"
+          "            of their own, so step ms is not exactly backward ms + step() ms)\n"
+          "  stage 3 runs with stage3_max_reuse_distance 0: each layer is gathered for forward and "
+          "again\n"
+          "  for backward\n",
+          host->size(), options.layers, static_cast<long long>(model.width),
+          static_cast<long long>(2 * model.width), static_cast<long long>(model.width),
+          static_cast<long long>(model.total), static_cast<long long>(options.bucket),
+          cpu_optimizer::to_string(cpu_optimizer::active_isa()), options.iterations,
+          options.warmup);
+    }
+    bool traffic_matches = true;
+    bool sane = true;
+    for (DType dtype : options.precisions) {
+      if (print) {
+        std::printf(
+            "\n%s\nstage | step ms | backward ms | step() ms | floor ms | comm ms | update ms | "
+            "step/floor | paired\n",
+            zeroshard::to_string(dtype));
+      }
+      std::vector<StageResult> results;
+      for (char digit : options.stages) {
+        const StageResult r = measure(digit - '0', dtype, options, model, *host);
+        results.push_back(r);
+        if (!(r.engine_traffic == r.floor_traffic)) traffic_matches = false;
+        const double ratio = r.step_ms / r.floor_ms;
+        sane = sane && std::isfinite(ratio) && ratio > 0.0 && std::isfinite(r.paired_ratio) &&
+               r.paired_ratio > 0.0;
+        if (print) {
+          std::printf("%5d | %7.2f | %11.2f | %9.2f | %8.2f | %7.2f | %9.2f | %10.3f | %6.3f\n",
+                      r.stage, r.step_ms, r.backward_ms, r.step_call_ms, r.floor_ms,
+                      r.floor_comm_ms, r.floor_update_ms, ratio, r.paired_ratio);
+          if (!(r.engine_traffic == r.floor_traffic)) {
+            // The floor is then not this engine's floor: the benchmark needs updating.
+            std::printf("      ^ traffic differs: engine %s; floor %s\n",
+                        r.engine_traffic.describe().c_str(), r.floor_traffic.describe().c_str());
+          }
+          std::fflush(stdout);
+        }
+      }
+      if (print) {
+        std::printf(
+            "csv,precision,stage,ranks,params,step_ms,backward_ms,step_call_ms,floor_ms,"
+            "floor_comm_ms,floor_update_ms,ratio,paired_ratio,engine_calls,engine_elements,floor_"
+            "calls,"
+            "floor_elements\n");
+        for (const StageResult& r : results) {
+          std::printf(
+              "csv,%s,%d,%d,%lld,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.4f,%.4f,%lld,%lld,%lld,%lld\n",
+              zeroshard::to_string(dtype), r.stage, host->size(),
+              static_cast<long long>(model.total), r.step_ms, r.backward_ms, r.step_call_ms,
+              r.floor_ms, r.floor_comm_ms, r.floor_update_ms, r.step_ms / r.floor_ms,
+              r.paired_ratio, r.engine_traffic.total_calls(), r.engine_traffic.total_elements(),
+              r.floor_traffic.total_calls(), r.floor_traffic.total_elements());
+        }
+      }
+    }
+    if (print) {
+      std::printf(traffic_matches
+                      ? "\nEvery floor issued the engine's collectives (calls and elements).\n"
+                      : "\nwarning: some floor's collectives differ from the engine's (above)\n");
+    }
+    if (options.check && !sane) {
+      std::fprintf(stderr, "zeroshard-step-floor: a ratio was not positive and finite\n");
+      return 1;
+    }
+    return 0;
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "zeroshard-step-floor: %s\n", error.what());
+    if (host && host->size() > 1) host->abort(1);
+    return 1;
+  }
+}
