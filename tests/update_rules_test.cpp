@@ -272,7 +272,7 @@ void expect_fused_equals_apply(const UpdateRule& rule, DType grad_dtype,
   const std::string what = rule.name() + ", grad " + to_string(grad_dtype) + ", copy " +
                            (copy_dtype ? to_string(*copy_dtype) : "none") + ", factor " +
                            std::to_string(factor);
-  // Past one conversion chunk (2048), and not a multiple of any vector width.
+  // Past several conversion chunks (1024 elements), and not a multiple of any vector width.
   constexpr std::int64_t kSize = 5003;
   std::mt19937 rng(99);
   const std::vector<float> initial = random_values(rng, kSize, -1.0f, 1.0f);
