@@ -1,8 +1,12 @@
 // The CPU update rules' inner loops, compiled once per instruction set (scalar, AVX2, AVX-512)
-// and chosen at run time from the CPU's flags, with OpenMP threads over tiles of large shards.
+// and chosen at run time from the CPU's flags, with OpenMP threads over tiles of large shards; one
+// pass reads the gradient as stored (fp32, fp16 or bf16) and writes the model's copy of the
+// weights.
 #pragma once
 
 #include <cstdint>
+
+#include "zeroshard/dtype.h"
 
 namespace zeroshard::detail::cpu_optimizer {
 
@@ -51,31 +55,50 @@ struct AdagradScalars {
   float eps;
 };
 
-/// The arrays of one shard slice: fp32 master, reduced gradient, the rule's state arrays.
+/// The arrays of one shard slice: the fp32 master weights and the rule's fp32 state arrays,
+/// updated in place, and the gradient as stored. The rule sees float(grad[i]) * grad_factor,
+/// rounded to fp32 once (a factor of exactly 1 changes nothing). When param_copy is set it
+/// receives each updated master weight rounded to nearest even in param_copy_dtype, as
+/// convert_from_float writes it. The result equals, bit for bit, widening the gradient, scaling
+/// it, the update, and converting the weights, as separate passes; but memory is streamed once.
+/// grad and param_copy may not overlap the master or the states; 16-bit arrays are 2-byte aligned.
 struct RuleArrays {
   float* param;
-  const float* grad;
+  const void* grad;
   float* const* states;
+  DType grad_dtype = DType::kFloat32;
+  float grad_factor = 1.0f;
+  void* param_copy = nullptr;
+  DType param_copy_dtype = DType::kFloat32;
 };
 
 enum class SgdKind { kPlain, kMomentum, kNesterov };
 
-/// Each updates elements [0, n) of `arrays` in place on the given path; results are bit-identical
-/// on every path (no contraction into FMA, IEEE division and square root everywhere).
+/// Each updates elements [0, n) of `arrays` on the given path; results are bit-identical on every
+/// path (no contraction into FMA, IEEE division and square root everywhere).
 void adam(Isa isa, const RuleArrays& arrays, std::int64_t n, const AdamScalars& s, bool amsgrad);
 void sgd(Isa isa, const RuleArrays& arrays, std::int64_t n, const SgdScalars& s, SgdKind kind);
 void lion(Isa isa, const RuleArrays& arrays, std::int64_t n, const LionScalars& s);
 void adagrad(Isa isa, const RuleArrays& arrays, std::int64_t n, const AdagradScalars& s);
 
-/// One instruction set's loops over [begin, end); internal to the dispatcher.
+/// One chunk of a slice as an instruction set's loops see it: every pointer at the chunk's first
+/// element, the gradient already fp32 (widened into a buffer when stored in 16 bits).
+struct ChunkArrays {
+  float* param;
+  const float* grad;
+  float* states[3];
+  float grad_factor;
+};
+
+/// One instruction set's loops over the `n` elements of a chunk; internal to the dispatcher.
 struct KernelTable {
-  void (*adam)(const RuleArrays&, std::int64_t, std::int64_t, const AdamScalars&);
-  void (*adam_amsgrad)(const RuleArrays&, std::int64_t, std::int64_t, const AdamScalars&);
-  void (*sgd_plain)(const RuleArrays&, std::int64_t, std::int64_t, const SgdScalars&);
-  void (*sgd_momentum)(const RuleArrays&, std::int64_t, std::int64_t, const SgdScalars&);
-  void (*sgd_nesterov)(const RuleArrays&, std::int64_t, std::int64_t, const SgdScalars&);
-  void (*lion)(const RuleArrays&, std::int64_t, std::int64_t, const LionScalars&);
-  void (*adagrad)(const RuleArrays&, std::int64_t, std::int64_t, const AdagradScalars&);
+  void (*adam)(const ChunkArrays&, std::int64_t, const AdamScalars&);
+  void (*adam_amsgrad)(const ChunkArrays&, std::int64_t, const AdamScalars&);
+  void (*sgd_plain)(const ChunkArrays&, std::int64_t, const SgdScalars&);
+  void (*sgd_momentum)(const ChunkArrays&, std::int64_t, const SgdScalars&);
+  void (*sgd_nesterov)(const ChunkArrays&, std::int64_t, const SgdScalars&);
+  void (*lion)(const ChunkArrays&, std::int64_t, const LionScalars&);
+  void (*adagrad)(const ChunkArrays&, std::int64_t, const AdagradScalars&);
 };
 extern const KernelTable kScalarKernels;
 #if defined(ZEROSHARD_CPU_X86)

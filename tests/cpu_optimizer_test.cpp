@@ -1,16 +1,22 @@
 // Every instruction-set path of the CPU update rules against the scalar reference, bit for bit,
 // on sizes that are not multiples of any vector width, and on a shard large enough to be split
-// over threads.
+// over threads; and the fused call (16-bit gradient, gradient factor, 16-bit copy) against the
+// same work done in three passes.
 #include "cpu_optimizer.h"
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "precision/half_conversion.h"
+#include "zeroshard/dtype.h"
 #include "zeroshard/error.h"
 
 namespace zeroshard::detail::cpu_optimizer {
@@ -140,6 +146,159 @@ TEST_P(CpuOptimizerPaths, EqualTheScalarReferenceBitForBitForEveryRule) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Isas, CpuOptimizerPaths,
+                         ::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512),
+                         [](const auto& info) { return std::string(to_string(info.param)); });
+
+// --- The fused call against three passes ------------------------------------------------------
+
+// `values` stored as `dtype`, rounded to nearest even.
+std::vector<unsigned char> stored_as(const std::vector<float>& values, DType dtype) {
+  std::vector<unsigned char> bytes(values.size() * size_of(dtype));
+  convert_from_float_portable(values.data(), bytes.data(), dtype,
+                              static_cast<std::int64_t>(values.size()));
+  return bytes;
+}
+
+// The index of the first element whose bits differ, or -1: memcmp on the bit patterns, so a NaN
+// equals a NaN only with the same sign and payload.
+std::int64_t first_difference(const void* a, const void* b, std::int64_t n, std::size_t size) {
+  const auto* x = static_cast<const unsigned char*>(a);
+  const auto* y = static_cast<const unsigned char*>(b);
+  if (std::memcmp(x, y, static_cast<std::size_t>(n) * size) == 0) return -1;
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (std::memcmp(x + i * size, y + i * size, size) != 0) return i;
+  }
+  return -1;
+}
+
+// A gradient with the values a conversion or the factor can get wrong: a signalling NaN with a
+// payload, infinities, an fp16 subnormal, a value that overflows fp16, a bf16 rounding tie.
+std::vector<float> awkward_gradient(const Shard& shard) {
+  std::vector<float> grad = shard.grad;
+  const float specials[] = {std::bit_cast<float>(0x7FA00001u),
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            3e-6f,
+                            -70000.0f,
+                            std::bit_cast<float>(0x3C018000u)};
+  // Spread over the shard so that more than one lane and chunk holds one.
+  for (std::size_t k = 0; k < std::size(specials); ++k) {
+    const std::size_t at = 5 + k * 997;
+    if (at < grad.size()) grad[at] = specials[k];
+  }
+  return grad;
+}
+
+struct Storage {
+  DType grad_dtype;
+  std::optional<DType> copy_dtype;
+  float factor;
+};
+
+std::string describe(const RuleCase& rule, Isa isa, std::int64_t n, const Storage& io) {
+  return rule.name + " on " + to_string(isa) + ", n = " + std::to_string(n) + ", grad " +
+         to_string(io.grad_dtype) + ", copy " +
+         (io.copy_dtype ? to_string(*io.copy_dtype) : "none") + ", factor " +
+         std::to_string(io.factor);
+}
+
+// Two steps of `rule` on `isa` in one fused call each, against two steps of the scalar path in
+// three passes: widen the stored gradient and multiply it by the factor, the fp32 update, convert
+// the weights. Parameters, states and the copy must agree bit for bit.
+void expect_fused_equals_three_passes(const RuleCase& rule, Isa isa, std::int64_t n,
+                                      const Storage& io) {
+  const std::string what = describe(rule, isa, n, io);
+  Shard reference(n, rule.state_count, 11);
+  Shard fused(n, rule.state_count, 11);
+  const std::vector<unsigned char> stored_grad =
+      stored_as(awkward_gradient(reference), io.grad_dtype);
+  const DType copy_dtype = io.copy_dtype.value_or(DType::kFloat32);
+  const std::size_t copy_size = size_of(copy_dtype);
+  std::vector<unsigned char> reference_copy(static_cast<std::size_t>(n) * copy_size);
+  // Filled with a value no conversion writes for these weights, so an element left unwritten
+  // shows.
+  std::vector<unsigned char> fused_copy(reference_copy.size(), 0xA5);
+  std::vector<float> widened(static_cast<std::size_t>(n));
+  for (int step = 0; step < 2; ++step) {
+    convert_to_float_portable(stored_grad.data(), io.grad_dtype, widened.data(), n);
+    for (float& g : widened) g = g * io.factor;
+    rule.run(Isa::kScalar,
+             {.param = reference.param.data(),
+              .grad = widened.data(),
+              .states = reference.state_pointers.data()},
+             n);
+    if (io.copy_dtype) {
+      convert_from_float_portable(reference.param.data(), reference_copy.data(), copy_dtype, n);
+    }
+    rule.run(isa,
+             {.param = fused.param.data(),
+              .grad = stored_grad.data(),
+              .states = fused.state_pointers.data(),
+              .grad_dtype = io.grad_dtype,
+              .grad_factor = io.factor,
+              .param_copy = io.copy_dtype ? fused_copy.data() : nullptr,
+              .param_copy_dtype = copy_dtype},
+             n);
+  }
+  EXPECT_EQ(first_difference(fused.param.data(), reference.param.data(), n, sizeof(float)), -1)
+      << what << ": parameters differ from this element on";
+  for (int s = 0; s < rule.state_count; ++s) {
+    EXPECT_EQ(
+        first_difference(fused.states[s].data(), reference.states[s].data(), n, sizeof(float)), -1)
+        << what << ": state " << s << " differs from this element on";
+  }
+  if (io.copy_dtype) {
+    EXPECT_EQ(first_difference(fused_copy.data(), reference_copy.data(), n, copy_size), -1)
+        << what << ": the parameter copy differs from this element on";
+  } else {
+    EXPECT_EQ(fused_copy, std::vector<unsigned char>(fused_copy.size(), 0xA5))
+        << what << ": wrote a copy nobody asked for";
+  }
+  EXPECT_NE(first_difference(fused.param.data(), Shard(n, rule.state_count, 11).param.data(), n,
+                             sizeof(float)),
+            -1)
+      << what << ": the update changed nothing";
+}
+
+class CpuOptimizerFusedPaths : public ::testing::TestWithParam<Isa> {};
+
+TEST_P(CpuOptimizerFusedPaths, EqualWideningScalingUpdatingAndConvertingInThreePasses) {
+  const Isa isa = GetParam();
+  if (!supported(isa)) GTEST_SKIP() << "this CPU has no " << to_string(isa) << " path";
+  const std::optional<DType> copies[] = {std::nullopt, DType::kFloat16, DType::kBFloat16,
+                                         DType::kFloat32};
+  // 1, 7 and 33 leave remainders for 8 and 16 lanes; 2049 and 4100 end one element and a few
+  // past a whole number of conversion chunks.
+  for (std::int64_t n : {std::int64_t{1}, std::int64_t{7}, std::int64_t{33}, std::int64_t{2049},
+                         std::int64_t{4100}}) {
+    for (const RuleCase& rule : rule_cases()) {
+      for (DType grad_dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+        for (const std::optional<DType>& copy : copies) {
+          for (float factor : {1.0f, 0.37f}) {
+            expect_fused_equals_three_passes(rule, isa, n, {grad_dtype, copy, factor});
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_P(CpuOptimizerFusedPaths, EqualThreePassesOnAShardSplitOverThreads) {
+  const Isa isa = GetParam();
+  if (!supported(isa)) GTEST_SKIP() << "this CPU has no " << to_string(isa) << " path";
+  // Past the threading threshold (2^20), ending inside a tile and inside a chunk. Each rule takes
+  // one of the gradient types, so that all three cross the threads without 24 runs of a million.
+  const std::int64_t n = (std::int64_t{1} << 20) + 2053;
+  const DType grad_dtypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
+  const std::vector<RuleCase> rules = rule_cases();
+  for (std::size_t r = 0; r < rules.size(); ++r) {
+    const DType grad_dtype = grad_dtypes[r % 3];
+    const DType copy = grad_dtype == DType::kFloat16 ? DType::kFloat16 : DType::kBFloat16;
+    expect_fused_equals_three_passes(rules[r], isa, n, {grad_dtype, copy, 0.37f});
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Isas, CpuOptimizerFusedPaths,
                          ::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512),
                          [](const auto& info) { return std::string(to_string(info.param)); });
 

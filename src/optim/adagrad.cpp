@@ -23,14 +23,18 @@ class AdagradRule final : public detail::BuiltinRule {
   detail::BuiltinRuleOptions options() const override { return options_; }
 
   void apply(const ShardSlice& slice, const StepContext& context) const override {
-    detail::check_apply_arguments(slice, context, state_count(), name());
+    apply_fused(slice, detail::unfused_io(slice), context);
+  }
+
+  void apply_fused(const ShardSlice& slice, const detail::FusedStepIo& io,
+                   const StepContext& context) const override {
+    detail::check_apply_arguments(slice, io, context, state_count(), name());
     const auto step = static_cast<double>(context.step);
     // PyTorch starts the sum at initial_accumulator_value; ours arrives zeroed, so step 1 adds the
     // start value (0 + v is exact) and later steps add 0 (also exact).
     const double sum_start = context.step == 1 ? options_.initial_accumulator_value : 0.0;
     detail::cpu_optimizer::adagrad(
-        detail::cpu_optimizer::active_isa(),
-        {.param = slice.param, .grad = slice.grad, .states = slice.states.data()}, slice.size,
+        detail::cpu_optimizer::active_isa(), detail::rule_arrays(slice, io), slice.size,
         {.neg_clr = static_cast<float>(-context.lr / (1.0 + (step - 1.0) * options_.lr_decay)),
          .weight_decay = static_cast<float>(context.weight_decay),
          .sum_start = static_cast<float>(sum_start),

@@ -32,7 +32,12 @@ class AdamRule final : public BuiltinRule {
   }
 
   void apply(const ShardSlice& slice, const StepContext& context) const override {
-    check_apply_arguments(slice, context, state_count(), name());
+    apply_fused(slice, unfused_io(slice), context);
+  }
+
+  void apply_fused(const ShardSlice& slice, const FusedStepIo& io,
+                   const StepContext& context) const override {
+    check_apply_arguments(slice, io, context, state_count(), name());
     const double beta1 = context.momentum.value_or(options_.beta1);
     const double beta2 = options_.beta2;
     const auto step = static_cast<double>(context.step);
@@ -50,9 +55,8 @@ class AdamRule final : public BuiltinRule {
             static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(beta2, step))),
         .eps = static_cast<float>(options_.eps),
     };
-    cpu_optimizer::adam(cpu_optimizer::active_isa(),
-                        {.param = slice.param, .grad = slice.grad, .states = slice.states.data()},
-                        slice.size, scalars, options_.amsgrad);
+    cpu_optimizer::adam(cpu_optimizer::active_isa(), rule_arrays(slice, io), slice.size, scalars,
+                        options_.amsgrad);
   }
 
  private:

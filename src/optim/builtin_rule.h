@@ -6,8 +6,6 @@
 
 #include <optional>
 #include <variant>
-#include <vector>
-#include "precision/half_conversion.h"
 
 #include "zeroshard/dtype.h"
 #include "zeroshard/optimizer.h"
@@ -17,14 +15,16 @@ namespace zeroshard::detail {
 using BuiltinRuleOptions =
     std::variant<AdamWOptions, AdamOptions, SgdOptions, LionOptions, AdagradOptions>;
 
-/// What a fused update reads and writes besides the slice's master weights and states.
+/// What a fused update reads and writes besides the slice's master weights and states. Neither
+/// array may overlap the master weights or the states; 16-bit arrays are 2-byte aligned.
 struct FusedStepIo {
   const void* grad = nullptr;  ///< slice.size elements of grad_dtype, as reduced (not unscaled)
   DType grad_dtype = DType::kFloat32;
   /// The step's one gradient factor (unscale x average x clip): the rule sees
   /// float(grad[i]) * grad_factor, rounded to fp32 once.
   float grad_factor = 1.0f;
-  /// When set, receives the updated master weights rounded to nearest even in param_copy_dtype.
+  /// When set, receives the updated master weights rounded to nearest even in param_copy_dtype,
+  /// the bits convert_from_float (precision/half_conversion.h) would write.
   void* param_copy = nullptr;
   DType param_copy_dtype = DType::kFloat32;
 };
@@ -36,17 +36,7 @@ class BuiltinRule : public UpdateRule {
   /// The same update as apply(), bit for bit, with the gradient read through `io` (slice.grad is
   /// not used) and the parameter copy written as each element is updated.
   virtual void apply_fused(const ShardSlice& slice, const FusedStepIo& io,
-                           const StepContext& context) const {
-    // TEMPORARY until the fused kernels land: three passes.
-    std::vector<float> g(slice.size);
-    convert_to_float(io.grad, io.grad_dtype, g.data(), slice.size);
-    for (auto& x : g) x *= io.grad_factor;
-    ShardSlice s = slice;
-    s.grad = g.data();
-    apply(s, context);
-    if (io.param_copy)
-      convert_from_float(slice.param, io.param_copy, io.param_copy_dtype, slice.size);
-  }
+                           const StepContext& context) const = 0;
 };
 
 /// The options `rule` was built with when it is one of the built-in rules; nullopt for a user's

@@ -23,11 +23,15 @@ class LionRule final : public detail::BuiltinRule {
   std::optional<double> beta1() const override { return options_.beta1; }
 
   void apply(const ShardSlice& slice, const StepContext& context) const override {
-    detail::check_apply_arguments(slice, context, state_count(), name());
+    apply_fused(slice, detail::unfused_io(slice), context);
+  }
+
+  void apply_fused(const ShardSlice& slice, const detail::FusedStepIo& io,
+                   const StepContext& context) const override {
+    detail::check_apply_arguments(slice, io, context, state_count(), name());
     const double beta1 = context.momentum.value_or(options_.beta1);
     detail::cpu_optimizer::lion(
-        detail::cpu_optimizer::active_isa(),
-        {.param = slice.param, .grad = slice.grad, .states = slice.states.data()}, slice.size,
+        detail::cpu_optimizer::active_isa(), detail::rule_arrays(slice, io), slice.size,
         {.weight_factor = static_cast<float>(1.0 - context.lr * context.weight_decay),
          .lr = static_cast<float>(context.lr),
          .beta1 = static_cast<float>(beta1),

@@ -23,7 +23,12 @@ class SgdRule final : public detail::BuiltinRule {
   detail::BuiltinRuleOptions options() const override { return options_; }
 
   void apply(const ShardSlice& slice, const StepContext& context) const override {
-    detail::check_apply_arguments(slice, context, state_count(), name());
+    apply_fused(slice, detail::unfused_io(slice), context);
+  }
+
+  void apply_fused(const ShardSlice& slice, const detail::FusedStepIo& io,
+                   const StepContext& context) const override {
+    detail::check_apply_arguments(slice, io, context, state_count(), name());
     detail::cpu_optimizer::SgdScalars scalars{
         .neg_lr = static_cast<float>(-context.lr),
         .weight_decay = static_cast<float>(context.weight_decay),
@@ -31,8 +36,7 @@ class SgdRule final : public detail::BuiltinRule {
         .take = 1.0f,
         .momentum = 0.0f,
     };
-    const detail::cpu_optimizer::RuleArrays arrays{
-        .param = slice.param, .grad = slice.grad, .states = slice.states.data()};
+    const detail::cpu_optimizer::RuleArrays arrays = detail::rule_arrays(slice, io);
     const auto isa = detail::cpu_optimizer::active_isa();
     if (state_count() == 0) {
       // Without a buffer a scheduled momentum would be dropped without a word.
