@@ -28,6 +28,17 @@ std::vector<std::string> split_list(const std::string& text) {
   throw UsageError(std::string(option) + ": got \"" + value + "\", expected " + expected);
 }
 
+void apply_offload(nlohmann::json& config, const char* section, const char* option,
+                   const std::string& value) {
+  if (value != "none" && value != "cpu" && value != "nvme") {
+    unknown_value(option, value, "none, cpu or nvme");
+  }
+  if (value == "none") return;
+  nlohmann::json& offload = config["zero_optimization"][section];
+  offload["device"] = value;
+  if (value == "nvme") offload["nvme_path"] = "/tmp/zeroshard_memory_bench_nvme";
+}
+
 }  // namespace
 
 const std::vector<Dimension>& dimensions() {
@@ -56,29 +67,13 @@ const std::vector<Dimension>& dimensions() {
        "--offload-optimizer",
        {"none", "cpu"},
        [](nlohmann::json& config, const std::string& value) {
-         if (value != "none" && value != "cpu" && value != "nvme") {
-           unknown_value("--offload-optimizer", value, "none, cpu or nvme");
-         }
-         if (value == "none") return;
-         config["zero_optimization"]["offload_optimizer"]["device"] = value;
-         if (value == "nvme") {
-           config["zero_optimization"]["offload_optimizer"]["nvme_path"] =
-               "/tmp/zeroshard_memory_bench_nvme";
-         }
+         apply_offload(config, "offload_optimizer", "--offload-optimizer", value);
        }},
       {"offload_param",
        "--offload-param",
        {"none", "cpu"},
        [](nlohmann::json& config, const std::string& value) {
-         if (value != "none" && value != "cpu" && value != "nvme") {
-           unknown_value("--offload-param", value, "none, cpu or nvme");
-         }
-         if (value == "none") return;
-         config["zero_optimization"]["offload_param"]["device"] = value;
-         if (value == "nvme") {
-           config["zero_optimization"]["offload_param"]["nvme_path"] =
-               "/tmp/zeroshard_memory_bench_nvme";
-         }
+         apply_offload(config, "offload_param", "--offload-param", value);
        }},
   };
   return kDimensions;

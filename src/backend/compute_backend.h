@@ -4,10 +4,12 @@
 // code that runs on the GPU.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "memory/memory_tracker.h"
 #include "optim/builtin_rule.h"
@@ -81,6 +83,30 @@ class ComputeBackend {
   /// Blocks the host until everything queued so far has finished.
   virtual void synchronize() = 0;
 };
+
+/// How a rule that reads only fp32 gradients takes any: `apply` runs on consecutive parts of
+/// `slice` of at most buffer.size() elements, each after `widen(gradient, dtype, buffer, count,
+/// factor)` has put that part's gradient, times io.grad_factor, into `buffer`.
+template <class Widen, class Apply>
+void apply_in_widened_chunks(const ShardSlice& slice, const FusedStepIo& io,
+                             std::span<float> buffer, Widen&& widen, Apply&& apply) {
+  const auto chunk = static_cast<std::int64_t>(buffer.size());
+  const auto element = static_cast<std::int64_t>(size_of(io.grad_dtype));
+  std::vector<float*> states(slice.states.size());
+  for (std::int64_t done = 0; done < slice.size; done += chunk) {
+    const std::int64_t n = std::min(chunk, slice.size - done);
+    widen(static_cast<const char*>(io.grad) + done * element, io.grad_dtype, buffer.data(), n,
+          io.grad_factor);
+    for (std::size_t s = 0; s < states.size(); ++s) states[s] = slice.states[s] + done;
+    ShardSlice part = slice;
+    part.offset_in_param += done;
+    part.size = n;
+    part.param += done;
+    part.grad = buffer.data();
+    part.states = states;
+    apply(part);
+  }
+}
 
 /// The host backend: `rule` runs as given, in the calling thread.
 std::unique_ptr<ComputeBackend> make_cpu_backend(const UpdateRule& rule);

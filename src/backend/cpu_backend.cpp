@@ -158,20 +158,12 @@ class CpuBackend final : public ComputeBackend {
     } else {
       float block[kBlock];
       const std::span<float> buffer = scratch.empty() ? std::span<float>(block) : scratch;
-      const auto chunk = static_cast<std::int64_t>(buffer.size());
-      std::vector<float*> states(slice.states.size());
-      for (std::int64_t done = 0; done < slice.size; done += chunk) {
-        const std::int64_t n = std::min(chunk, slice.size - done);
-        widen(at(io.grad, io.grad_dtype, done), io.grad_dtype, buffer.data(), n, io.grad_factor);
-        for (std::size_t s = 0; s < states.size(); ++s) states[s] = slice.states[s] + done;
-        ShardSlice part = slice;
-        part.offset_in_param += done;
-        part.size = n;
-        part.param += done;
-        part.grad = buffer.data();
-        part.states = states;
-        rule_.apply(part, context);
-      }
+      apply_in_widened_chunks(
+          slice, io, buffer,
+          [this](const void* in, DType from, float* out, std::int64_t n, float factor) {
+            widen(in, from, out, n, factor);
+          },
+          [&](const ShardSlice& part) { rule_.apply(part, context); });
     }
     if (io.param_copy != nullptr)
       narrow(slice.param, io.param_copy, io.param_copy_dtype, slice.size);

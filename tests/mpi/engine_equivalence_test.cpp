@@ -21,10 +21,7 @@ TEST_P(EngineEquivalence, ShardedParametersEqualOneUnshardedRankAfterTenSteps) {
   const int stage = std::get<0>(GetParam());
   const RuleCase rule_case = rule_cases()[std::get<1>(GetParam())];
   Engine engine = make_engine(toy_config(stage), rule_case.make());
-  ParamGroupOptions slow;
-  slow.name = "slow";
-  slow.lr = engine.update_rule().default_lr() * 0.5;
-  const int slow_group = engine.add_param_group(slow);
+  const int slow_group = add_slow_group(engine);
   const auto tensors = uneven_toy_tensors();
   const auto handles = register_toy(engine, tensors, slow_group);
 

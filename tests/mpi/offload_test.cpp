@@ -68,10 +68,7 @@ struct Trained {
 
 Trained train(Config config, int rule) {
   Engine engine = make_engine(std::move(config), rule_cases()[rule].make());
-  ParamGroupOptions slow;
-  slow.name = "slow";
-  slow.lr = engine.update_rule().default_lr() * 0.5;
-  const int slow_group = engine.add_param_group(slow);
+  const int slow_group = add_slow_group(engine);
   const auto tensors = uneven_toy_tensors();
   const auto handles = register_toy(engine, tensors, slow_group);
   Trained result;

@@ -231,6 +231,15 @@ class ToyReference {
   std::vector<std::vector<std::vector<float>>> states_;
 };
 
+/// Adds the parameter group "slow" (half the rule's learning rate) that register_toy puts the
+/// "b." tensors in.
+inline int add_slow_group(Engine& engine) {
+  ParamGroupOptions slow;
+  slow.name = "slow";
+  slow.lr = engine.update_rule().default_lr() * 0.5;
+  return engine.add_param_group(slow);
+}
+
 /// A built-in update rule, by name, built fresh for each engine or reference.
 struct RuleCase {
   std::string name;

@@ -222,22 +222,12 @@ class CudaBackend final : public detail::ComputeBackend {
       run_rule(whole, context);
     } else {
       ZEROSHARD_CHECK_USAGE(!scratch.empty(), "apply_rule: 16-bit gradients need a scratch buffer");
-      const auto chunk = static_cast<std::int64_t>(scratch.size());
-      std::vector<float*> states(slice.states.size());
-      const auto* grad = static_cast<const char*>(io.grad);
-      for (std::int64_t done = 0; done < slice.size; done += chunk) {
-        const std::int64_t n = std::min(chunk, slice.size - done);
-        kernels::cast_to_float_scaled(grad + done * size_of(io.grad_dtype), io.grad_dtype,
-                                      scratch.data(), n, io.grad_factor, nullptr, stream_);
-        for (std::size_t s = 0; s < states.size(); ++s) states[s] = slice.states[s] + done;
-        ShardSlice part = slice;
-        part.offset_in_param += done;
-        part.size = n;
-        part.param += done;
-        part.grad = scratch.data();
-        part.states = states;
-        run_rule(part, context);
-      }
+      detail::apply_in_widened_chunks(
+          slice, io, scratch,
+          [this](const void* in, DType from, float* out, std::int64_t n, float factor) {
+            kernels::cast_to_float_scaled(in, from, out, n, factor, nullptr, stream_);
+          },
+          [&](const ShardSlice& part) { run_rule(part, context); });
     }
     if (io.param_copy != nullptr) {
       kernels::cast_from_float(slice.param, io.param_copy, io.param_copy_dtype, slice.size,
