@@ -44,6 +44,22 @@ std::uint32_t header_crc(const RecordHeader& header) {
   return crc32c(&header, offsetof(RecordHeader, header_crc));
 }
 
+void write_header(std::byte* record, std::int64_t slot, int copy, std::uint64_t generation,
+                  std::int64_t payload_bytes, std::uint32_t payload_crc) {
+  RecordHeader header{};
+  std::memcpy(header.magic, kMagic, sizeof kMagic);
+  header.version = kFormatVersion;
+  header.header_bytes = static_cast<std::uint32_t>(kHeaderBytes);
+  header.slot = static_cast<std::uint64_t>(slot);
+  header.copy = static_cast<std::uint64_t>(copy);
+  header.generation = generation;
+  header.payload_bytes = static_cast<std::uint64_t>(payload_bytes);
+  header.payload_crc = payload_crc;
+  header.header_crc = header_crc(header);
+  std::memset(record, 0, static_cast<std::size_t>(kHeaderBytes));
+  std::memcpy(record, &header, sizeof header);
+}
+
 std::string hex(std::uint32_t value) {
   std::ostringstream os;
   os << "0x" << std::hex << value;
@@ -265,18 +281,6 @@ SwapTicket NvmeSwapper::start(OpKind kind, std::int64_t slot, int buffer) {
     // Never the current copy: until this write completes, the previous generation stays whole.
     op.copy = state.current < 0 ? 0 : 1 - state.current;
     op.generation = state.generation + 1;
-    RecordHeader header{};
-    std::memcpy(header.magic, kMagic, sizeof kMagic);
-    header.version = kFormatVersion;
-    header.header_bytes = static_cast<std::uint32_t>(kHeaderBytes);
-    header.slot = static_cast<std::uint64_t>(slot);
-    header.copy = static_cast<std::uint64_t>(op.copy);
-    header.generation = op.generation;
-    header.payload_bytes = static_cast<std::uint64_t>(slot_bytes_);
-    header.payload_crc = crc32c(record + kHeaderBytes, static_cast<std::size_t>(slot_bytes_));
-    header.header_crc = header_crc(header);
-    std::memset(record, 0, static_cast<std::size_t>(kHeaderBytes));
-    std::memcpy(record, &header, sizeof header);
   } else {
     op.copy = state.current;
     op.generation = state.generation;
@@ -290,6 +294,7 @@ SwapTicket NvmeSwapper::start(OpKind kind, std::int64_t slot, int buffer) {
   const std::int64_t blocks_per_stripe = (blocks + stripes - 1) / stripes;
   const std::int64_t base = record_offset(slot, op.copy);
   const std::uint64_t id = next_op_++;
+  Piece held;  // a write's first piece, held back until its header is filled in
   for (std::int64_t i = 0; i < blocks_per_stripe; ++i) {
     for (std::int64_t s = 0; s < stripes; ++s) {
       const std::int64_t b = s * blocks_per_stripe + i;
@@ -301,14 +306,33 @@ SwapTicket NvmeSwapper::start(OpKind kind, std::int64_t slot, int buffer) {
       piece.data = record + begin;
       piece.bytes = static_cast<std::uint32_t>(std::min(block, record_bytes_ - begin));
       piece.buffer = buffer;
-      queued_.push_back(piece);
       ++op.outstanding;
+      if (kind == OpKind::kWrite && b == 0) {
+        held = piece;
+      } else {
+        queued_.push_back(piece);
+      }
     }
   }
   state.busy = true;
   buffer_busy_[static_cast<std::size_t>(buffer)] = true;
   ops_.emplace(id, std::move(op));
   fill();
+  if (kind == OpKind::kWrite) {
+    // The header's checksum is computed while the rest of the record is in flight, and the
+    // first piece, which carries the header, goes out last. Order on disk does not matter: a
+    // record only partly written fails its checksum.
+    const std::uint32_t crc = overlapped_crc32c(record + kHeaderBytes, slot_bytes_);
+    Op& started = ops_.at(id);
+    if (started.error.empty()) {
+      write_header(record, slot, started.copy, started.generation, slot_bytes_, crc);
+      queued_.push_front(held);
+      fill();
+    } else {
+      --started.outstanding;  // another piece failed meanwhile: the header is never written
+      finish_if_done(id, started);
+    }
+  }
   return SwapTicket{id};
 }
 
@@ -506,7 +530,18 @@ void NvmeSwapper::wait_all() {
   if (first) std::rethrow_exception(first);
 }
 
-void NvmeSwapper::verify_read(const Op& op) const {
+std::uint32_t NvmeSwapper::overlapped_crc32c(const std::byte* data, std::int64_t bytes) {
+  // A block at a time, reaping and refilling between blocks, so the drive never waits for it.
+  const auto chunk = static_cast<std::size_t>(aio_.block_size);
+  std::uint32_t crc = 0;
+  for (std::size_t done = 0; done < static_cast<std::size_t>(bytes); done += chunk) {
+    crc = crc32c(data + done, std::min(chunk, static_cast<std::size_t>(bytes) - done), crc);
+    reap(false);
+  }
+  return crc;
+}
+
+void NvmeSwapper::verify_read(const Op& op) {
   const std::byte* record = buffers_[static_cast<std::size_t>(op.buffer)].data();
   RecordHeader header;
   std::memcpy(&header, record, sizeof header);
@@ -533,8 +568,7 @@ void NvmeSwapper::verify_read(const Op& op) const {
                   std::to_string(kFormatVersion) + ", " + std::to_string(slot_bytes_) +
                   " bytes (a stale or foreign record)" + todo);
   }
-  const std::uint32_t computed =
-      crc32c(record + kHeaderBytes, static_cast<std::size_t>(slot_bytes_));
+  const std::uint32_t computed = overlapped_crc32c(record + kHeaderBytes, slot_bytes_);
   if (computed != header.payload_crc) {
     throw IoError(where + ": payload checksum mismatch (stored " + hex(header.payload_crc) +
                   ", computed " + hex(computed) + ")" + todo);

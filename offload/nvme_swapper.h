@@ -141,7 +141,8 @@ class NvmeSwapper {
   void fail(std::uint64_t op_id, Op& op, std::string message);
   void finish_if_done(std::uint64_t op_id, Op& op);
   std::string describe(const Op& op, std::int64_t offset) const;
-  void verify_read(const Op& op) const;
+  void verify_read(const Op& op);
+  std::uint32_t overlapped_crc32c(const std::byte* data, std::int64_t bytes);
   int apply_fault(int result, std::uint32_t bytes) noexcept;
   void check_slot(std::int64_t slot) const;
   void check_buffer(int buffer) const;
