@@ -10,6 +10,7 @@ packages=(
   libopenblas-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   gnuplot-nox
+  fio  # benchmarks/run_bench_nvme.sh: the swapper's baseline
   iproute2  # ip netns: the multi-host tests' test hosts
 )
 

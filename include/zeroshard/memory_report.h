@@ -25,9 +25,10 @@ inline constexpr int kMemoryCategoryCount = 6;
 /// "activations".
 const char* to_string(MemoryCategory category) noexcept;
 
-/// Host memory, or memory on the accelerator.
-enum class MemoryLocation { kHost, kDevice };
-inline constexpr int kMemoryLocationCount = 2;
+/// Host memory, memory on the accelerator, or swap files on NVMe (bytes on disk).
+enum class MemoryLocation { kHost, kDevice, kNvme };
+inline constexpr int kMemoryLocationCount = 3;
+/// "host", "device" or "nvme".
 const char* to_string(MemoryLocation location) noexcept;
 
 /// Bytes held now and the most ever held at once, for one category at one location.

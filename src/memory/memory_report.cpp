@@ -25,7 +25,15 @@ const char* to_string(MemoryCategory category) noexcept {
 }
 
 const char* to_string(MemoryLocation location) noexcept {
-  return location == MemoryLocation::kHost ? "host" : "device";
+  switch (location) {
+    case MemoryLocation::kHost:
+      return "host";
+    case MemoryLocation::kDevice:
+      return "device";
+    case MemoryLocation::kNvme:
+      return "nvme";
+  }
+  return "unknown";
 }
 
 std::int64_t MemoryReport::model_state_bytes(MemoryLocation location) const {

@@ -1,0 +1,112 @@
+// IoUringRing: liburing calls with their errors turned into IoError or a logged fallback.
+#include "io_uring_ring.h"
+
+#include <liburing.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "util/log.h"
+#include "zeroshard/error.h"
+
+namespace zeroshard::detail {
+namespace {
+
+std::string describe(int negative_errno) { return std::strerror(-negative_errno); }
+
+}  // namespace
+
+IoUringRing::IoUringRing(unsigned entries, const std::string& what)
+    : ring_(std::make_unique<io_uring>()), entries_(entries), what_(what) {
+  io_uring_params params{};
+  params.flags = IORING_SETUP_CQSIZE;
+  params.cq_entries = 2 * entries;
+  const int rc = io_uring_queue_init_params(entries, ring_.get(), &params);
+  if (rc < 0) {
+    ring_.reset();
+    throw IoError("io_uring_queue_init(" + std::to_string(entries) + ") for " + what_ +
+                  " failed: " + describe(rc) +
+                  "; io_uring needs Linux 5.6+ and, in containers, a seccomp profile that "
+                  "allows it (see docs/nvme.md)");
+  }
+}
+
+IoUringRing::IoUringRing(IoUringRing&& other) noexcept
+    : ring_(std::move(other.ring_)),
+      entries_(std::exchange(other.entries_, 0)),
+      what_(std::move(other.what_)) {}
+
+IoUringRing& IoUringRing::operator=(IoUringRing&& other) noexcept {
+  if (this != &other) {
+    if (ring_) io_uring_queue_exit(ring_.get());
+    ring_ = std::move(other.ring_);
+    entries_ = std::exchange(other.entries_, 0);
+    what_ = std::move(other.what_);
+  }
+  return *this;
+}
+
+IoUringRing::~IoUringRing() {
+  if (ring_) io_uring_queue_exit(ring_.get());
+}
+
+bool IoUringRing::register_buffers(std::span<const iovec> buffers) {
+  const int rc =
+      io_uring_register_buffers(ring_.get(), buffers.data(), static_cast<unsigned>(buffers.size()));
+  if (rc == 0) return true;
+  if (rc == -ENOMEM || rc == -EPERM || rc == -EOPNOTSUPP) {
+    ZEROSHARD_LOG(kWarning, "io_uring_register_buffers for " << what_ << " failed (" << describe(rc)
+                                                             << "); using unregistered buffers. "
+                                                                "Raise RLIMIT_MEMLOCK (ulimit -l) "
+                                                                "to register them");
+    return false;
+  }
+  throw IoError("io_uring_register_buffers for " + what_ + " failed: " + describe(rc));
+}
+
+bool IoUringRing::register_files(std::span<const int> fds) {
+  const int rc =
+      io_uring_register_files(ring_.get(), fds.data(), static_cast<unsigned>(fds.size()));
+  if (rc == 0) return true;
+  ZEROSHARD_LOG(kWarning, "io_uring_register_files for " << what_ << " failed (" << describe(rc)
+                                                         << "); using the plain descriptor");
+  return false;
+}
+
+io_uring_sqe* IoUringRing::next_sqe() {
+  io_uring_sqe* sqe = io_uring_get_sqe(ring_.get());
+  if (!sqe) throw IoError("io_uring submission queue of " + what_ + " is full (internal error)");
+  return sqe;
+}
+
+int IoUringRing::submit() {
+  const int rc = io_uring_submit(ring_.get());
+  if (rc >= 0) return rc;
+  if (rc == -EAGAIN || rc == -EBUSY || rc == -EINTR) return 0;
+  throw IoError("io_uring_submit for " + what_ + " failed: " + describe(rc));
+}
+
+int IoUringRing::wait(unsigned count, std::span<RingCompletion> out) {
+  io_uring_cqe* cqe = nullptr;
+  if (count > 0) {
+    int rc;
+    do {
+      rc = io_uring_wait_cqe_nr(ring_.get(), &cqe, count);
+    } while (rc == -EINTR || rc == -EAGAIN);
+    if (rc < 0) throw IoError("io_uring_wait_cqe for " + what_ + " failed: " + describe(rc));
+  }
+  int copied = 0;
+  while (static_cast<std::size_t>(copied) < out.size()) {
+    const int rc = io_uring_peek_cqe(ring_.get(), &cqe);
+    if (rc == -EAGAIN) break;
+    if (rc < 0) throw IoError("io_uring_peek_cqe for " + what_ + " failed: " + describe(rc));
+    out[copied].user_data = cqe->user_data;
+    out[copied].result = cqe->res;
+    ++copied;
+    io_uring_cqe_seen(ring_.get(), cqe);
+  }
+  return copied;
+}
+
+}  // namespace zeroshard::detail

@@ -1,0 +1,74 @@
+// PinnedBuffer: mmap, mlock and the tracker's charge, undone in reverse order.
+#include "pinned_buffer.h"
+
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "util/log.h"
+#include "zeroshard/error.h"
+
+namespace zeroshard::detail {
+
+PinnedBuffer::PinnedBuffer(std::size_t bytes, MemoryTracker* tracker, MemoryCategory category)
+    : bytes_(round_up_to_page(bytes)), tracker_(tracker), category_(category) {
+  if (bytes_ == 0) return;
+  void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    const int error = errno;
+    throw OutOfMemoryError("pinned swap buffer: mmap of " + std::to_string(bytes_) + " bytes of " +
+                           to_string(category) + " failed: " + std::strerror(error));
+  }
+  data_ = static_cast<std::byte*>(p);
+  // Locking keeps the pages resident, so the kernel never has to fault them in mid-transfer.
+  if (mlock(data_, bytes_) == 0) {
+    locked_ = true;
+  } else {
+    const int error = errno;
+    ZEROSHARD_LOG(kWarning, "pinned swap buffer: mlock of " << bytes_ << " bytes failed ("
+                                                            << std::strerror(error)
+                                                            << "); raise RLIMIT_MEMLOCK "
+                                                               "(ulimit -l) to keep it resident");
+  }
+  if (tracker_) tracker_->add(MemoryLocation::kHost, category_, static_cast<std::int64_t>(bytes_));
+}
+
+PinnedBuffer::PinnedBuffer(PinnedBuffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)),
+      bytes_(std::exchange(other.bytes_, 0)),
+      locked_(std::exchange(other.locked_, false)),
+      tracker_(std::exchange(other.tracker_, nullptr)),
+      category_(other.category_) {}
+
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
+  if (this != &other) {
+    reset();
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+    locked_ = std::exchange(other.locked_, false);
+    tracker_ = std::exchange(other.tracker_, nullptr);
+    category_ = other.category_;
+  }
+  return *this;
+}
+
+PinnedBuffer::~PinnedBuffer() { reset(); }
+
+void PinnedBuffer::reset() noexcept {
+  if (data_) {
+    if (tracker_) {
+      tracker_->remove(MemoryLocation::kHost, category_, static_cast<std::int64_t>(bytes_));
+    }
+    if (locked_) munlock(data_, bytes_);
+    munmap(data_, bytes_);
+  }
+  data_ = nullptr;
+  bytes_ = 0;
+  locked_ = false;
+  tracker_ = nullptr;
+}
+
+}  // namespace zeroshard::detail

@@ -1,0 +1,123 @@
+// SwapFile: open with O_DIRECT, refuse tmpfs, reserve the size, and check it is still whole.
+#include "swap_file.h"
+
+#include <fcntl.h>
+#include <linux/magic.h>  // TMPFS_MAGIC
+#include <sys/stat.h>
+#include <sys/vfs.h>  // fstatfs
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "zeroshard/error.h"
+
+namespace zeroshard::detail {
+namespace {
+
+std::string errno_text(int error) {
+  return std::string(std::strerror(error)) + " (errno " + std::to_string(error) + ")";
+}
+
+std::string advice(int error) {
+  switch (error) {
+    case ENOSPC:
+      return "free space on the drive or point nvme_path at a larger one";
+    case EFBIG:
+      return "the size exceeds the file-size limit (ulimit -f / RLIMIT_FSIZE) or the file "
+             "system's largest file; raise the limit or use another file system";
+    case EINVAL:
+      return "the file system refuses O_DIRECT; point nvme_path at a directory on a local "
+             "NVMe drive (ext4, xfs)";
+    case ENOENT:
+      return "create the directory named by nvme_path first";
+    case EACCES:
+    case EPERM:
+    case EROFS:
+      return "make nvme_path writable by this process";
+    default:
+      return "check the drive and the directory named by nvme_path";
+  }
+}
+
+}  // namespace
+
+std::string swap_file_path(const std::string& directory, int rank, const std::string& kind) {
+  std::string path = directory;
+  if (!path.empty() && path.back() != '/') path += '/';
+  return path + "zeroshard_rank" + std::to_string(rank) + "_" + kind + ".swp";
+}
+
+SwapFile::SwapFile(std::string path, std::int64_t bytes) : path_(std::move(path)), bytes_(bytes) {
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_DIRECT | O_CLOEXEC, 0600);
+  if (fd_ < 0) {
+    const int error = errno;
+    throw IoError("swap file " + path_ + ": open with O_DIRECT failed: " + errno_text(error) +
+                  "; " + advice(error));
+  }
+  // tmpfs has accepted O_DIRECT since Linux 6.6, but a swap file there is host memory again:
+  // refuse it by file system type rather than by the open's result.
+  struct statfs fs {};
+  if (fstatfs(fd_, &fs) == 0 && fs.f_type == TMPFS_MAGIC) {
+    ::close(fd_);
+    fd_ = -1;
+    ::unlink(path_.c_str());
+    throw IoError("swap file " + path_ +
+                  ": the directory is on tmpfs, which keeps the file in host memory and so "
+                  "defeats NVMe offload (and refuses O_DIRECT before Linux 6.6); point nvme_path "
+                  "at a directory on a local NVMe drive");
+  }
+  int rc = ::posix_fallocate(fd_, 0, bytes_);
+  if (rc == EOPNOTSUPP || rc == EINVAL) rc = ::ftruncate(fd_, bytes_) == 0 ? 0 : errno;
+  if (rc == 0) {
+    // A file reused from an earlier run may be larger; the size is part of the format.
+    struct stat st {};
+    if (::fstat(fd_, &st) == 0 && st.st_size != bytes_ && ::ftruncate(fd_, bytes_) != 0) rc = errno;
+  }
+  if (rc != 0) {
+    ::close(fd_);
+    fd_ = -1;
+    throw IoError("swap file " + path_ + ": reserving " + std::to_string(bytes_) +
+                  " bytes (offset 0, fallocate) failed: " + errno_text(rc) + "; " + advice(rc));
+  }
+}
+
+SwapFile::SwapFile(SwapFile&& other) noexcept
+    : fd_(std::exchange(other.fd_, -1)),
+      path_(std::move(other.path_)),
+      bytes_(std::exchange(other.bytes_, 0)) {}
+
+SwapFile& SwapFile::operator=(SwapFile&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = std::exchange(other.fd_, -1);
+    path_ = std::move(other.path_);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+SwapFile::~SwapFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void SwapFile::check_intact(const char* operation) const {
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) {
+    const int error = errno;
+    throw IoError("swap file " + path_ + ": fstat before " + operation +
+                  " failed: " + errno_text(error));
+  }
+  if (st.st_nlink == 0) {
+    throw IoError("swap file " + path_ + " was deleted while in use (before " + operation +
+                  "); its swapped data is lost: restart from a checkpoint");
+  }
+  if (st.st_size != bytes_) {
+    throw IoError("swap file " + path_ + " is " + std::to_string(st.st_size) + " bytes, expected " +
+                  std::to_string(bytes_) + " (before " + operation +
+                  "): it was truncated or replaced; restart from a checkpoint");
+  }
+}
+
+}  // namespace zeroshard::detail

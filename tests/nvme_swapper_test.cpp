@@ -1,0 +1,403 @@
+// The NVMe swapper: round trips, generations, CRC32C on both paths, and every promised fault
+// (EIO, short transfers, EAGAIN, EFBIG, a truncated file, a flipped byte, tmpfs) as an IoError
+// that leaves the previous generation readable. Files live under the build tree.
+#include "nvme_swapper.h"
+
+#include <fcntl.h>
+#include <gmock/gmock.h>  // HasSubstr
+#include <gtest/gtest.h>
+#include <sys/resource.h>  // setrlimit(RLIMIT_FSIZE)
+#include <unistd.h>
+
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "crc32c.h"
+#include "zeroshard/error.h"
+
+namespace zeroshard::detail {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+bool direct_io_supported(const fs::path& directory) {
+  const fs::path probe = directory / "o_direct_probe";
+  const int fd = ::open(probe.c_str(), O_RDWR | O_CREAT | O_DIRECT, 0600);
+  if (fd < 0) return false;
+  ::close(fd);
+  fs::remove(probe);
+  return true;
+}
+
+class NvmeSwapperTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    directory_ = fs::current_path() / "nvme_swapper_test_files" / info->name();
+    fs::remove_all(directory_);
+    fs::create_directories(directory_);
+    if (!direct_io_supported(directory_)) {
+      GTEST_SKIP() << directory_ << " is on a file system without O_DIRECT";
+    }
+  }
+  void TearDown() override { fs::remove_all(directory_); }
+
+  NvmeSwapperOptions options(std::int64_t slot_count, std::int64_t slot_bytes) const {
+    NvmeSwapperOptions o;
+    o.directory = directory_.string();
+    o.rank = 3;
+    o.kind = "optimizer";
+    o.slot_count = slot_count;
+    o.slot_bytes = slot_bytes;
+    o.buffer_count = 4;
+    o.aio.block_size = 64 * 1024;
+    o.aio.queue_depth = 4;
+    return o;
+  }
+
+  // A pattern that differs per slot and per generation, so a stale copy is caught.
+  static void fill(std::span<std::byte> payload, std::int64_t slot, int version) {
+    for (std::size_t i = 0; i < payload.size(); ++i) {
+      payload[i] = static_cast<std::byte>(
+          (i * 131 + static_cast<std::size_t>(slot) * 7 + static_cast<std::size_t>(version) * 29) &
+          0xFF);
+    }
+  }
+  static bool holds(std::span<const std::byte> payload, std::int64_t slot, int version) {
+    std::vector<std::byte> expected(payload.size());
+    fill(expected, slot, version);
+    return std::memcmp(expected.data(), payload.data(), payload.size()) == 0;
+  }
+
+  static void write_now(NvmeSwapper& swapper, std::int64_t slot, int version, int buffer = 0) {
+    fill(swapper.buffer(buffer), slot, version);
+    swapper.wait(swapper.write(slot, buffer));
+  }
+  static bool read_holds(NvmeSwapper& swapper, std::int64_t slot, int version, int buffer = 1) {
+    std::memset(swapper.buffer(buffer).data(), 0xEE, swapper.buffer(buffer).size());
+    swapper.wait(swapper.read(slot, buffer));
+    return holds(swapper.buffer(buffer), slot, version);
+  }
+
+  fs::path directory_;
+};
+
+TEST(Crc32c, MatchesKnownVectorsOnBothPaths) {
+  const std::string digits = "123456789";
+  std::vector<unsigned char> zeros(32, 0x00), ones(32, 0xFF);
+  EXPECT_EQ(crc32c_portable(digits.data(), digits.size()), 0xE3069283u);
+  EXPECT_EQ(crc32c_portable(zeros.data(), zeros.size()), 0x8A9136AAu);
+  EXPECT_EQ(crc32c_portable(ones.data(), ones.size()), 0x62A8AB43u);
+  EXPECT_EQ(crc32c_portable(nullptr, 0), 0u);
+  EXPECT_EQ(crc32c(digits.data(), digits.size()), 0xE3069283u);
+  if (!crc32c_hardware_available()) GTEST_SKIP() << "this CPU has no SSE4.2 crc32";
+  EXPECT_EQ(crc32c_hardware(digits.data(), digits.size()), 0xE3069283u);
+  EXPECT_EQ(crc32c_hardware(zeros.data(), zeros.size()), 0x8A9136AAu);
+  EXPECT_EQ(crc32c_hardware(ones.data(), ones.size()), 0x62A8AB43u);
+}
+
+TEST(Crc32c, HardwareAndPortablePathsAgreeOnAnyLengthAndAlignment) {
+  if (!crc32c_hardware_available()) GTEST_SKIP() << "this CPU has no SSE4.2 crc32";
+  std::vector<unsigned char> data(5000);
+  for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<unsigned char>(i * 37 + 11);
+  for (std::size_t start : {0, 1, 3, 7, 8}) {
+    for (std::size_t length : {0, 1, 7, 8, 9, 63, 64, 1000, 4991}) {
+      ASSERT_EQ(crc32c_hardware(data.data() + start, length),
+                crc32c_portable(data.data() + start, length))
+          << "start " << start << " length " << length;
+    }
+  }
+  // Continuing from a previous value equals one pass over the whole.
+  const std::uint32_t head = crc32c_hardware(data.data(), 100);
+  EXPECT_EQ(crc32c_hardware(data.data() + 100, 900, head), crc32c_portable(data.data(), 1000));
+}
+
+TEST_F(NvmeSwapperTest, NamesTheFileByRankAndKindAndSizesItForTwoCopies) {
+  NvmeSwapper swapper(options(5, 10000));
+  EXPECT_EQ(swapper.path(), (directory_ / "zeroshard_rank3_optimizer.swp").string());
+  EXPECT_EQ(swapper.record_bytes(), 4096 + 12288);
+  EXPECT_EQ(swapper.disk_bytes(), 2 * 5 * swapper.record_bytes());
+  EXPECT_EQ(static_cast<std::int64_t>(fs::file_size(swapper.path())), swapper.disk_bytes());
+}
+
+TEST_F(NvmeSwapperTest, RoundTripsManySlotsOfOddSizesWithSeveralInFlight) {
+  for (const std::int64_t slot_bytes : {1L, 4095L, 4096L, 3 * 65536L + 123L, 1000003L}) {
+    SCOPED_TRACE("slot_bytes " + std::to_string(slot_bytes));
+    NvmeSwapperOptions o = options(13, slot_bytes);
+    o.aio.intra_op_parallelism = 2;
+    NvmeSwapper swapper(o);
+    // Four writes in flight at a time, one per buffer.
+    for (std::int64_t first = 0; first < 13; first += 4) {
+      std::vector<SwapTicket> tickets;
+      for (std::int64_t slot = first; slot < std::min<std::int64_t>(first + 4, 13); ++slot) {
+        const int buffer = static_cast<int>(slot - first);
+        fill(swapper.buffer(buffer), slot, 1);
+        tickets.push_back(swapper.write(slot, buffer));
+      }
+      for (SwapTicket t : tickets) swapper.wait(t);
+    }
+    for (std::int64_t first = 0; first < 13; first += 4) {
+      std::vector<std::pair<SwapTicket, std::int64_t>> tickets;
+      for (std::int64_t slot = first; slot < std::min<std::int64_t>(first + 4, 13); ++slot) {
+        const int buffer = static_cast<int>(slot - first);
+        std::memset(swapper.buffer(buffer).data(), 0, swapper.buffer(buffer).size());
+        tickets.emplace_back(swapper.read(12 - slot, buffer), 12 - slot);
+      }
+      for (auto [t, slot] : tickets) {
+        swapper.wait(t);
+        const int buffer = static_cast<int>(12 - slot - first);
+        EXPECT_TRUE(holds(swapper.buffer(buffer), slot, 1)) << "slot " << slot;
+      }
+    }
+  }
+}
+
+TEST_F(NvmeSwapperTest, RoundTripsWithSingleSubmitAndWithoutOverlappedEvents) {
+  for (const bool single_submit : {false, true}) {
+    for (const bool overlap_events : {false, true}) {
+      SCOPED_TRACE(std::string("single_submit ") + (single_submit ? "true" : "false") +
+                   ", overlap_events " + (overlap_events ? "true" : "false"));
+      NvmeSwapperOptions o = options(3, 700000);
+      o.aio.single_submit = single_submit;
+      o.aio.overlap_events = overlap_events;
+      o.aio.block_size = 4096 * 8;
+      NvmeSwapper swapper(o);
+      for (std::int64_t slot = 0; slot < 3; ++slot) write_now(swapper, slot, 5);
+      for (std::int64_t slot = 0; slot < 3; ++slot) EXPECT_TRUE(read_holds(swapper, slot, 5));
+    }
+  }
+}
+
+TEST_F(NvmeSwapperTest, EachWriteIsTheNextGenerationInTheOtherCopy) {
+  NvmeSwapper swapper(options(2, 50000));
+  EXPECT_EQ(swapper.generation(1), 0u);
+  EXPECT_EQ(swapper.current_copy(1), -1);
+  for (int version = 1; version <= 4; ++version) {
+    write_now(swapper, 1, version);
+    EXPECT_EQ(swapper.generation(1), static_cast<std::uint64_t>(version));
+    EXPECT_EQ(swapper.current_copy(1), (version - 1) % 2);
+    EXPECT_TRUE(read_holds(swapper, 1, version));
+  }
+  EXPECT_EQ(swapper.generation(0), 0u);
+}
+
+TEST_F(NvmeSwapperTest, EioAtRequestKLeavesThePreviousGenerationReadable) {
+  NvmeSwapper swapper(options(2, 300000));  // 5 pieces of 64 KiB per record
+  write_now(swapper, 0, 1);
+  fill(swapper.buffer(0), 0, 2);
+  swapper.inject_fault({IoFaultKind::kEio, 3, 1});
+  const SwapTicket ticket = swapper.write(0, 0);
+  try {
+    swapper.wait(ticket);
+    FAIL() << "an injected EIO must fail the write";
+  } catch (const IoError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(swapper.path()));
+    EXPECT_THAT(e.what(), HasSubstr("offset"));
+    EXPECT_THAT(e.what(), HasSubstr("write of slot 0"));
+    EXPECT_THAT(e.what(), HasSubstr("Input/output error"));
+    EXPECT_THAT(e.what(), HasSubstr("previous generation is still readable"));
+  }
+  EXPECT_EQ(swapper.generation(0), 1u);
+  EXPECT_TRUE(read_holds(swapper, 0, 1));
+  // The fault is cleared: the next write succeeds and becomes current.
+  write_now(swapper, 0, 2);
+  EXPECT_EQ(swapper.generation(0), 2u);
+  EXPECT_TRUE(read_holds(swapper, 0, 2));
+}
+
+TEST_F(NvmeSwapperTest, EioOnAReadLeavesTheSlotReadableAfterwards) {
+  NvmeSwapper swapper(options(1, 200000));
+  write_now(swapper, 0, 1);
+  swapper.inject_fault({IoFaultKind::kEio, 2, 1});
+  EXPECT_THROW(swapper.wait(swapper.read(0, 1)), IoError);
+  EXPECT_TRUE(read_holds(swapper, 0, 1));
+}
+
+TEST_F(NvmeSwapperTest, ShortTransfersAreCompletedWithTheRest) {
+  NvmeSwapper swapper(options(2, 400000));
+  swapper.inject_fault({IoFaultKind::kShortTransfer, 1, 6});
+  write_now(swapper, 1, 1);
+  EXPECT_GE(swapper.resubmissions(), 6);
+  swapper.inject_fault({IoFaultKind::kShortTransfer, 2, 4});
+  EXPECT_TRUE(read_holds(swapper, 1, 1));
+  EXPECT_GE(swapper.resubmissions(), 10);
+}
+
+TEST_F(NvmeSwapperTest, EagainIsResubmitted) {
+  NvmeSwapper swapper(options(1, 150000));
+  swapper.inject_fault({IoFaultKind::kEagain, 1, 3});
+  write_now(swapper, 0, 1);
+  EXPECT_EQ(swapper.resubmissions(), 3);
+  swapper.inject_fault({IoFaultKind::kEagain, 1, 2});
+  EXPECT_TRUE(read_holds(swapper, 0, 1));
+  EXPECT_EQ(swapper.resubmissions(), 5);
+}
+
+TEST_F(NvmeSwapperTest, EndlessEagainBecomesAnIoError) {
+  NvmeSwapperOptions o = options(1, 4096);
+  o.aio.block_size = 8192;
+  NvmeSwapper swapper(o);
+  write_now(swapper, 0, 1);
+  swapper.inject_fault({IoFaultKind::kEagain, 1, 1000000});
+  fill(swapper.buffer(0), 0, 2);
+  try {
+    swapper.wait(swapper.write(0, 0));
+    FAIL() << "endless EAGAIN must end in an IoError";
+  } catch (const IoError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("EAGAIN"));
+  }
+  swapper.inject_fault({});
+  EXPECT_TRUE(read_holds(swapper, 0, 1));
+}
+
+TEST_F(NvmeSwapperTest, FileSizeLimitIsAnIoErrorNamingEfbig) {
+  rlimit saved{};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &saved), 0);
+  // Exceeding RLIMIT_FSIZE also raises SIGXFSZ, which would kill the test.
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit limited = saved;
+  limited.rlim_cur = 256 * 1024;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &limited), 0);
+  std::optional<std::string> message;
+  try {
+    NvmeSwapper swapper(options(4, 1 << 20));
+  } catch (const IoError& e) {
+    message = e.what();
+  }
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &saved), 0);
+  std::signal(SIGXFSZ, old_handler);
+  ASSERT_TRUE(message) << "a file over RLIMIT_FSIZE must raise IoError";
+  EXPECT_THAT(*message, HasSubstr("zeroshard_rank3_optimizer.swp"));
+  EXPECT_THAT(*message, HasSubstr("File too large"));
+  EXPECT_THAT(*message, HasSubstr("ulimit -f"));
+  // With the limit restored the same swapper can be made.
+  NvmeSwapper swapper(options(4, 1 << 20));
+  write_now(swapper, 3, 1);
+  EXPECT_TRUE(read_holds(swapper, 3, 1));
+}
+
+TEST_F(NvmeSwapperTest, TruncatedFileIsAnIoErrorOnRead) {
+  NvmeSwapper swapper(options(3, 100000));
+  write_now(swapper, 2, 1);
+  ASSERT_EQ(::truncate(swapper.path().c_str(), swapper.record_offset(2, 0)), 0);
+  try {
+    swapper.wait(swapper.read(2, 1));
+    FAIL() << "reading a truncated file must raise IoError";
+  } catch (const IoError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(swapper.path()));
+    EXPECT_THAT(e.what(), HasSubstr("truncated"));
+    EXPECT_THAT(e.what(), HasSubstr("checkpoint"));
+  }
+}
+
+TEST_F(NvmeSwapperTest, FlippedByteIsAChecksumIoError) {
+  NvmeSwapper swapper(options(2, 100000));
+  write_now(swapper, 1, 1);
+  const std::int64_t offset = swapper.record_offset(1, swapper.current_copy(1)) + 4096 + 777;
+  {
+    const int fd = ::open(swapper.path().c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    unsigned char byte = 0;
+    ASSERT_EQ(::pread(fd, &byte, 1, offset), 1);
+    byte ^= 0x10;
+    ASSERT_EQ(::pwrite(fd, &byte, 1, offset), 1);
+    ::close(fd);
+  }
+  try {
+    swapper.wait(swapper.read(1, 1));
+    FAIL() << "a flipped byte must fail the checksum";
+  } catch (const IoError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("checksum mismatch"));
+    EXPECT_THAT(e.what(), HasSubstr(swapper.path()));
+    EXPECT_THAT(e.what(), HasSubstr("offset " + std::to_string(swapper.record_offset(1, 0))));
+  }
+  // Writing the slot again repairs it.
+  write_now(swapper, 1, 2);
+  EXPECT_TRUE(read_holds(swapper, 1, 2));
+}
+
+TEST_F(NvmeSwapperTest, TmpfsPathIsAnIoErrorNamingIt) {
+  if (!fs::is_directory("/dev/shm")) GTEST_SKIP() << "no /dev/shm on this machine";
+  const fs::path shm = fs::path("/dev/shm") / ("zeroshard_nvme_test_" + std::to_string(getpid()));
+  fs::create_directories(shm);
+  NvmeSwapperOptions o = options(1, 4096);
+  o.directory = shm.string();
+  try {
+    NvmeSwapper swapper(o);
+    ADD_FAILURE() << "a tmpfs directory must be refused";
+  } catch (const IoError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(shm.string()));
+    EXPECT_THAT(e.what(), HasSubstr("tmpfs"));
+    EXPECT_THAT(e.what(), HasSubstr("nvme_path"));
+  }
+  fs::remove_all(shm);
+}
+
+TEST_F(NvmeSwapperTest, MissingDirectoryIsAnIoErrorSayingToCreateIt) {
+  NvmeSwapperOptions o = options(1, 4096);
+  o.directory = (directory_ / "absent").string();
+  try {
+    NvmeSwapper swapper(o);
+    ADD_FAILURE() << "a missing directory must be refused";
+  } catch (const IoError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("absent"));
+    EXPECT_THAT(e.what(), HasSubstr("create the directory"));
+  }
+}
+
+TEST_F(NvmeSwapperTest, ChargesPinnedBuffersAndDiskBytesToTheTracker) {
+  MemoryTracker tracker;
+  {
+    NvmeSwapperOptions o = options(3, 100000);
+    o.tracker = &tracker;
+    o.category = MemoryCategory::kMasterWeights;
+    NvmeSwapper swapper(o);
+    EXPECT_EQ(swapper.buffer_bytes(), 4 * swapper.record_bytes());
+    EXPECT_EQ(tracker.current(MemoryCategory::kMasterWeights), swapper.buffer_bytes());
+    EXPECT_EQ(tracker.current(MemoryCategory::kMasterWeights, MemoryLocation::kNvme),
+              swapper.disk_bytes());
+    const MemoryReport report = tracker.report(0, 1);
+    EXPECT_THAT(report.to_json(), HasSubstr("\"nvme\""));
+  }
+  EXPECT_EQ(tracker.current(MemoryCategory::kMasterWeights), 0);
+  EXPECT_EQ(tracker.current(MemoryCategory::kMasterWeights, MemoryLocation::kNvme), 0);
+}
+
+TEST_F(NvmeSwapperTest, RefusesBadAioSettingsByKey) {
+  NvmeSwapperOptions o = options(1, 4096);
+  o.aio.block_size = 1000;
+  try {
+    NvmeSwapper swapper(o);
+    ADD_FAILURE() << "block_size 1000 must be refused";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.key_path(), "aio.block_size");
+  }
+  o = options(1, 4096);
+  o.aio.use_gds = true;
+  try {
+    NvmeSwapper swapper(o);
+    ADD_FAILURE() << "use_gds must be refused";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.key_path(), "aio.use_gds");
+  }
+}
+
+TEST_F(NvmeSwapperTest, RefusesABusySlotABusyBufferAndAnUnwrittenRead) {
+  NvmeSwapper swapper(options(2, 100000));
+  EXPECT_THROW(swapper.read(0, 0), UsageError);
+  const SwapTicket t = swapper.write(0, 0);
+  EXPECT_THROW(swapper.write(0, 1), UsageError);  // slot 0 has a write in flight
+  EXPECT_THROW(swapper.write(1, 0), UsageError);  // buffer 0 is not waited for
+  swapper.wait(t);
+  EXPECT_THROW(swapper.wait(t), UsageError);  // each ticket once
+  EXPECT_THROW(swapper.read(5, 0), UsageError);
+}
+
+}  // namespace
+}  // namespace zeroshard::detail
