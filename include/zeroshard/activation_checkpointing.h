@@ -92,7 +92,8 @@ struct CheckpointMemory {
   std::int64_t peak_device = 0;
 };
 
-/// Time spent, with `activation_checkpointing.profile` (zero otherwise), since the last reset.
+/// Time spent, with `activation_checkpointing.profile` (zero otherwise), since the last reset; the
+/// totals are also logged after a backward pass on rank 0 every steps_per_print steps.
 struct CheckpointProfile {
   std::int64_t checkpoints = 0;    ///< forwards run through checkpoint()
   std::int64_t recomputes = 0;     ///< forwards run again in backward()

@@ -110,7 +110,7 @@ struct MemoryEstimate {
   std::int64_t shard_params = 0;
   /// Bytes this rank sends per optimizer step under the counting convention of
   /// docs/architecture.md: 2P elements for stages 0-2 and 3P for stage 3 (P padded), as in the
-  /// ZeRO paper.
+  /// ZeRO paper; 4P at stage 3 when a checkpointed chain's forward is gathered again.
   std::int64_t traffic_bytes_per_step = 0;
   /// One line per assumption the figures rest on, for the reader.
   std::vector<std::string> notes;

@@ -72,10 +72,13 @@ struct ActivationCheckpointer::Impl {
         config(engine.config().activation_checkpointing) {
     if (config.partition_activations) {
       if (model_parallel == nullptr || model_parallel->size() == 1) {
-        ZEROSHARD_LOG(kProgress,
-                      "activation_checkpointing.partition_activations: no model-parallel group of "
-                      "more than one rank was given, so there is nothing to split; kept inputs "
-                      "stay whole");
+        if (engine.rank() == 0) {
+          ZEROSHARD_LOG(
+              kProgress,
+              "activation_checkpointing.partition_activations: no model-parallel group of "
+              "more than one rank was given, so there is nothing to split; kept inputs "
+              "stay whole");
+        }
       } else {
         const bool device_buffers = engine.device().is_cuda();
         if ((model_parallel->buffer_device() != DeviceType::kCpu) != device_buffers) {
@@ -185,10 +188,12 @@ struct ActivationCheckpointer::Impl {
                                               " slots of the contiguous buffer");
       }
       if (kept.part_bytes > slot_bytes) {
-        throw ConfigError(kContiguousKey,
+        throw ConfigError("activation_checkpointing.contiguous_memory_optimization",
                           "a kept input of " + std::to_string(kept.part_bytes) +
                               " bytes does not fit a slot of the contiguous buffer (" +
-                              std::to_string(slot_bytes) + " bytes, sized by the first)");
+                              std::to_string(slot_bytes) +
+                              " bytes, sized by the first kept input); turn it off for blocks "
+                              "whose inputs differ in size");
       }
       kept.slot = slot;
       destination = slot_data(slot);
@@ -347,7 +352,10 @@ void ActivationCheckpointer::backward(const BlockFunction& backward) {
   m.boundary();
   if (m.config.profile) {
     m.profile.backward_seconds += seconds_since(backward_start);
-    if (m.stack.empty() && m.engine.rank() == 0) {
+    // Once per backward pass, on the steps_per_print cadence of the engine's own progress line.
+    const std::int64_t every = m.engine.config().steps_per_print;
+    const bool printing = every > 0 && (m.engine.global_step() + 1) % every == 0;
+    if (m.stack.empty() && printing && m.engine.rank() == 0) {
       ZEROSHARD_LOG(kProgress, "activation checkpointing profile: "
                                    << m.profile.checkpoints << " checkpointed forwards "
                                    << m.profile.forward_seconds << " s, " << m.profile.recomputes

@@ -346,7 +346,11 @@ MemoryEstimate estimate(const EstimateInput& input) {
   }
   result.padded_params = terms.padded;
   result.shard_params = terms.shard;
-  result.traffic_bytes_per_step = (input.stage == 3 ? 3 : 2) * terms.padded * terms.d;
+  // Stage 3 gathers for forward, again for backward and, with activation checkpointing of the
+  // chain, once more for the recompute.
+  const bool recompute_gathers = input.stage == 3 && input.layers > 0 && input.checkpoint_every > 0;
+  result.traffic_bytes_per_step =
+      (input.stage == 3 ? (recompute_gathers ? 4 : 3) : 2) * terms.padded * terms.d;
   if (input.stage == 3) {
     const std::int64_t gathered = std::min(terms.padded, input.max_live_parameters);
     result.transient_device_bytes = terms.d * gathered;

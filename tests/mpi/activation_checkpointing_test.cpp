@@ -308,6 +308,54 @@ TEST(ActivationCheckpointing, PeakFollowsKeptInputsPlusOneBlock) {
   }
 }
 
+TEST(ActivationCheckpointing, PartitionOverTwoModelParallelRanksKeepsHalfOfEachInput) {
+  if (skip_on_gpu()) GTEST_SKIP() << "the chain model computes on host memory";
+  // The two ranks of the world act as one model-parallel group: same samples, same activations.
+  std::unique_ptr<Communicator> group = Communicator::from_environment();
+  if (group->size() != 2) GTEST_SKIP() << "needs a world of 2 ranks as the model-parallel group";
+  const auto a = static_cast<std::int64_t>(kActivationBytes);
+  for (int stage : {0, 3}) {
+    ChainOptions options;
+    options.stage = stage;
+    options.layers = 6;
+    options.dropout = 0.25f;
+    options.partition = true;  // also: every rank sees the same samples
+    // The same samples on both ranks without checkpointing.
+    const ChainResult reference = [&] {
+      ChainOptions same = options;
+      same.every = 0;
+      return run_chain(same);
+    }();
+    for (int every : {1, 2, 3}) {
+      options.every = every;
+      options.cpu_checkpointing = false;
+      const ChainResult split = run_chain(options, group.get());
+      expect_same(reference, split, "partitioned, every " + std::to_string(every));
+      const int blocks = (options.layers + every - 1) / every;
+      EXPECT_EQ(split.checkpoint_memory.peak_kept_device, blocks * a / 2);
+      options.cpu_checkpointing = true;
+      const ChainResult split_host = run_chain(options, group.get());
+      expect_same(reference, split_host,
+                  "partitioned in host memory, every " + std::to_string(every));
+      EXPECT_EQ(split_host.checkpoint_memory.peak_kept_host, blocks * a / 2);
+      EXPECT_EQ(split_host.checkpoint_memory.peak_kept_device, 0);
+    }
+  }
+}
+
+TEST(ActivationCheckpointing, PartitionWithoutAGroupKeepsWholeInputs) {
+  if (skip_on_gpu()) GTEST_SKIP() << "the chain model computes on host memory";
+  ChainOptions options;
+  options.layers = 4;
+  options.partition = true;
+  const ChainResult reference = run_chain(options);
+  options.every = 2;
+  const ChainResult kept = run_chain(options, nullptr);
+  expect_same(reference, kept, "partition_activations without a group");
+  EXPECT_EQ(kept.checkpoint_memory.peak_kept_device,
+            2 * static_cast<std::int64_t>(kActivationBytes));
+}
+
 TEST(ActivationCheckpointing, BackwardWithoutACheckpointIsAUsageError) {
   Engine engine = make_engine(toy_config(0), make_sgd());
   engine.register_parameter("w", {4});
