@@ -104,8 +104,8 @@ struct CheckpointProfile {
 
 /// Runs blocks of a model's forward with checkpointing, as the engine's config's
 /// `activation_checkpointing` section says (docs/activation-checkpointing.md). Blocks are
-/// backpropagated in the reverse order of their forwards. Not copyable; valid while its engine
-/// lives.
+/// backpropagated in the reverse order of their forwards. Not copyable; destroy it before its
+/// engine (its buffers come from the engine's allocator).
 class ActivationCheckpointer {
  public:
   /// `model_parallel` (may be null, then partition_activations has nothing to split) is the group
