@@ -116,6 +116,13 @@ int main(int argc, char** argv) {
                          " bytes, the estimator says " + theory);
       }
     }
+    // The activations peak is the estimator's (estimate_activations) where the model is a chain of
+    // equal layers, and the measured figure itself otherwise: equal either way.
+    if (row.at("measured_activations_peak") != row.at("theory_activations")) {
+      errors.push_back(row.label() + ": activations peaked at " +
+                       row.at("measured_activations_peak") + " bytes, the estimator says " +
+                       row.at("theory_activations"));
+    }
     if (row.number("measured_communication_peak") > row.number("theory_communication")) {
       errors.push_back(row.label() + ": communication buffers peaked at " +
                        row.at("measured_communication_peak") + " bytes, over the bound " +

@@ -80,12 +80,12 @@ class SyntheticModel final : public BenchModel {
 /// The MLP example on its synthetic classification task; each rank takes its own samples.
 class MlpBenchModel final : public BenchModel {
  public:
-  MlpBenchModel(Engine& engine, const BenchOptions& o)
+  MlpBenchModel(Engine& engine, const BenchOptions& o, int checkpoint_every)
       : engine_(engine),
         model_(engine,
                examples::MlpShape{
                    .inputs = o.inputs, .width = o.width, .layers = o.layers, .classes = o.classes},
-               o.micro_batch),
+               o.micro_batch, examples::MlpTraining{.checkpoint_every = checkpoint_every}),
         data_(o.inputs, o.classes, 1),
         micro_batch_(o.micro_batch),
         x_(static_cast<std::size_t>(o.micro_batch) * o.inputs),
@@ -98,6 +98,23 @@ class MlpBenchModel final : public BenchModel {
         step, 0, 1, micro_batch_, engine_.rank(), engine_.world_size());
     data_.sample(range.first, range.count, x_.data(), labels_.data());
     model_.train_micro_step(x_.data(), labels_.data(), range.count);
+  }
+
+  EstimateInput activation_input() const override {
+    EstimateInput input;
+    const examples::MlpShape& shape = model_.shape();
+    if (shape.inputs != shape.width || shape.classes != shape.width) return input;
+    input.activation_bytes = model_.fixed_activation_bytes();
+    input.layer_activation_bytes = static_cast<std::int64_t>(micro_batch_) * shape.width *
+                                   static_cast<std::int64_t>(sizeof(float));
+    input.layers = shape.layers;
+    input.checkpoint_every = model_.training().checkpoint_every;
+    input.cpu_checkpointing = engine_.config().activation_checkpointing.cpu_checkpointing;
+    return input;
+  }
+
+  double recompute_seconds() const override {
+    return model_.checkpointer() ? model_.checkpointer()->profile().recompute_seconds : 0.0;
   }
 
   std::vector<std::int64_t> tensor_numels() const override {
@@ -128,12 +145,16 @@ bool mlp_available() {
 #endif
 }
 
-std::unique_ptr<BenchModel> make_model(const BenchOptions& options, Engine& engine) {
+std::unique_ptr<BenchModel> make_model(const BenchOptions& options, Engine& engine,
+                                       int checkpoint_every) {
   if (!options.mlp()) {
+    if (checkpoint_every != 0) {
+      throw UsageError("--checkpoint-every: the synthetic model has no forward to checkpoint");
+    }
     return std::make_unique<SyntheticModel>(engine, options.params, options.tensors);
   }
 #ifdef ZEROSHARD_BENCH_WITH_MLP
-  return std::make_unique<MlpBenchModel>(engine, options);
+  return std::make_unique<MlpBenchModel>(engine, options, checkpoint_every);
 #else
   throw UsageError(
       "--layers: this build has no MLP example (configure with ZEROSHARD_BUILD_EXAMPLES=ON)");

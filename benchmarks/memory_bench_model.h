@@ -9,6 +9,7 @@
 
 #include "memory_sweep.h"
 #include "zeroshard/engine.h"
+#include "zeroshard/memory_estimator.h"
 
 namespace zeroshard::bench {
 
@@ -23,10 +24,17 @@ class BenchModel {
   virtual void micro_step(std::int64_t step) = 0;
   /// Element counts of the trainable tensors, in registration order (the estimator's input).
   virtual std::vector<std::int64_t> tensor_numels() const = 0;
+  /// The estimator's activation inputs: bytes outside a chain of equal layers, and the chain
+  /// (layer_activation_bytes, layers, checkpoint_every); layers 0 when the model is no such chain.
+  virtual EstimateInput activation_input() const { return {}; }
+  /// Seconds spent running forwards again in backward, since construction.
+  virtual double recompute_seconds() const { return 0.0; }
 };
 
-/// The model `options` describe, registered with `engine`.
-std::unique_ptr<BenchModel> make_model(const BenchOptions& options, Engine& engine);
+/// The model `options` describe, registered with `engine`, checkpointing every
+/// `checkpoint_every` layers (the MLP only).
+std::unique_ptr<BenchModel> make_model(const BenchOptions& options, Engine& engine,
+                                       int checkpoint_every = 0);
 
 /// True when this build has the MLP example (examples/mlp) to benchmark.
 bool mlp_available();

@@ -12,6 +12,7 @@
 
 #include "memory_bench_model.h"
 #include "memory_record.h"
+#include "util/quantity.h"
 #include "zeroshard/memory_estimator.h"
 #include "zeroshard/zeroshard.h"
 
@@ -34,7 +35,9 @@ Record measure(const BenchOptions& options, const Configuration& configuration, 
       Config::from_json_string(engine_config(options, configuration).dump(), world_size);
   Engine engine(config, Communicator::from_environment());
   record.rank = engine.rank();
-  const std::unique_ptr<BenchModel> model = make_model(options, engine);
+  const int checkpoint_every = static_cast<int>(
+      detail::parse_count(configuration.value("checkpoint_every"), "--checkpoint-every"));
+  const std::unique_ptr<BenchModel> model = make_model(options, engine, checkpoint_every);
   engine.finalize();
   model->initialize();
 
@@ -44,6 +47,7 @@ Record measure(const BenchOptions& options, const Configuration& configuration, 
     engine.step();
   }
   double seconds = 0.0;
+  const double recompute_before = model->recompute_seconds();
   for (int s = 0; s < options.timed_steps; ++s, ++step) {
     const std::int64_t sent_before = engine.communicator().traffic().total_bytes();
     const auto start = std::chrono::steady_clock::now();
@@ -53,6 +57,8 @@ Record measure(const BenchOptions& options, const Configuration& configuration, 
     record.sent_bytes_per_step = engine.communicator().traffic().total_bytes() - sent_before;
   }
   record.step_ms = 1000.0 * seconds / options.timed_steps;
+  record.recompute_ms =
+      1000.0 * (model->recompute_seconds() - recompute_before) / options.timed_steps;
 
   const MemoryReport report = engine.memory_report();
   for (int c = 0; c < kMemoryCategoryCount; ++c) {
@@ -69,9 +75,19 @@ Record measure(const BenchOptions& options, const Configuration& configuration, 
   // The theory: the estimator, fed the parsed config and the model's tensors, nothing measured.
   EstimateInput input = estimate_input_from_config(engine.config(), record.params, world_size);
   input.tensors = model->tensor_numels();
-  // Activations are the model's, which the estimator does not model: it takes them as given, so
-  // that its peak bound covers the whole allocation.
-  input.activation_bytes = record.measured_peak(MemoryCategory::kActivations);
+  // Activations: a chain of equal layers (the MLP with inputs = classes = width) is the
+  // estimator's to predict; any other model's are taken as given, so that the peak bound still
+  // covers the whole allocation.
+  const EstimateInput chain = model->activation_input();
+  if (chain.layers > 0) {
+    input.activation_bytes = chain.activation_bytes;
+    input.layer_activation_bytes = chain.layer_activation_bytes;
+    input.layers = chain.layers;
+    input.checkpoint_every = chain.checkpoint_every;
+    input.cpu_checkpointing = chain.cpu_checkpointing;
+  } else {
+    input.activation_bytes = record.measured_peak(MemoryCategory::kActivations);
+  }
   const MemoryEstimate estimate = zeroshard::estimate(input);
   // CPU ranks keep "device" buffers in host memory too, so offloaded bytes count alongside, as
   // the measured side sums both locations.

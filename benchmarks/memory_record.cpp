@@ -75,6 +75,7 @@ nlohmann::json to_json(const Record& r) {
           {"measured_total_peak", r.measured_total_peak},
           {"process_peak_rss", r.process_peak_rss},
           {"step_ms", r.step_ms},
+          {"recompute_ms", r.recompute_ms},
           {"sent_bytes_per_step", r.sent_bytes_per_step},
           {"theory", theory},
           {"theory_device_peak", r.theory_device_peak},
@@ -99,6 +100,7 @@ Record record_from_json(const nlohmann::json& j) {
   r.measured_total_peak = j.at("measured_total_peak");
   r.process_peak_rss = j.at("process_peak_rss");
   r.step_ms = j.at("step_ms");
+  r.recompute_ms = j.value("recompute_ms", 0.0);
   r.sent_bytes_per_step = j.at("sent_bytes_per_step");
   r.theory_device_peak = j.at("theory_device_peak");
   r.theory_sent_bytes_per_step = j.at("theory_sent_bytes_per_step");
@@ -156,6 +158,7 @@ const std::vector<Column>& csv_columns() {
         {"theory_device_peak", [](const Record& r) { return number(r.theory_device_peak); }},
         {"process_peak_rss", [](const Record& r) { return number(r.process_peak_rss); }},
         {"step_ms", [](const Record& r) { return decimal(r.step_ms, 3); }},
+        {"recompute_ms", [](const Record& r) { return decimal(r.recompute_ms, 3); }},
         {"sent_bytes_per_step", [](const Record& r) { return number(r.sent_bytes_per_step); }},
         {"theory_sent_bytes_per_step",
          [](const Record& r) { return number(r.theory_sent_bytes_per_step); }},
@@ -208,8 +211,9 @@ void print_table(std::ostream& out, const std::vector<Record>& records) {
   std::vector<std::string> header = {"N"};
   for (const Dimension& d : dimensions()) header.push_back(d.name);
   const std::vector<std::string> figures = {
-      "model states", "theory",   "ratio",   "comm buffers", "bound",  "activations", "alloc peak",
-      "peak bound",   "peak RSS", "step ms", "sent/step",    "theory", "ratio"};
+      "model states", "theory",    "ratio",      "comm buffers", "bound",
+      "activations",  "estimate",  "alloc peak", "peak bound",   "peak RSS",
+      "step ms",      "recompute", "sent/step",  "theory",       "ratio"};
   header.insert(header.end(), figures.begin(), figures.end());
   rows.push_back(header);
   std::vector<std::string> notes;
@@ -246,10 +250,19 @@ void print_table(std::ostream& out, const std::vector<Record>& records) {
     row.push_back(bytes(largest([comm](const Record& r) { return r.theory_of(comm); })));
     row.push_back(bytes(
         largest([](const Record& r) { return r.measured_peak(MemoryCategory::kActivations); })));
+    row.push_back(
+        bytes(largest([](const Record& r) { return r.theory_of(MemoryCategory::kActivations); })));
     row.push_back(bytes(largest([](const Record& r) { return r.measured_total_peak; })));
     row.push_back(bytes(largest([](const Record& r) { return r.theory_device_peak; })));
     row.push_back(bytes(largest([](const Record& r) { return r.process_peak_rss; })));
     row.push_back(decimal(step_ms, 2));
+    // The recompute's share of the step, on the slowest rank.
+    double recompute_share = 0.0;
+    for (const Record* r : ranks) {
+      if (r->step_ms > 0.0)
+        recompute_share = std::max(recompute_share, r->recompute_ms / r->step_ms);
+    }
+    row.push_back(decimal(100.0 * recompute_share, 1) + "%");
     row.push_back(bytes(largest([](const Record& r) { return r.sent_bytes_per_step; })));
     row.push_back(bytes(largest([](const Record& r) { return r.theory_sent_bytes_per_step; })));
     row.push_back(decimal(furthest([](const Record& r) { return r.sent_over_theory(); }), 4));

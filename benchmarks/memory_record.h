@@ -31,6 +31,8 @@ struct Record {
   std::int64_t measured_total_peak = 0;
   std::int64_t process_peak_rss = 0;
   double step_ms = 0.0;
+  /// Of step_ms: running checkpointed blocks' forwards again in backward (0 without).
+  double recompute_ms = 0.0;
   std::int64_t sent_bytes_per_step = 0;
 
   // The estimator's figures for the same configuration (device and host tiers summed).

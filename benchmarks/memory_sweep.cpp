@@ -75,6 +75,15 @@ const std::vector<Dimension>& dimensions() {
        [](nlohmann::json& config, const std::string& value) {
          apply_offload(config, "offload_param", "--offload-param", value);
        }},
+      // A model option (the MLP checkpoints every K layers), not a config key; the config only
+      // asks for the recompute to be timed.
+      {"checkpoint_every",
+       "--checkpoint-every",
+       {"0"},
+       [](nlohmann::json& config, const std::string& value) {
+         const std::int64_t every = detail::parse_count(value, "--checkpoint-every");
+         if (every > 0) config["activation_checkpointing"]["profile"] = true;
+       }},
   };
   return kDimensions;
 }
@@ -112,6 +121,9 @@ sweep:
   --offload-optimizer none,cpu[,nvme]
   --offload-param none,cpu[,nvme]   (combinations DeepSpeed forbids are left out: optimizer
                           offload at stage 0, parameter offload below stage 3)
+  --checkpoint-every 0,K  MLP only: activation checkpointing every K layers (0 = off); with
+                          --inputs and --classes equal to --width the activations are checked
+                          against estimate_activations, and the recompute is timed
   --reduce-bucket-size N  elements (default 5e8, DeepSpeed's)
   --persistence-threshold N   stage3_param_persistence_threshold (default 0: all sharded)
   --max-reuse-distance N      stage3_max_reuse_distance (default 0: re-gather for backward)
@@ -268,6 +280,11 @@ std::vector<Configuration> configurations(const BenchOptions& options) {
     return (stage0 && c.value("offload_optimizer") != "none") ||
            (!stage3 && c.value("offload_param") != "none");
   });
+  // The synthetic model has no forward to checkpoint.
+  if (!options.mlp()) {
+    std::erase_if(result,
+                  [](const Configuration& c) { return c.value("checkpoint_every") != "0"; });
+  }
   return result;
 }
 

@@ -21,7 +21,7 @@ struct Dimension {
   void (*apply)(nlohmann::json& config, const std::string& value);
 };
 
-/// stage, precision, offload_optimizer, offload_param.
+/// stage, precision, offload_optimizer, offload_param, checkpoint_every.
 const std::vector<Dimension>& dimensions();
 
 /// Everything the driver and its workers agree on; the worker gets it through the same command

@@ -587,11 +587,32 @@ TEST(ConfigValidation, UnimplementedPrecisionFlagsAreRefused) {
   }
 }
 
-TEST(ConfigValidation, ActivationCheckpointingIsNotImplementedYet) {
+TEST(Config, ActivationCheckpointingKeysAreRead) {
+  const Config config = Config::from_json_string(R"({"train_batch_size": 8,
+    "activation_checkpointing": {"partition_activations": true, "cpu_checkpointing": true,
+      "contiguous_memory_optimization": true, "number_checkpoints": 4,
+      "synchronize_checkpoint_boundary": true, "profile": true}})");
+  const ActivationCheckpointingConfig& c = config.activation_checkpointing;
+  EXPECT_TRUE(c.partition_activations);
+  EXPECT_TRUE(c.cpu_checkpointing);
+  EXPECT_TRUE(c.contiguous_memory_optimization);
+  EXPECT_EQ(c.number_checkpoints, 4);
+  EXPECT_TRUE(c.synchronize_checkpoint_boundary);
+  EXPECT_TRUE(c.profile);
+}
+
+TEST(ConfigValidation, ContiguousCheckpointsNeedTheirNumber) {
+  ConfigError error = config_error(R"({"train_batch_size": 8,
+    "activation_checkpointing": {"contiguous_memory_optimization": true}})");
+  EXPECT_EQ(error.key_path(), "activation_checkpointing.number_checkpoints");
+  EXPECT_THAT(error.what(), HasSubstr("required by contiguous_memory_optimization"));
+}
+
+TEST(ConfigValidation, NumberOfCheckpointsWithoutTheContiguousBufferIsRefused) {
   ConfigError error = config_error(
       R"({"train_batch_size": 8, "activation_checkpointing": {"number_checkpoints": 4}})");
   EXPECT_EQ(error.key_path(), "activation_checkpointing.number_checkpoints");
-  EXPECT_THAT(error.what(), HasSubstr("not implemented yet"));
+  EXPECT_THAT(error.what(), HasSubstr("applies only with contiguous_memory_optimization"));
 }
 
 TEST(ConfigValidation, ActivationCheckpointingTypesAreCheckedFirst) {

@@ -279,3 +279,42 @@ TEST(MemoryEstimator, ReadsAConfig) {
 
 }  // namespace
 }  // namespace zeroshard
+
+namespace zeroshard {
+namespace {
+
+TEST(ActivationEstimate, CheckpointingKeepsOneInputPerBlockAndOneBlocksActivations) {
+  constexpr std::int64_t kA = 1000;
+  EXPECT_EQ(estimate_activations(kA, 16, 0).device, 17 * kA);
+  EXPECT_EQ(estimate_activations(kA, 16, 4).device, (4 + 4) * kA);
+  EXPECT_EQ(estimate_activations(kA, 16, 1).device, (16 + 1) * kA);
+  EXPECT_EQ(estimate_activations(kA, 16, 16).device, (1 + 16) * kA);
+  EXPECT_EQ(estimate_activations(kA, 16, 32).device, (1 + 16) * kA);
+  // 3 blocks of 3, 3 and 1 layers: the second block (2 kept inputs + 3 layers) is the peak.
+  EXPECT_EQ(estimate_activations(kA, 7, 3).device, 5 * kA);
+  EXPECT_EQ(estimate_activations(kA, 7, 3).host, 0);
+  const ActivationEstimate host = estimate_activations(kA, 16, 4, /*cpu_checkpointing=*/true);
+  EXPECT_EQ(host.device, 5 * kA);
+  EXPECT_EQ(host.host, 4 * kA);
+  EXPECT_THROW(estimate_activations(-1, 4, 2), ConfigError);
+}
+
+TEST(ActivationEstimate, TheEstimateAddsTheChainAndStageThreeGathersForTheRecompute) {
+  EstimateInput in;
+  in.params = 1 << 20;
+  in.stage = 3;
+  in.activation_bytes = 500;
+  in.layer_activation_bytes = 1000;
+  in.layers = 8;
+  const MemoryEstimate plain = estimate(in);
+  EXPECT_EQ(plain.at(MemoryCategory::kActivations), 500 + 9 * 1000);
+  in.checkpoint_every = 2;
+  in.cpu_checkpointing = true;
+  const MemoryEstimate checkpointed = estimate(in);
+  EXPECT_EQ(checkpointed.at(MemoryCategory::kActivations), 500 + 3 * 1000);
+  EXPECT_EQ(checkpointed.at(MemoryCategory::kActivations, MemoryTier::kHost), 4 * 1000);
+  EXPECT_EQ(checkpointed.traffic_bytes_per_step * 3, plain.traffic_bytes_per_step * 4);
+}
+
+}  // namespace
+}  // namespace zeroshard

@@ -12,6 +12,24 @@
 
 namespace zeroshard::examples {
 
+#if defined(__CUDACC__)
+#define ZEROSHARD_EXAMPLE_HOST_DEVICE __host__ __device__
+#else
+#define ZEROSHARD_EXAMPLE_HOST_DEVICE
+#endif
+
+/// Whether dropout with probability `p` keeps element `index` of the stream `seed`: a hash of the
+/// counter (splitmix64), so the CPU and the GPU drop the same elements and a recompute that
+/// starts from the same offset drops them again.
+ZEROSHARD_EXAMPLE_HOST_DEVICE inline bool dropout_keeps(std::uint64_t seed, std::uint64_t index,
+                                                        float p) {
+  std::uint64_t z = seed + (index + 1) * 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  z ^= z >> 31;
+  return static_cast<float>(z >> 40) * 0x1.0p-24f >= p;
+}
+
 class MlpMath {
  public:
   virtual ~MlpMath() = default;
@@ -23,8 +41,14 @@ class MlpMath {
   /// output[batch, out] = bias + input[batch, in] * weight[out, in]^T, then max(., 0) when relu.
   virtual void linear_forward(const float* input, const float* weight, const float* bias,
                               float* output, int batch, int in, int out, bool relu) = 0;
-  /// grad[k] = 0 wherever activation[k] <= 0: ReLU's backward through its stored output.
-  virtual void relu_backward(const float* activation, float* grad, std::int64_t count) = 0;
+  /// grad[k] = 0 wherever activation[k] <= 0, else grad[k] * scale: the backward of ReLU and
+  /// dropout (which keeps with scale 1 / (1 - p)) through their stored output.
+  virtual void relu_backward(const float* activation, float* grad, std::int64_t count,
+                             float scale) = 0;
+  /// Inverted dropout in place: data[k] = dropout_keeps(seed, offset + k, p) ? data[k] / (1 - p)
+  /// : 0.
+  virtual void dropout(float* data, std::int64_t count, float p, std::uint64_t seed,
+                       std::uint64_t offset) = 0;
   /// weight_grad[out, in] += output_grad[batch, out]^T * input[batch, in], and
   /// bias_grad[out] += the sum of output_grad over the batch.
   virtual void add_linear_grads(const float* output_grad, const float* input, float* weight_grad,
@@ -39,6 +63,8 @@ class MlpMath {
                                       int batch, int classes, float grad_scale) = 0;
   /// Converts between fp32 working copies and 16-bit parameters and gradients.
   virtual void convert(const void* in, DType from, void* out, DType to, std::int64_t count) = 0;
+  /// Copies `bytes` within this processor's memory; the ranges do not overlap.
+  virtual void copy(void* destination, const void* source, std::size_t bytes) = 0;
   /// Copies `bytes` of host memory (a batch of samples) into this processor's memory.
   virtual void upload(void* destination, const void* host, std::size_t bytes) = 0;
 };

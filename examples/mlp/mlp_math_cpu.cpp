@@ -29,9 +29,19 @@ class CpuMlpMath final : public MlpMath {
     }
   }
 
-  void relu_backward(const float* activation, float* grad, std::int64_t count) override {
+  void relu_backward(const float* activation, float* grad, std::int64_t count,
+                     float scale) override {
     for (std::int64_t k = 0; k < count; ++k) {
-      if (activation[k] <= 0.0f) grad[k] = 0.0f;
+      grad[k] = activation[k] <= 0.0f ? 0.0f : grad[k] * scale;
+    }
+  }
+
+  void dropout(float* data, std::int64_t count, float p, std::uint64_t seed,
+               std::uint64_t offset) override {
+    const float scale = 1.0f / (1.0f - p);
+    for (std::int64_t k = 0; k < count; ++k) {
+      const bool keep = dropout_keeps(seed, offset + static_cast<std::uint64_t>(k), p);
+      data[k] = keep ? data[k] * scale : 0.0f;
     }
   }
 
@@ -74,6 +84,10 @@ class CpuMlpMath final : public MlpMath {
 
   void convert(const void* in, DType from, void* out, DType to, std::int64_t count) override {
     zeroshard::convert(in, from, out, to, count);
+  }
+
+  void copy(void* destination, const void* source, std::size_t bytes) override {
+    if (bytes > 0) std::memcpy(destination, source, bytes);
   }
 
   void upload(void* destination, const void* host, std::size_t bytes) override {

@@ -48,9 +48,18 @@ __global__ void relu_in_place(float* data, std::int64_t count) {
   if (k < count) data[k] = fmaxf(data[k], 0.0f);
 }
 
-__global__ void relu_backward_kernel(const float* activation, float* grad, std::int64_t count) {
+__global__ void relu_backward_kernel(const float* activation, float* grad, std::int64_t count,
+                                     float scale) {
   const std::int64_t k = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (k < count && activation[k] <= 0.0f) grad[k] = 0.0f;
+  if (k < count) grad[k] = activation[k] <= 0.0f ? 0.0f : grad[k] * scale;
+}
+
+__global__ void dropout_kernel(float* data, std::int64_t count, float p, float scale,
+                               std::uint64_t seed, std::uint64_t offset) {
+  const std::int64_t k = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (k >= count) return;
+  const bool keep = dropout_keeps(seed, offset + static_cast<std::uint64_t>(k), p);
+  data[k] = keep ? data[k] * scale : 0.0f;
 }
 
 // One thread per output feature, summing over the batch in order, as the CPU loop does.
@@ -145,10 +154,18 @@ class CudaMlpMath final : public MlpMath {
     }
   }
 
-  void relu_backward(const float* activation, float* grad, std::int64_t count) override {
-    relu_backward_kernel<<<blocks_for(count), kThreads, 0, stream_.get()>>>(activation, grad,
-                                                                            count);
+  void relu_backward(const float* activation, float* grad, std::int64_t count,
+                     float scale) override {
+    relu_backward_kernel<<<blocks_for(count), kThreads, 0, stream_.get()>>>(activation, grad, count,
+                                                                            scale);
     check_cuda(cudaGetLastError(), "relu_backward");
+  }
+
+  void dropout(float* data, std::int64_t count, float p, std::uint64_t seed,
+               std::uint64_t offset) override {
+    dropout_kernel<<<blocks_for(count), kThreads, 0, stream_.get()>>>(
+        data, count, p, 1.0f / (1.0f - p), seed, offset);
+    check_cuda(cudaGetLastError(), "dropout");
   }
 
   void add_linear_grads(const float* output_grad, const float* input, float* weight_grad,
@@ -215,6 +232,11 @@ class CudaMlpMath final : public MlpMath {
                        to_string(to));
     }
     check_cuda(cudaGetLastError(), "convert");
+  }
+
+  void copy(void* destination, const void* source, std::size_t bytes) override {
+    check_cuda(cudaMemcpyAsync(destination, source, bytes, cudaMemcpyDeviceToDevice, stream_.get()),
+               "cudaMemcpyAsync (copy)");
   }
 
   void upload(void* destination, const void* host, std::size_t bytes) override {

@@ -88,10 +88,29 @@ TEST(CpuMlpMath, LinearForwardBackwardAndReluMatchNaiveLoops) {
   expect_near_all(input_grad, want_input_grad, 1e-5f, "input grad");
 
   std::vector<float> grad = c.output_grad;
-  math->relu_backward(output.data(), grad.data(), kBatch * kOut);
+  math->relu_backward(output.data(), grad.data(), kBatch * kOut, 1.0f);
   for (int k = 0; k < kBatch * kOut; ++k) {
     EXPECT_EQ(grad[k], output[k] > 0.0f ? c.output_grad[k] : 0.0f) << k;
   }
+}
+
+TEST(CpuMlpMath, DropoutKeepsAboutOneMinusPAndScalesWhatItKeeps) {
+  const auto math = make_cpu_mlp_math();
+  constexpr int kCount = 4096;
+  std::vector<float> data(kCount, 2.0f);
+  math->dropout(data.data(), kCount, 0.25f, 99, 1000);
+  int kept = 0;
+  for (int k = 0; k < kCount; ++k) {
+    const bool keep = dropout_keeps(99, 1000 + static_cast<std::uint64_t>(k), 0.25f);
+    EXPECT_EQ(data[k], keep ? 2.0f / 0.75f : 0.0f) << k;
+    kept += keep ? 1 : 0;
+  }
+  EXPECT_NEAR(kept, 0.75 * kCount, 0.05 * kCount);
+
+  // Backward through the kept elements: grad * 1/(1-p), zero where dropped.
+  std::vector<float> grad(kCount, 1.0f);
+  math->relu_backward(data.data(), grad.data(), kCount, 1.0f / 0.75f);
+  for (int k = 0; k < kCount; ++k) EXPECT_EQ(grad[k], data[k] > 0.0f ? 1.0f / 0.75f : 0.0f) << k;
 }
 
 TEST(CpuMlpMath, SoftmaxCrossEntropyGradientIsTheLossDerivative) {
@@ -189,6 +208,12 @@ TEST(CudaMlpMath, MatchesTheCpuMath) {
                                                     kBatch, kClasses, 0.5f);
   EXPECT_NEAR(got_loss, want_loss, 1e-6f * want_loss);
   expect_near_all(d_logits.download(), logits, 1e-6f, "loss gradient");
+
+  std::vector<float> dropped = c.output_grad;
+  OnDevice<float> d_dropped(dropped);
+  cpu->dropout(dropped.data(), static_cast<std::int64_t>(dropped.size()), 0.3f, 5, 77);
+  gpu->dropout(d_dropped.get(), static_cast<std::int64_t>(dropped.size()), 0.3f, 5, 77);
+  EXPECT_EQ(d_dropped.download(), dropped) << "dropout";
 
   std::vector<std::uint16_t> half(c.input.size());
   OnDevice<std::uint16_t> d_half(half);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "zeroshard/error.h"
@@ -37,17 +38,46 @@ void require_positive(const char* what, int value) {
 
 }  // namespace
 
-MlpModel::MlpModel(Engine& engine, const MlpShape& shape, int max_batch)
-    : engine_(engine), shape_(shape), max_batch_(max_batch), math_(make_mlp_math(engine.device())) {
+std::vector<std::byte> MlpModel::DropoutState::save() const {
+  std::vector<std::byte> state(sizeof(std::uint64_t));
+  std::memcpy(state.data(), offset_, sizeof(std::uint64_t));
+  return state;
+}
+
+void MlpModel::DropoutState::restore(std::span<const std::byte> state) {
+  std::memcpy(offset_, state.data(), sizeof(std::uint64_t));
+}
+
+MlpModel::MlpModel(Engine& engine, const MlpShape& shape, int max_batch,
+                   const MlpTraining& training)
+    : engine_(engine),
+      shape_(shape),
+      training_(training),
+      max_batch_(max_batch),
+      math_(make_mlp_math(engine.device())) {
   require_positive("inputs", shape.inputs);
   require_positive("width", shape.width);
   require_positive("layers", shape.layers);
   require_positive("classes", shape.classes);
   require_positive("max_batch", max_batch);
+  if (training.checkpoint_every < 0) {
+    throw UsageError("MlpModel: checkpoint_every must be 0 (off) or positive, got " +
+                     std::to_string(training.checkpoint_every));
+  }
+  if (!(training.dropout >= 0.0f && training.dropout < 1.0f)) {
+    throw UsageError("MlpModel: dropout must be in [0, 1), got " +
+                     std::to_string(training.dropout));
+  }
 
   engine.set_compute_stream(math_->stream());
   const std::size_t batch = static_cast<std::size_t>(max_batch);
-  input_ = engine.allocate_activations(batch * shape.inputs * sizeof(float));
+  if (training.checkpoint_every > 0) {
+    checkpointer_ = std::make_unique<ActivationCheckpointer>(engine);
+    checkpointer_->register_random_state(dropout_state_);
+  } else {
+    // With checkpointing the input is the first block's kept input, allocated per micro-step.
+    input_ = engine.allocate_activations(batch * shape.inputs * sizeof(float));
+  }
   labels_ = engine.allocate_activations(batch * sizeof(int));
   sample_losses_ = engine.allocate_activations(batch * sizeof(double));
   layers_.resize(static_cast<std::size_t>(shape.layers));
@@ -59,7 +89,8 @@ MlpModel::MlpModel(Engine& engine, const MlpShape& shape, int max_batch)
     layer.weight = engine.register_parameter(name + ".weight", {layer.out, layer.in});
     layer.bias = engine.register_parameter(name + ".bias", {layer.out});
     layer.module = engine.module(name);
-    layer.output = engine.allocate_activations(batch * layer.out * sizeof(float));
+    if (!checkpointer_)
+      layer.output = engine.allocate_activations(batch * layer.out * sizeof(float));
   }
   const std::size_t widest = static_cast<std::size_t>(std::max(shape.width, shape.classes));
   grad_a_ = engine.allocate_activations(batch * widest * sizeof(float));
@@ -91,6 +122,16 @@ void MlpModel::initialize(std::uint64_t seed) {
   }
 }
 
+std::int64_t MlpModel::fixed_activation_bytes() const noexcept {
+  std::int64_t total = 0;
+  for (const ActivationBuffer* buffer :
+       {&labels_, &sample_losses_, &grad_a_, &grad_b_, &weight_work_, &bias_work_, &grad_work_,
+        &bias_grad_work_}) {
+    total += static_cast<std::int64_t>(buffer->bytes());
+  }
+  return total;
+}
+
 std::int64_t MlpModel::parameter_count() const noexcept {
   std::int64_t total = 0;
   for (const Layer& layer : layers_) {
@@ -112,35 +153,94 @@ float MlpModel::train_micro_step(const float* x, const int* labels, int batch) {
     }
   }
 
+  if (checkpointer_) {
+    input_ = engine_.allocate_activations(static_cast<std::size_t>(batch) * shape_.inputs *
+                                          sizeof(float));
+  }
   math_->upload(input_.data(), x, static_cast<std::size_t>(batch) * shape_.inputs * sizeof(float));
   math_->upload(labels_.data(), labels, static_cast<std::size_t>(batch) * sizeof(int));
-  const float* input_batch = input_.data();
+  return checkpointer_ ? forward_backward_checkpointed(batch) : forward_backward(batch);
+}
 
+float MlpModel::loss_of(float* logits, int batch) {
+  // Under fp16 the engine asks for the loss to be scaled before backward; 1 otherwise.
+  const float grad_scale = static_cast<float>(engine_.loss_scale()) / static_cast<float>(batch);
+  return math_->softmax_cross_entropy(logits, reinterpret_cast<const int*>(labels_.data()),
+                                      reinterpret_cast<double*>(sample_losses_.data()), batch,
+                                      shape_.classes, grad_scale);
+}
+
+float MlpModel::forward_backward(int batch) {
+  const float* input_batch = input_.data();
   const std::size_t last = layers_.size() - 1;
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     const float* input = i == 0 ? input_batch : layers_[i - 1].output.data();
-    forward_layer(layers_[i], input, batch, i != last);
+    forward_layer(layers_[i], input, layers_[i].output.data(), batch, i != last);
   }
-  // Under fp16 the engine asks for the loss to be scaled before backward; 1 otherwise.
-  const float grad_scale = static_cast<float>(engine_.loss_scale()) / static_cast<float>(batch);
-  const float loss = math_->softmax_cross_entropy(
-      layers_[last].output.data(), reinterpret_cast<const int*>(labels_.data()),
-      reinterpret_cast<double*>(sample_losses_.data()), batch, shape_.classes, grad_scale);
+  const float loss = loss_of(layers_[last].output.data(), batch);
 
   // The last layer's output buffer now holds d(loss)/d(logits); each hidden layer's gradient
   // arrives in one ping-pong buffer and its input's gradient leaves in the other.
+  const float dropout_scale = 1.0f / (1.0f - training_.dropout);
   float* output_grad = layers_[last].output.data();
   float* spare[2] = {grad_a_.data(), grad_b_.data()};
   for (std::size_t i = layers_.size(); i-- > 0;) {
     const Layer& layer = layers_[i];
     if (i != last) {
       math_->relu_backward(layer.output.data(), output_grad,
-                           static_cast<std::int64_t>(batch) * layer.out);
+                           static_cast<std::int64_t>(batch) * layer.out, dropout_scale);
     }
     const float* input = i == 0 ? input_batch : layers_[i - 1].output.data();
     float* input_grad = i == 0 ? nullptr : spare[i % 2];
     backward_layer(layer, input, output_grad, input_grad, batch);
     output_grad = input_grad;
+  }
+  return loss;
+}
+
+// The same arithmetic as forward_backward in the same order, so the gradients are bit-identical:
+// each block of checkpoint_every layers keeps its input only and runs again before its backward.
+float MlpModel::forward_backward_checkpointed(int batch) {
+  const int layers = shape_.layers;
+  const int every = training_.checkpoint_every;
+  ActivationBuffer x = std::move(input_);
+  for (int first = 0; first < layers; first += every) {
+    const int end = std::min(first + every, layers);
+    x = checkpointer_->checkpoint(std::move(x), [this, first, end, batch](BlockContext& ctx) {
+      const float* in = ctx.input().data();
+      for (int i = first; i < end; ++i) {
+        const Layer& layer = layers_[static_cast<std::size_t>(i)];
+        float* out = ctx.allocate(static_cast<std::size_t>(batch) * layer.out * sizeof(float));
+        forward_layer(layer, in, out, batch, i != shape_.layers - 1);
+        in = out;
+      }
+    });
+  }
+  const float loss = loss_of(x.data(), batch);
+
+  // The loss gradient moves to the ping-pong buffer the last layer does not write, so that the
+  // logits are freed before backward: the recompute then finds only the kept inputs beside it.
+  const float dropout_scale = 1.0f / (1.0f - training_.dropout);
+  float* spare[2] = {grad_a_.data(), grad_b_.data()};
+  float* output_grad = spare[layers % 2];
+  math_->copy(output_grad, x.data(), x.bytes());
+  x = ActivationBuffer();
+  for (int first = (layers - 1) / every * every; first >= 0; first -= every) {
+    const int end = std::min(first + every, layers);
+    checkpointer_->backward([&, first, end](BlockContext& ctx) {
+      for (int i = end - 1; i >= first; --i) {
+        const Layer& layer = layers_[static_cast<std::size_t>(i)];
+        const float* output = ctx.activation(i - first);
+        if (i != layers - 1) {
+          math_->relu_backward(output, output_grad, static_cast<std::int64_t>(batch) * layer.out,
+                               dropout_scale);
+        }
+        const float* input = i == first ? ctx.input().data() : ctx.activation(i - first - 1);
+        float* input_grad = i == 0 ? nullptr : spare[i % 2];
+        backward_layer(layer, input, output_grad, input_grad, batch);
+        output_grad = input_grad;
+      }
+    });
   }
   return loss;
 }
@@ -168,12 +268,18 @@ void MlpModel::end_grad(const Parameter& parameter, const ActivationBuffer& work
                  parameter.numel());
 }
 
-void MlpModel::forward_layer(const Layer& layer, const float* input, int batch, bool relu) {
+void MlpModel::forward_layer(const Layer& layer, const float* input, float* output, int batch,
+                             bool relu) {
   // Stage 3 all-gathers the layer's parameters for the guard's lifetime; other stages hold them.
   const Engine::GatheredModule gathered = engine_.gathered(layer.module);
   math_->linear_forward(input, values_of(layer.weight, weight_work_),
-                        values_of(layer.bias, bias_work_), layer.output.data(), batch, layer.in,
-                        layer.out, relu);
+                        values_of(layer.bias, bias_work_), output, batch, layer.in, layer.out,
+                        relu);
+  if (relu && training_.dropout > 0.0f) {
+    const auto count = static_cast<std::int64_t>(batch) * layer.out;
+    math_->dropout(output, count, training_.dropout, training_.dropout_seed, dropout_offset_);
+    dropout_offset_ += static_cast<std::uint64_t>(count);
+  }
 }
 
 void MlpModel::backward_layer(const Layer& layer, const float* input, float* output_grad,

@@ -3,11 +3,14 @@
 // (OpenBLAS on the CPU, cuBLAS on a GPU).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "mlp_math.h"
+#include "zeroshard/activation_checkpointing.h"
 #include "zeroshard/engine.h"
 
 namespace zeroshard::examples {
@@ -21,6 +24,17 @@ struct MlpShape {
   int classes = 10;
 };
 
+/// Training-time options of the model.
+struct MlpTraining {
+  /// Checkpoint every K layers (0 = keep every activation): blocks of K layers keep only their
+  /// input and run their forward again in backward (zeroshard/activation_checkpointing.h).
+  int checkpoint_every = 0;
+  /// Dropout probability after each hidden ReLU (0 = none), from a counter-based generator whose
+  /// offset the checkpointer saves and restores.
+  float dropout = 0.0f;
+  std::uint64_t dropout_seed = 0x5eed;
+};
+
 /// Registers "fc{i}.weight" [out, in] and "fc{i}.bias" [out] (module "fc{i}", i = 0..layers-1)
 /// with the engine and trains them one micro-batch at a time. Not copyable or movable: it holds
 /// a reference to the engine and handles into it.
@@ -31,7 +45,7 @@ class MlpModel {
   /// shape or batch that is not positive. Under fp16/bf16 the layers compute in
   /// fp32 on working copies of the 16-bit parameters. On a GPU engine the model computes on a
   /// stream of its own, which it hands to Engine::set_compute_stream.
-  MlpModel(Engine& engine, const MlpShape& shape, int max_batch);
+  MlpModel(Engine& engine, const MlpShape& shape, int max_batch, const MlpTraining& training = {});
   MlpModel(const MlpModel&) = delete;
   MlpModel& operator=(const MlpModel&) = delete;
 
@@ -46,6 +60,12 @@ class MlpModel {
   float train_micro_step(const float* x, const int* labels, int batch);
 
   const MlpShape& shape() const noexcept { return shape_; }
+  const MlpTraining& training() const noexcept { return training_; }
+  /// With checkpoint_every > 0: its checkpointer (profile, memory); null otherwise.
+  const ActivationCheckpointer* checkpointer() const noexcept { return checkpointer_.get(); }
+  /// Bytes of the activation buffers the model holds whatever the depth: labels, losses, the
+  /// gradient ping-pong buffers and (16-bit) the fp32 working copies.
+  std::int64_t fixed_activation_bytes() const noexcept;
   /// Trainable elements of the whole model, P.
   std::int64_t parameter_count() const noexcept;
 
@@ -56,18 +76,40 @@ class MlpModel {
     Parameter bias;
     int in = 0;
     int out = 0;
-    ActivationBuffer output;  ///< [max_batch, out]: ReLU output, or logits on the last layer
+    /// [max_batch, out]: ReLU output, or logits on the last layer. Empty with checkpointing,
+    /// where each block allocates its layers' outputs.
+    ActivationBuffer output;
+  };
+
+  /// The dropout generator's state: the counter the next mask starts at.
+  class DropoutState final : public RandomState {
+   public:
+    explicit DropoutState(std::uint64_t& offset) : offset_(&offset) {}
+    std::vector<std::byte> save() const override;
+    void restore(std::span<const std::byte> state) override;
+
+   private:
+    std::uint64_t* offset_;
   };
 
   const float* values_of(const Parameter& parameter, const ActivationBuffer& work);
   float* begin_grad(const Parameter& parameter, const ActivationBuffer& work);
   void end_grad(const Parameter& parameter, const ActivationBuffer& work);
-  void forward_layer(const Layer& layer, const float* input, int batch, bool relu);
+  /// Linear, then (hidden layers) ReLU and dropout, into `output`.
+  void forward_layer(const Layer& layer, const float* input, float* output, int batch, bool relu);
+  /// The micro-step's forward, loss and backward, keeping every activation or checkpointing.
+  float forward_backward(int batch);
+  float forward_backward_checkpointed(int batch);
+  float loss_of(float* logits, int batch);
   void backward_layer(const Layer& layer, const float* input, float* output_grad, float* input_grad,
                       int batch);
 
   Engine& engine_;
   MlpShape shape_;
+  MlpTraining training_;
+  std::uint64_t dropout_offset_ = 0;
+  DropoutState dropout_state_{dropout_offset_};
+  std::unique_ptr<ActivationCheckpointer> checkpointer_;
   int max_batch_ = 0;
   std::unique_ptr<MlpMath> math_;
   std::vector<Layer> layers_;

@@ -26,12 +26,13 @@ using zeroshard::Communicator;
 using zeroshard::DType;
 using zeroshard::examples::MlpModel;
 using zeroshard::examples::MlpShape;
+using zeroshard::examples::MlpTraining;
 using zeroshard::examples::SyntheticClassification;
 
 constexpr const char* kUsage =
     "usage: zeroshard-train-mlp --config FILE --steps N [--layers L] [--width W] [--inputs I]\n"
     "                           [--classes C] [--seed S] [--precision P] [--device D]\n"
-    "                           [--report-json FILE]\n"
+    "                           [--checkpoint-every K] [--dropout P] [--report-json FILE]\n"
     "  --config FILE       DeepSpeed-style JSON config (zero_optimization.stage picks the stage)\n"
     "  --steps N           optimizer steps to run, each over one global batch\n"
     "  --layers L          linear layers (default 4)\n"
@@ -42,6 +43,10 @@ constexpr const char* kUsage =
     "  --precision P       fp32, fp16 or bf16; overrides the config's fp16/bf16 sections\n"
     "  --device D          cpu, cuda or auto (default): auto takes the GPU the local rank picks\n"
     "                      when there is one (see ZEROSHARD_DEVICE), the CPU otherwise\n"
+    "  --checkpoint-every K  activation checkpointing: blocks of K layers keep only their input\n"
+    "                      and run again in backward (default 0, off); the config's\n"
+    "                      activation_checkpointing section says where kept inputs go\n"
+    "  --dropout P         dropout probability after each hidden layer (default 0)\n"
     "  --report-json FILE  rank 0 writes losses, a parameter checksum and memory reports\n"
     "Run under mpirun for several ranks, e.g.\n"
     "  mpirun -np 4 zeroshard-train-mlp --config examples/configs/zero3.json --steps 30\n";
@@ -50,6 +55,7 @@ struct Options {
   std::string config_path;
   int steps = 0;
   MlpShape shape{.inputs = 64, .width = 256, .layers = 4, .classes = 10};
+  MlpTraining training;
   std::uint64_t seed = 1;
   std::string report_json;
   std::string precision;  ///< empty: as the config says
@@ -104,6 +110,17 @@ std::optional<std::string> parse_options(int argc, char** argv, Options& options
         problem = "--device: expected cpu, cuda or auto, got '" + std::string(value) + "'";
       }
       options.device = value;
+    } else if (flag == "--checkpoint-every") {
+      if (!parse_number(value, options.training.checkpoint_every) ||
+          options.training.checkpoint_every < 0) {
+        problem =
+            "--checkpoint-every: expected a non-negative integer, got '" + std::string(value) + "'";
+      }
+    } else if (flag == "--dropout") {
+      float& p = options.training.dropout;
+      if (!parse_number(value, p) || !(p >= 0.0f && p < 1.0f)) {
+        problem = "--dropout: expected a probability in [0, 1), got '" + std::string(value) + "'";
+      }
     } else if (flag == "--report-json") {
       options.report_json = value;
     } else {
@@ -161,19 +178,20 @@ int train(const Options& options, Communicator* communicator, Progress& progress
   const zeroshard::Device device = choose_device(options.device);
   progress.in_lockstep = false;
   zeroshard::Engine engine(config, device, Communicator::from_environment(device));
-  MlpModel model(engine, options.shape, micro_batch);
+  MlpModel model(engine, options.shape, micro_batch, options.training);
   model.initialize(options.seed);
   const SyntheticClassification data(options.shape.inputs, options.shape.classes, options.seed);
 
   if (rank == 0) {
     std::printf(
         "zeroshard-train-mlp: stage %d, %d rank(s) on %s (%s), %s, %s, MLP %d-%dx%d-%d with %lld "
-        "parameters, global batch %d x %d x %d = %lld\n",
+        "parameters, global batch %d x %d x %d = %lld, checkpoint every %d layers, dropout %g\n",
         engine.stage(), world, device.to_string().c_str(), engine.communicator().backend().c_str(),
         to_string(engine.model_dtype()), engine.update_rule().name().c_str(), options.shape.inputs,
         options.shape.layers, options.shape.width, options.shape.classes,
         static_cast<long long>(model.parameter_count()), micro_batch, accumulation, world,
-        static_cast<long long>(micro_batch) * accumulation * world);
+        static_cast<long long>(micro_batch) * accumulation * world,
+        options.training.checkpoint_every, static_cast<double>(options.training.dropout));
     std::fflush(stdout);
   }
 
@@ -242,6 +260,17 @@ int train(const Options& options, Communicator* communicator, Progress& progress
     out["device"] = device.to_string();
     out["parameters"] = model.parameter_count();
     out["padded_parameters"] = engine.padded_numel();
+    out["checkpoint_every"] = options.training.checkpoint_every;
+    out["dropout"] = options.training.dropout;
+    if (const zeroshard::ActivationCheckpointer* checkpointer = model.checkpointer()) {
+      const zeroshard::CheckpointProfile profile = checkpointer->profile();
+      out["checkpointing"] = {
+          {"cpu_checkpointing", config.activation_checkpointing.cpu_checkpointing},
+          {"recomputes", profile.recomputes},
+          {"recompute_seconds", profile.recompute_seconds},
+          {"peak_kept_device", checkpointer->memory().peak_kept_device},
+          {"peak_kept_host", checkpointer->memory().peak_kept_host}};
+    }
     out["memory"] = nlohmann::json::array();
     for (const std::string& text : reports) out["memory"].push_back(nlohmann::json::parse(text));
     std::ofstream file(options.report_json);

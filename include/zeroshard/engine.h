@@ -26,6 +26,8 @@ class EngineState;
 class TrackedBuffer;
 }  // namespace detail
 
+class ActivationCheckpointer;
+
 /// Identifies a module: the unit stage 3 gathers and releases (a layer's parameters).
 using ModuleId = int;
 
@@ -99,6 +101,7 @@ class ActivationBuffer {
 
  private:
   friend class Engine;
+  friend class ActivationCheckpointer;
   std::unique_ptr<detail::TrackedBuffer> buffer_;
 };
 
@@ -232,6 +235,8 @@ class Engine {
   std::vector<float> consolidated_parameters();
 
  private:
+  /// Moves kept inputs to pinned host memory and synchronises the device (engine internals).
+  friend class ActivationCheckpointer;
   std::unique_ptr<detail::EngineState> state_;
 };
 

@@ -69,9 +69,29 @@ struct EstimateInput {
   /// offload_param nvme: pinned host swap buffers of `param_buffer_size` 16-bit elements.
   std::int64_t param_buffer_count = 5;
   std::int64_t param_buffer_size = 100000000;
-  /// Activation bytes per rank, as the caller measured or estimated them (not modelled here).
+  /// Activation bytes per rank, as the caller measured or estimated them, beside the chain below.
   std::int64_t activation_bytes = 0;
+  /// A chain of `layers` layers whose outputs (and input) are `layer_activation_bytes` each, with
+  /// activation checkpointing every `checkpoint_every` layers (0 = none) and cpu_checkpointing:
+  /// its peak (estimate_activations) is added to the activations.
+  std::int64_t layer_activation_bytes = 0;
+  int layers = 0;
+  int checkpoint_every = 0;
+  bool cpu_checkpointing = false;
 };
+
+/// Peak activation bytes of a chain of `layers` layers, each output (and the chain's input)
+/// `layer_activation_bytes` A: (L + 1) x A without checkpointing (every = 0); with a checkpoint
+/// every k layers, n = ceil(L/k) kept inputs plus one block's k activations, (n + k) x A when k
+/// divides L (else max(n + r, n - 1 + k) x A, r the last block's layers). With cpu_checkpointing
+/// the n kept inputs are on the host and the device holds the running block's input and its
+/// activations, (1 + min(k, L)) x A.
+struct ActivationEstimate {
+  std::int64_t device = 0;
+  std::int64_t host = 0;
+};
+ActivationEstimate estimate_activations(std::int64_t layer_activation_bytes, int layers,
+                                        int checkpoint_every, bool cpu_checkpointing = false);
 
 /// Bytes one rank needs, per tier and category.
 struct MemoryEstimate {
@@ -90,7 +110,7 @@ struct MemoryEstimate {
   std::int64_t shard_params = 0;
   /// Bytes this rank sends per optimizer step under the counting convention of
   /// docs/architecture.md: 2P elements for stages 0-2 and 3P for stage 3 (P padded), as in the
-  /// ZeRO paper.
+  /// ZeRO paper; 4P at stage 3 when a checkpointed chain's forward is gathered again.
   std::int64_t traffic_bytes_per_step = 0;
   /// One line per assumption the figures rest on, for the reader.
   std::vector<std::string> notes;

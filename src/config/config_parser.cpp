@@ -483,6 +483,18 @@ void ConfigParser::check_combinations(const json& document) {
                           stage + "; a ratio below 1 needs stage 3");
   }
 
+  const ActivationCheckpointingConfig& checkpointing = config_.activation_checkpointing;
+  if (checkpointing.contiguous_memory_optimization && !checkpointing.number_checkpoints) {
+    throw ConfigError("activation_checkpointing.number_checkpoints",
+                      "missing; required by contiguous_memory_optimization, whose buffer holds "
+                      "that many kept inputs");
+  }
+  if (!checkpointing.contiguous_memory_optimization && checkpointing.number_checkpoints) {
+    throw ConfigError("activation_checkpointing.number_checkpoints",
+                      "applies only with contiguous_memory_optimization: true (it sizes that "
+                      "buffer); remove it or enable the optimization");
+  }
+
   if (const detail::SchedulerSpec* scheduler =
           detail::find_scheduler_spec(config_.scheduler.type)) {
     for (const detail::SchedulerParamSpec& param : scheduler->params) {

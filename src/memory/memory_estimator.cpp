@@ -94,6 +94,11 @@ struct Terms {
   std::int64_t updated() const { return elements(1); }
 };
 
+ActivationEstimate chain_activations(const EstimateInput& in) {
+  return estimate_activations(in.layer_activation_bytes, in.layers, in.checkpoint_every,
+                              in.cpu_checkpointing);
+}
+
 struct Rule {
   MemoryCategory category;
   std::int64_t (*bytes)(const Terms&);
@@ -178,8 +183,47 @@ constexpr Rule kRules[] = {
        return t.in.param_buffer_count * t.d * t.in.param_buffer_size;
      },
      on_host},
-    {MemoryCategory::kActivations, [](const Terms& t) { return t.in.activation_bytes; }, on_device},
+    {MemoryCategory::kActivations,
+     [](const Terms& t) { return t.in.activation_bytes + chain_activations(t.in).device; },
+     on_device},
+    // cpu_checkpointing: the chain's kept inputs, in pinned host memory.
+    {MemoryCategory::kActivations, [](const Terms& t) { return chain_activations(t.in).host; },
+     on_host},
 };
+
+}  // namespace
+
+ActivationEstimate estimate_activations(std::int64_t layer_activation_bytes, int layers,
+                                        int checkpoint_every, bool cpu_checkpointing) {
+  if (layer_activation_bytes < 0 || layers < 0 || checkpoint_every < 0) {
+    throw ConfigError("activation_checkpointing",
+                      "estimate_activations: got layer bytes " +
+                          std::to_string(layer_activation_bytes) + ", layers " +
+                          std::to_string(layers) + ", checkpoint every " +
+                          std::to_string(checkpoint_every) + "; expected none negative");
+  }
+  ActivationEstimate estimate;
+  if (layers == 0) return estimate;
+  const std::int64_t a = layer_activation_bytes;
+  if (checkpoint_every == 0) {
+    estimate.device = (layers + 1) * a;  // the input and every layer's output, kept for backward
+    return estimate;
+  }
+  const std::int64_t block = std::min(checkpoint_every, layers);
+  const std::int64_t kept = (layers + checkpoint_every - 1) / checkpoint_every;
+  const std::int64_t last_block = layers - (kept - 1) * block;
+  if (cpu_checkpointing) {
+    estimate.device = (1 + block) * a;  // the running block's input and its activations
+    estimate.host = kept * a;
+  } else {
+    // While block j runs (its forward, or its recompute in backward) j + 1 inputs are kept: the
+    // peak is the last block's, or the last full one's when the last is shorter.
+    estimate.device = std::max(kept + last_block, kept - 1 + block) * a;
+  }
+  return estimate;
+}
+
+namespace {
 
 void check_input(const EstimateInput& in) {
   const auto positive = [](const char* key, std::int64_t value, std::int64_t low) {
@@ -302,7 +346,11 @@ MemoryEstimate estimate(const EstimateInput& input) {
   }
   result.padded_params = terms.padded;
   result.shard_params = terms.shard;
-  result.traffic_bytes_per_step = (input.stage == 3 ? 3 : 2) * terms.padded * terms.d;
+  // Stage 3 gathers for forward, again for backward and, with activation checkpointing of the
+  // chain, once more for the recompute.
+  const bool recompute_gathers = input.stage == 3 && input.layers > 0 && input.checkpoint_every > 0;
+  result.traffic_bytes_per_step =
+      (input.stage == 3 ? (recompute_gathers ? 4 : 3) : 2) * terms.padded * terms.d;
   if (input.stage == 3) {
     const std::int64_t gathered = std::min(terms.padded, input.max_live_parameters);
     result.transient_device_bytes = terms.d * gathered;
@@ -332,6 +380,7 @@ EstimateInput estimate_input_from_config(const Config& config, std::int64_t para
                                        : DType::kFloat32;
   in.fp32_grad_accumulation = config.grad_accum_dtype == "fp32";
   in.fp32_communication = config.communication_data_type == "fp32";
+  in.cpu_checkpointing = config.activation_checkpointing.cpu_checkpointing;
   if (!config.optimizer.type.empty()) {
     in.optimizer = config.optimizer.type;
     const auto& p = config.optimizer.params;

@@ -1,0 +1,383 @@
+// Activation checkpointing: keeps each block's input (as given, in pinned host memory, in one
+// contiguous buffer, or this rank's part of it) and runs the block's forward again in backward.
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/engine_state.h"
+#include "memory/memory_tracker.h"
+#include "util/log.h"
+#include "zeroshard/activation_checkpointing.h"
+#include "zeroshard/error.h"
+
+namespace zeroshard {
+
+// --- BlockContext --------------------------------------------------------------------------------
+
+float* BlockContext::allocate(std::size_t bytes) {
+  activations_.push_back(engine_->allocate_activations(bytes));
+  return activations_.back().data();
+}
+
+float* BlockContext::activation(int index) const {
+  if (index < 0 || index >= activation_count()) {
+    throw UsageError("BlockContext::activation(" + std::to_string(index) + "): the block has " +
+                     std::to_string(activation_count()) + " activations");
+  }
+  return activations_[static_cast<std::size_t>(index)].data();
+}
+
+std::size_t BlockContext::activation_bytes(int index) const {
+  activation(index);  // checks the index
+  return activations_[static_cast<std::size_t>(index)].bytes();
+}
+
+// --- ActivationCheckpointer ----------------------------------------------------------------------
+
+namespace {
+
+constexpr const char* kContiguousKey = "activation_checkpointing.number_checkpoints";
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+std::int64_t as_bytes(std::size_t bytes) { return static_cast<std::int64_t>(bytes); }
+
+}  // namespace
+
+struct ActivationCheckpointer::Impl {
+  /// One block's kept input and what its recompute needs.
+  struct Kept {
+    ActivationBuffer whole;       ///< the input as given (nothing moves it)
+    detail::TrackedBuffer copy;   ///< its own copy: in pinned host memory, or a partition
+    std::int64_t slot = -1;       ///< contiguous_memory_optimization: its slot
+    std::size_t bytes = 0;        ///< the whole input
+    std::size_t part_offset = 0;  ///< this rank's part of it, in bytes
+    std::size_t part_bytes = 0;
+    bool on_host = false;
+    std::vector<std::vector<std::byte>> random;
+    BlockFunction forward;
+  };
+
+  Impl(Engine& engine, Communicator* model_parallel)
+      : engine(engine),
+        state(*engine_state_of(engine)),
+        config(engine.config().activation_checkpointing) {
+    if (config.partition_activations) {
+      if (model_parallel == nullptr || model_parallel->size() == 1) {
+        if (engine.rank() == 0) {
+          ZEROSHARD_LOG(
+              kProgress,
+              "activation_checkpointing.partition_activations: no model-parallel group of "
+              "more than one rank was given, so there is nothing to split; kept inputs "
+              "stay whole");
+        }
+      } else {
+        const bool device_buffers = engine.device().is_cuda();
+        if ((model_parallel->buffer_device() != DeviceType::kCpu) != device_buffers) {
+          throw UsageError("ActivationCheckpointer: the model-parallel communicator (" +
+                           model_parallel->backend() +
+                           ") does not take buffers on the engine's device");
+        }
+        partition = model_parallel;
+      }
+    }
+  }
+
+  static detail::EngineState* engine_state_of(Engine& engine);
+
+  /// Where kept copies live: pinned host memory with cpu_checkpointing, else the device.
+  detail::MemoryResource& kept_resource() {
+    return config.cpu_checkpointing ? state.backend_->pinned_host_memory()
+                                    : state.backend_->memory();
+  }
+
+  bool keeps_as_given() const {
+    return !config.cpu_checkpointing && !config.contiguous_memory_optimization &&
+           partition == nullptr;
+  }
+
+  void boundary() {
+    if (config.synchronize_checkpoint_boundary) state.backend_->synchronize();
+  }
+
+  /// Copies `bytes` from `source` (engine device memory) to kept storage `destination`.
+  void store(void* destination, const void* source, std::size_t bytes) {
+    if (config.cpu_checkpointing) {
+      state.backend_->copy_to_host(destination, source, bytes);
+    } else {
+      state.backend_->copy(destination, source, bytes);
+    }
+  }
+  void load(void* destination, const void* source, std::size_t bytes) {
+    if (config.cpu_checkpointing) {
+      state.backend_->copy_from_host(destination, source, bytes);
+    } else {
+      state.backend_->copy(destination, source, bytes);
+    }
+  }
+
+  /// Element counts of a float buffer's parts over the model-parallel ranks.
+  std::vector<std::int64_t> part_counts(std::size_t bytes) const {
+    const auto elements = static_cast<std::int64_t>(bytes / sizeof(float));
+    const int ranks = partition->size();
+    std::vector<std::int64_t> counts(static_cast<std::size_t>(ranks), elements / ranks);
+    for (int r = 0; r < elements % ranks; ++r) ++counts[static_cast<std::size_t>(r)];
+    return counts;
+  }
+
+  void* slot_data(std::int64_t slot) const {
+    return static_cast<char*>(contiguous.data()) + static_cast<std::size_t>(slot) * slot_bytes;
+  }
+
+  /// Moves the block's input into kept storage (its own buffer, or a slot) and frees what the
+  /// device no longer needs.
+  void keep(Kept& kept, ActivationBuffer input) {
+    kept.bytes = input.bytes();
+    kept.part_offset = 0;
+    kept.part_bytes = kept.bytes;
+    if (partition != nullptr) {
+      if (kept.bytes % sizeof(float) != 0) {
+        throw UsageError(
+            "ActivationCheckpointer: partition_activations splits fp32 elements; "
+            "the input has " +
+            std::to_string(kept.bytes) + " bytes");
+      }
+      const std::vector<std::int64_t> counts = part_counts(kept.bytes);
+      std::int64_t before = 0;
+      for (int r = 0; r < partition->rank(); ++r) before += counts[static_cast<std::size_t>(r)];
+      kept.part_offset = static_cast<std::size_t>(before) * sizeof(float);
+      kept.part_bytes =
+          static_cast<std::size_t>(counts[static_cast<std::size_t>(partition->rank())]) *
+          sizeof(float);
+    }
+    if (keeps_as_given()) {
+      kept.whole = std::move(input);
+      add_kept(kept, +1);
+      return;
+    }
+    kept.on_host = config.cpu_checkpointing;
+    void* destination = nullptr;
+    if (config.contiguous_memory_optimization) {
+      const std::int64_t slot = static_cast<std::int64_t>(stack.size());
+      if (contiguous.empty()) {
+        // Sized by the first kept input, as DeepSpeed sizes its buffer, and kept for good.
+        slot_bytes = (kept.part_bytes + detail::kBufferAlignment - 1) / detail::kBufferAlignment *
+                     detail::kBufferAlignment;
+        contiguous = detail::TrackedBuffer(
+            state.tracker_, MemoryCategory::kActivations,
+            slot_bytes * static_cast<std::size_t>(*config.number_checkpoints), kept_resource());
+        if (config.cpu_checkpointing) {
+          kept_host += as_bytes(contiguous.bytes());
+        } else {
+          kept_device += as_bytes(contiguous.bytes());
+        }
+        update_peaks();
+      }
+      if (slot >= *config.number_checkpoints) {
+        throw ConfigError(kContiguousKey, "checkpoint " + std::to_string(slot + 1) +
+                                              " of this backward pass does not fit the " +
+                                              std::to_string(*config.number_checkpoints) +
+                                              " slots of the contiguous buffer");
+      }
+      if (kept.part_bytes > slot_bytes) {
+        throw ConfigError("activation_checkpointing.contiguous_memory_optimization",
+                          "a kept input of " + std::to_string(kept.part_bytes) +
+                              " bytes does not fit a slot of the contiguous buffer (" +
+                              std::to_string(slot_bytes) +
+                              " bytes, sized by the first kept input); turn it off for blocks "
+                              "whose inputs differ in size");
+      }
+      kept.slot = slot;
+      destination = slot_data(slot);
+    } else {
+      kept.copy = detail::TrackedBuffer(state.tracker_, MemoryCategory::kActivations,
+                                        kept.part_bytes, kept_resource());
+      destination = kept.copy.data();
+      add_kept(kept, +1);
+    }
+    store(destination, reinterpret_cast<const char*>(input.data()) + kept.part_offset,
+          kept.part_bytes);
+    // `input` is freed here: nothing of it stays on the device but the part kept there.
+  }
+
+  /// Brings a kept input back whole onto the device.
+  ActivationBuffer restore(Kept& kept) {
+    if (kept.whole.data() != nullptr) {
+      add_kept(kept, -1);
+      return std::move(kept.whole);
+    }
+    ActivationBuffer input = engine.allocate_activations(kept.bytes);
+    const void* source = kept.slot >= 0 ? slot_data(kept.slot) : kept.copy.data();
+    load(reinterpret_cast<char*>(input.data()) + kept.part_offset, source, kept.part_bytes);
+    if (partition != nullptr) {
+      // In place: this rank's part is in position; the others' parts arrive around it.
+      const std::vector<std::int64_t> counts = part_counts(kept.bytes);
+      partition->all_gather(input.data(), counts, DType::kFloat32);
+    }
+    if (kept.slot < 0) add_kept(kept, -1);
+    kept.copy.reset();
+    return input;
+  }
+
+  void add_kept(const Kept& kept, int sign) {
+    const std::int64_t bytes = sign * as_bytes(kept.slot >= 0 ? 0 : kept.part_bytes);
+    if (kept.on_host) {
+      kept_host += bytes;
+    } else {
+      kept_device += bytes;
+    }
+    update_peaks();
+  }
+
+  void update_peaks(std::int64_t transient_device = 0) {
+    memory.kept_device = kept_device;
+    memory.kept_host = kept_host;
+    memory.peak_kept_device = std::max(memory.peak_kept_device, kept_device);
+    memory.peak_kept_host = std::max(memory.peak_kept_host, kept_host);
+    memory.peak_device = std::max(memory.peak_device, kept_device + transient_device);
+  }
+
+  static std::int64_t block_bytes(const BlockContext& context) {
+    std::int64_t total = 0;
+    for (int i = 0; i < context.activation_count(); ++i) {
+      total += as_bytes(context.activation_bytes(i));
+    }
+    return total;
+  }
+
+  std::vector<std::vector<std::byte>> save_random() const {
+    std::vector<std::vector<std::byte>> states;
+    states.reserve(random.size());
+    for (const RandomState* generator : random) states.push_back(generator->save());
+    return states;
+  }
+
+  void restore_random(const std::vector<std::vector<std::byte>>& states) {
+    for (std::size_t i = 0; i < random.size(); ++i) random[i]->restore(states[i]);
+  }
+
+  Engine& engine;
+  detail::EngineState& state;
+  const ActivationCheckpointingConfig& config;
+  Communicator* partition = nullptr;  ///< the model-parallel group kept inputs are split over
+  std::vector<RandomState*> random;
+  std::vector<Kept> stack;
+  detail::TrackedBuffer contiguous;  ///< contiguous_memory_optimization's slots
+  std::size_t slot_bytes = 0;
+  std::int64_t kept_device = 0;
+  std::int64_t kept_host = 0;
+  CheckpointMemory memory;
+  CheckpointProfile profile;
+};
+
+detail::EngineState* ActivationCheckpointer::Impl::engine_state_of(Engine& engine) {
+  return engine.state_.get();
+}
+
+ActivationCheckpointer::ActivationCheckpointer(Engine& engine, Communicator* model_parallel)
+    : impl_(std::make_unique<Impl>(engine, model_parallel)) {}
+
+ActivationCheckpointer::~ActivationCheckpointer() = default;
+
+void ActivationCheckpointer::register_random_state(RandomState& state) {
+  if (!impl_->stack.empty()) {
+    throw UsageError(
+        "ActivationCheckpointer::register_random_state: " + std::to_string(impl_->stack.size()) +
+        " checkpoints are pending; register generators before the first one");
+  }
+  impl_->random.push_back(&state);
+}
+
+ActivationBuffer ActivationCheckpointer::checkpoint(ActivationBuffer input, BlockFunction forward) {
+  Impl& m = *impl_;
+  if (input.data() == nullptr) {
+    throw UsageError("ActivationCheckpointer::checkpoint: the block's input is empty");
+  }
+  const auto start = Clock::now();
+  m.boundary();
+  Impl::Kept kept;
+  kept.random = m.save_random();
+  BlockContext context(m.engine, input, /*recomputing=*/false);
+  forward(context);
+  if (context.activations_.empty()) {
+    throw UsageError("ActivationCheckpointer::checkpoint: the block allocated no output");
+  }
+  m.update_peaks(as_bytes(input.bytes()) + Impl::block_bytes(context));
+  ActivationBuffer output = std::move(context.activations_.back());
+  context.activations_.clear();
+  m.keep(kept, std::move(input));
+  kept.forward = std::move(forward);
+  m.stack.push_back(std::move(kept));
+  m.boundary();
+  if (m.config.profile) {
+    ++m.profile.checkpoints;
+    m.profile.forward_seconds += seconds_since(start);
+  }
+  return output;
+}
+
+void ActivationCheckpointer::backward(const BlockFunction& backward) {
+  Impl& m = *impl_;
+  if (m.stack.empty()) {
+    throw UsageError("ActivationCheckpointer::backward: no checkpoint is pending");
+  }
+  Impl::Kept& kept = m.stack.back();
+  const auto start = Clock::now();
+  m.boundary();
+  ActivationBuffer input = m.restore(kept);
+  // The recompute draws what the first forward drew; the generators then go on from where the
+  // program left them, so checkpointing changes no random number the rest of the model sees.
+  const std::vector<std::vector<std::byte>> now = m.save_random();
+  m.restore_random(kept.random);
+  BlockContext context(m.engine, input, /*recomputing=*/true);
+  kept.forward(context);
+  m.restore_random(now);
+  m.update_peaks(as_bytes(input.bytes()) + Impl::block_bytes(context));
+  if (m.config.profile) {
+    m.boundary();
+    m.profile.recompute_seconds += seconds_since(start);
+    ++m.profile.recomputes;
+  }
+  const auto backward_start = Clock::now();
+  backward(context);
+  m.stack.pop_back();
+  m.boundary();
+  if (m.config.profile) {
+    m.profile.backward_seconds += seconds_since(backward_start);
+    // Once per backward pass, on the steps_per_print cadence of the engine's own progress line.
+    const std::int64_t every = m.engine.config().steps_per_print;
+    const bool printing = every > 0 && (m.engine.global_step() + 1) % every == 0;
+    if (m.stack.empty() && printing && m.engine.rank() == 0) {
+      ZEROSHARD_LOG(kProgress, "activation checkpointing profile: "
+                                   << m.profile.checkpoints << " checkpointed forwards "
+                                   << m.profile.forward_seconds << " s, " << m.profile.recomputes
+                                   << " recomputes " << m.profile.recompute_seconds << " s, "
+                                   << "backwards " << m.profile.backward_seconds << " s");
+    }
+  }
+}
+
+int ActivationCheckpointer::pending() const noexcept {
+  return static_cast<int>(impl_->stack.size());
+}
+
+void ActivationCheckpointer::clear() {
+  while (!impl_->stack.empty()) {
+    impl_->add_kept(impl_->stack.back(), -1);
+    impl_->stack.pop_back();
+  }
+}
+
+CheckpointMemory ActivationCheckpointer::memory() const noexcept { return impl_->memory; }
+CheckpointProfile ActivationCheckpointer::profile() const noexcept { return impl_->profile; }
+void ActivationCheckpointer::reset_profile() noexcept { impl_->profile = CheckpointProfile{}; }
+
+}  // namespace zeroshard
