@@ -1,6 +1,7 @@
 // Umbrella header: everything a training program needs from zeroshard.
 #pragma once
 
+#include "zeroshard/checkpoint.h"
 #include "zeroshard/communicator.h"
 #include "zeroshard/config.h"
 #include "zeroshard/device.h"
