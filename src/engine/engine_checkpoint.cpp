@@ -2,10 +2,14 @@
 // shard, rank 0 the frozen parameters, the manifest and then `latest`; loading reads any world
 // size's shards by flat offset, checks everything first and changes the engine only after every
 // rank has succeeded.
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <sstream>
 
 #include "checkpoint/checkpoint_format.h"
@@ -31,6 +35,26 @@ std::string message_of(const std::exception_ptr& failure) {
   } catch (...) {
     return "unknown error";
   }
+}
+
+struct FreeDeleter {
+  void operator()(float* p) const noexcept { std::free(p); }
+};
+using Staging = std::unique_ptr<float[], FreeDeleter>;
+
+// Host memory a load reads into before it commits. A fresh buffer faults once per page as the
+// read fills it; asking for transparent huge pages makes that once per 2 MiB.
+Staging make_staging(std::int64_t count) {
+  constexpr std::size_t kHugePage = std::size_t{2} << 20;
+  const std::size_t bytes =
+      (static_cast<std::size_t>(count) * sizeof(float) + kHugePage - 1) / kHugePage * kHugePage;
+  void* p = std::aligned_alloc(kHugePage, std::max(bytes, kHugePage));
+  if (p == nullptr) {
+    throw OutOfMemoryError("load_checkpoint: cannot allocate " + std::to_string(bytes) +
+                           " bytes of host memory to stage the shard");
+  }
+  ::madvise(p, std::max(bytes, kHugePage), MADV_HUGEPAGE);  // advice only: failure is harmless
+  return Staging(static_cast<float*>(p));
 }
 
 }  // namespace
@@ -273,7 +297,9 @@ CheckpointInfo EngineState::load_checkpoint(const std::string& dir, const std::s
   const int arrays = optimizer_->array_count();
   const std::int64_t lo = optimizer_->owned_begin();
   const std::int64_t count = optimizer_->owned_end() - lo;
-  std::vector<std::vector<float>> staged(arrays);
+  // Not value-initialised: the reader writes every element (zeros past the saved layout), and a
+  // zeroing pass would cost as much as a memcpy of the shard.
+  std::vector<Staging> staged(arrays);
   std::vector<float> frozen;
   std::optional<LossScaler> scaler = scaler_;
   try {
@@ -284,8 +310,8 @@ CheckpointInfo EngineState::load_checkpoint(const std::string& dir, const std::s
     ShardReader reader(m, checkpoint);
     reader.check_files(lo, lo + count);
     for (int a = 0; a < arrays; ++a) {
-      staged[a].resize(static_cast<std::size_t>(count));
-      reader.read(a, lo, lo + count, staged[a].data());
+      staged[a] = make_staging(count);
+      reader.read(a, lo, lo + count, staged[a].get());
     }
     if (m.frozen) {
       frozen =
@@ -306,14 +332,14 @@ CheckpointInfo EngineState::load_checkpoint(const std::string& dir, const std::s
 
   // DeepSpeed's load_from_fp32_weights false: the master starts from the 16-bit weights.
   if (!config_.zero_optimization.load_from_fp32_weights && dtype_ != DType::kFloat32) {
-    std::vector<char> rounded(staged[0].size() * dsize_);
-    convert_from_float(staged[0].data(), rounded.data(), dtype_, count);
-    convert_to_float(rounded.data(), dtype_, staged[0].data(), count);
+    std::vector<char> rounded(count * dsize_);
+    convert_from_float(staged[0].get(), rounded.data(), dtype_, count);
+    convert_to_float(rounded.data(), dtype_, staged[0].get(), count);
   }
   // Commit: the master and states, the model-precision copy and its spread, the frozen parameters,
   // and the counters.
   zero_grad();
-  for (int a = 0; a < arrays; ++a) optimizer_->write_owned(a, lo, staged[a].data(), count);
+  for (int a = 0; a < arrays; ++a) optimizer_->write_owned(a, lo, staged[a].get(), count);
   optimizer_->refresh_params_from_master();
   params_store_->after_update();
   for (std::size_t i = 0; i < params_.size(); ++i) {
