@@ -33,6 +33,8 @@ constexpr const char* kUsage =
     "usage: zeroshard-train-mlp --config FILE --steps N [--layers L] [--width W] [--inputs I]\n"
     "                           [--classes C] [--seed S] [--precision P] [--device D]\n"
     "                           [--checkpoint-every K] [--dropout P] [--report-json FILE]\n"
+    "                           [--save-dir DIR [--save-every K]] [--resume DIR]\n"
+    "                           [--init-from FILE.safetensors]\n"
     "  --config FILE       DeepSpeed-style JSON config (zero_optimization.stage picks the stage)\n"
     "  --steps N           optimizer steps to run, each over one global batch\n"
     "  --layers L          linear layers (default 4)\n"
@@ -47,7 +49,12 @@ constexpr const char* kUsage =
     "                      and run again in backward (default 0, off); the config's\n"
     "                      activation_checkpointing section says where kept inputs go\n"
     "  --dropout P         dropout probability after each hidden layer (default 0)\n"
-    "  --report-json FILE  rank 0 writes losses, a parameter checksum and memory reports\n"
+    "  --report-json FILE  rank 0 writes losses, parameter checksums and memory reports\n"
+    "  --save-dir DIR      save checkpoints into DIR (tags stepK), at the end of the run and\n"
+    "  --save-every K      every K steps\n"
+    "  --resume DIR        continue from DIR's latest checkpoint, data position included; --steps\n"
+    "                      stays the total, so the run ends where an uninterrupted one does\n"
+    "  --init-from FILE    start from the weights of a safetensors file (zeroshard-consolidate)\n"
     "Run under mpirun for several ranks, e.g.\n"
     "  mpirun -np 4 zeroshard-train-mlp --config examples/configs/zero3.json --steps 30\n";
 
@@ -60,6 +67,10 @@ struct Options {
   std::string report_json;
   std::string precision;  ///< empty: as the config says
   std::string device = "auto";
+  std::string save_dir;
+  int save_every = 0;  ///< 0: only at the end
+  std::string resume_dir;
+  std::string init_from;
 };
 
 template <typename T>
@@ -123,6 +134,14 @@ std::optional<std::string> parse_options(int argc, char** argv, Options& options
       }
     } else if (flag == "--report-json") {
       options.report_json = value;
+    } else if (flag == "--save-dir") {
+      options.save_dir = value;
+    } else if (flag == "--save-every") {
+      problem = positive(options.save_every);
+    } else if (flag == "--resume") {
+      options.resume_dir = value;
+    } else if (flag == "--init-from") {
+      options.init_from = value;
     } else {
       return "unknown flag " + std::string(flag);
     }
@@ -130,6 +149,7 @@ std::optional<std::string> parse_options(int argc, char** argv, Options& options
   }
   if (options.config_path.empty()) return "--config is required";
   if (!has_steps) return "--steps is required";
+  if (options.save_every > 0 && options.save_dir.empty()) return "--save-every needs --save-dir";
   return std::nullopt;
 }
 
@@ -148,6 +168,35 @@ zeroshard::Device choose_device(const std::string& choice) {
 }
 
 double mib(std::int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+
+// The data position a checkpoint keeps in its user section: the next step's index (the batches
+// of step s are a function of s alone, see data_parallel_range).
+std::string data_position(int next_step) { return "next_step=" + std::to_string(next_step); }
+
+int parse_data_position(const std::string& text, const std::string& where) {
+  const std::string key = "next_step=";
+  int step = -1;
+  if (!text.starts_with(key) || !parse_number(std::string_view(text).substr(key.size()), step) ||
+      step < 0) {
+    throw zeroshard::UsageError("--resume " + where + ": the checkpoint's user section is '" +
+                                text + "', not a data position of zeroshard-train-mlp");
+  }
+  return step;
+}
+
+struct Checksum {
+  double sum = 0.0;
+  double abs_sum = 0.0;
+};
+
+Checksum checksum(const std::vector<float>& parameters) {
+  Checksum c;
+  for (float p : parameters) {
+    c.sum += p;
+    c.abs_sum += std::fabs(p);
+  }
+  return c;
+}
 
 // What the error handler needs to know about how far the run got.
 struct Progress {
@@ -181,6 +230,29 @@ int train(const Options& options, Communicator* communicator, Progress& progress
   MlpModel model(engine, options.shape, micro_batch, options.training);
   model.initialize(options.seed);
   const SyntheticClassification data(options.shape.inputs, options.shape.classes, options.seed);
+  if (!options.init_from.empty()) engine.load_weights(options.init_from);
+  int first_step = 0;
+  if (!options.resume_dir.empty()) {
+    const zeroshard::CheckpointInfo info = engine.load_checkpoint(options.resume_dir);
+    first_step = parse_data_position(info.user_state, options.resume_dir + "/" + info.tag);
+    if (first_step >= options.steps) {
+      throw zeroshard::UsageError("--steps " + std::to_string(options.steps) +
+                                  " is the total, and checkpoint " + options.resume_dir + "/" +
+                                  info.tag + " is already at step " + std::to_string(first_step));
+    }
+    if (rank == 0) {
+      std::printf("resumed from %s/%s at step %d\n", options.resume_dir.c_str(), info.tag.c_str(),
+                  first_step);
+    }
+  }
+  const Checksum initial = checksum(engine.consolidated_parameters());
+  int last_saved = -1;
+  const auto save = [&](int next_step) {
+    engine.save_checkpoint(options.save_dir, "step" + std::to_string(next_step),
+                           data_position(next_step));
+    last_saved = next_step;
+    if (rank == 0) std::printf("saved %s/step%d\n", options.save_dir.c_str(), next_step);
+  };
 
   if (rank == 0) {
     std::printf(
@@ -198,7 +270,7 @@ int train(const Options& options, Communicator* communicator, Progress& progress
   std::vector<float> x(static_cast<std::size_t>(micro_batch) * options.shape.inputs);
   std::vector<int> labels(static_cast<std::size_t>(micro_batch));
   std::vector<double> losses;
-  for (int step = 0; step < options.steps; ++step) {
+  for (int step = first_step; step < options.steps; ++step) {
     std::chrono::steady_clock::duration busy{};
     float loss = 0.0f;
     zeroshard::StepResult result;
@@ -231,15 +303,13 @@ int train(const Options& options, Communicator* communicator, Progress& progress
           result.skipped ? " | skipped (overflow)" : "");
       std::fflush(stdout);
     }
+    if (options.save_every > 0 && (step + 1) % options.save_every == 0) save(step + 1);
   }
+  if (!options.save_dir.empty() && last_saved != options.steps) save(options.steps);
 
-  const std::vector<float> parameters = engine.consolidated_parameters();
-  double sum = 0.0;
-  double abs_sum = 0.0;
-  for (float p : parameters) {
-    sum += p;
-    abs_sum += std::fabs(p);
-  }
+  const Checksum final_checksum = checksum(engine.consolidated_parameters());
+  const double sum = final_checksum.sum;
+  const double abs_sum = final_checksum.abs_sum;
   const zeroshard::MemoryReport report = engine.memory_report();
   const std::vector<std::string> tables = communicator->all_gather_text(report.to_table());
   const std::vector<std::string> reports = communicator->all_gather_text(report.to_json());
@@ -254,6 +324,8 @@ int train(const Options& options, Communicator* communicator, Progress& progress
     out["final_loss"] = losses.back();
     out["losses"] = losses;
     out["param_checksum"] = {{"sum", sum}, {"abs_sum", abs_sum}};
+    out["initial_param_checksum"] = {{"sum", initial.sum}, {"abs_sum", initial.abs_sum}};
+    out["first_step"] = first_step;
     out["stage"] = engine.stage();
     out["precision"] = to_string(engine.model_dtype());
     out["world_size"] = world;

@@ -119,6 +119,15 @@ struct StepResult {
   double lr = 0.0;
 };
 
+/// What Engine::load_checkpoint() restored.
+struct CheckpointInfo {
+  std::string tag;
+  /// Optimizer updates done when the checkpoint was saved.
+  std::int64_t global_step = 0;
+  /// The `user_state` passed to save_checkpoint(), byte for byte.
+  std::string user_state;
+};
+
 /// Shards a model's optimizer over the ranks of a communicator. Movable, not copyable.
 class Engine {
  public:
@@ -229,6 +238,33 @@ class Engine {
   MemoryReport memory_report() const;
   /// Where the report counts the engine's buffers: the device location on a GPU, else the host.
   MemoryLocation memory_location() const;
+
+  /// Collective: saves the model state into folder dir/tag. Each rank writes its shard of the fp32
+  /// master weights and rule states, rank 0 the frozen parameters and the manifest (layout, rule,
+  /// step, scheduler and loss-scaler state, checksums, `user_state` verbatim), then points
+  /// dir/latest at the tag; a crash at any point leaves the previous checkpoint loadable. The tag
+  /// must be new. Throws UsageError inside an accumulation window (gradients are not saved), and
+  /// on every rank IoError or CheckpointError when any rank fails to write.
+  void save_checkpoint(const std::string& dir, const std::string& tag,
+                       const std::string& user_state = "");
+  /// Collective: loads dir/tag (the one dir/latest names when `tag` is empty), saved at any world
+  /// size and stage, into this engine. Throws CheckpointError naming the file and the mismatch
+  /// on a missing, truncated or damaged file, a newer format or another model; the engine is then
+  /// unchanged. With zero_optimization.load_from_fp32_weights false and 16-bit parameters, the
+  /// master weights are rebuilt from the 16-bit values, as DeepSpeed does.
+  CheckpointInfo load_checkpoint(const std::string& dir, const std::string& tag = "");
+
+  /// Collective: sets every registered parameter and its fp32 master from the safetensors file
+  /// `file` (F32, F16 or BF16, e.g. written by zeroshard-consolidate), for fine-tuning from
+  /// pre-trained weights; rule states and the step are left as they are. The file must hold
+  /// exactly the registered names and shapes: CheckpointError naming the file and the first
+  /// mismatch otherwise, with the engine unchanged.
+  void load_weights(const std::string& file);
+  /// Collective: rank 0 writes the model-precision weights of every parameter to the safetensors
+  /// file `file`, as DeepSpeed's save_16bit_model: at stage 3 only when
+  /// zero_optimization.stage3_gather_16bit_weights_on_model_save is true (modules are gathered
+  /// one at a time); without it, stage 3 writes nothing and returns false.
+  bool save_16bit_model(const std::string& file);
 
   /// Collective: the fp32 master values of every trainable parameter, whole and in registration
   /// order without padding, on every rank (for checks and exports, not for the training loop).

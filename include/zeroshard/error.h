@@ -70,6 +70,13 @@ class IoError : public Error {
   explicit IoError(const std::string& message) : Error(ErrorCode::kIo, message) {}
 };
 
+/// A checkpoint or weights file is missing, incomplete, corrupt or does not fit the registered
+/// model; the message names the file, the rank and what does not match.
+class CheckpointError : public IoError {
+ public:
+  using IoError::IoError;
+};
+
 /// An allocation failed; the message says how many bytes of which category were asked for.
 class OutOfMemoryError : public Error {
  public:

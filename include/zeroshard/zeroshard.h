@@ -2,6 +2,7 @@
 #pragma once
 
 #include "zeroshard/activation_checkpointing.h"
+#include "zeroshard/checkpoint.h"
 #include "zeroshard/communicator.h"
 #include "zeroshard/config.h"
 #include "zeroshard/device.h"

@@ -366,9 +366,8 @@ std::vector<KeySpec> make_key_specs() {
       {.path = "zero_optimization.load_from_fp32_weights",
        .kind = K::kBool,
        .default_json = "true",
-       .meaning = "Initialise fp32 master weights from the checkpoint's fp32 copy, not from "
-                  "the 16-bit weights.",
-       .status = S::kNotYet,
+       .meaning = "Engine::load_checkpoint takes the fp32 master weights from the checkpoint's "
+                  "fp32 copy; false rebuilds them from the 16-bit weights.",
        .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.load_from_fp32_weights)},
       {.path = "zero_optimization.elastic_checkpoint",
        .kind = K::kBool,
@@ -416,8 +415,8 @@ std::vector<KeySpec> make_key_specs() {
       {.path = "zero_optimization.stage3_gather_16bit_weights_on_model_save",
        .kind = K::kBool,
        .default_json = "false",
-       .meaning = "Stage 3: gather the full 16-bit weights when saving the model.",
-       .status = S::kNotYet,
+       .meaning = "Stage 3: Engine::save_16bit_model gathers the full 16-bit weights and saves "
+                  "them; false saves nothing at stage 3.",
        .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.gather_16bit_weights_on_model_save)},
       {.path = "zero_optimization.prefetch_bucket_size",
        .kind = K::kInteger,

@@ -16,10 +16,6 @@ namespace detail {
 
 namespace {
 
-// Tensors start on 16-element boundaries: 64 bytes of fp32, one cache line and one AVX-512
-// vector, so every tensor's slice of a shard starts aligned.
-constexpr std::int64_t kTensorAlignment = 16;
-
 std::string default_module_name(const std::string& name) {
   const auto dot = name.rfind('.');
   return dot == std::string::npos ? name : name.substr(0, dot);
@@ -518,6 +514,17 @@ MemoryReport Engine::memory_report() const {
 }
 
 MemoryLocation Engine::memory_location() const { return state_->backend_->memory().location(); }
+
+void Engine::save_checkpoint(const std::string& dir, const std::string& tag,
+                             const std::string& user_state) {
+  state_->save_checkpoint(dir, tag, user_state);
+}
+CheckpointInfo Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
+  return state_->load_checkpoint(dir, tag);
+}
+
+void Engine::load_weights(const std::string& file) { state_->load_weights(file); }
+bool Engine::save_16bit_model(const std::string& file) { return state_->save_16bit_model(file); }
 
 std::vector<float> Engine::consolidated_parameters() { return state_->consolidated_parameters(); }
 

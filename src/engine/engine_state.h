@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
@@ -25,6 +26,11 @@
 #include "zeroshard/optimizer.h"
 
 namespace zeroshard::detail {
+
+// Tensors start on 16-element boundaries: 64 bytes of fp32, one cache line and one AVX-512
+// vector, so every tensor's slice of a shard starts aligned. Checkpoints record it: the flat
+// offsets depend on it and not on the world size.
+inline constexpr std::int64_t kTensorAlignment = 16;
 
 class EngineState {
  public:
@@ -52,6 +58,15 @@ class EngineState {
   /// communicator expects its buffers.
   void all_reduce_host(float* values, int count, ReduceOp op);
   std::vector<float> consolidated_parameters();
+
+  // --- engine_checkpoint.cpp: sharded save and load ---
+  void save_checkpoint(const std::string& dir, const std::string& tag,
+                       const std::string& user_state);
+  CheckpointInfo load_checkpoint(const std::string& dir, const std::string& tag);
+  void load_weights(const std::string& file);
+  bool save_16bit_model(const std::string& file);
+  /// Every rank passes its own failure (null when it succeeded); all throw if any rank failed.
+  void agree_on_failure(std::exception_ptr failure, const char* what);
 
   // --- rank_agreement.cpp: every rank runs the same config and registers the same model ---
   /// Throws ConfigError (a config key) or UsageError (rule, group or parameter) naming the first

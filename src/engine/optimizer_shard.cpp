@@ -123,6 +123,43 @@ void OptimizerShard::copy_master_to(float* destination) {
                     master_at(owned_begin_), source, count * sizeof(float));
 }
 
+float* OptimizerShard::array_at(int array, std::int64_t flat) {
+  return array == 0 ? master_at(flat) : state_at(array - 1, flat);
+}
+
+MemoryLocation OptimizerShard::array_location(int array) const {
+  if (array > 0) return states_[array - 1].location();
+  return master_aliases_params_ ? params_.owned_location() : master_.location();
+}
+
+const float* OptimizerShard::host_view(int array, std::int64_t flat) {
+  return array_location(array) == MemoryLocation::kHost ? array_at(array, flat) : nullptr;
+}
+
+void OptimizerShard::read_owned(int array, std::int64_t flat, float* out, std::int64_t count) {
+  context_.transfer(out, MemoryLocation::kHost, array_at(array, flat), array_location(array),
+                    count * sizeof(float));
+}
+
+void OptimizerShard::write_owned(int array, std::int64_t flat, const float* values,
+                                 std::int64_t count) {
+  context_.transfer(array_at(array, flat), array_location(array), values, MemoryLocation::kHost,
+                    count * sizeof(float));
+}
+
+void OptimizerShard::refresh_params_from_master() {
+  if (master_aliases_params_) return;
+  // Rounded one bounded chunk at a time, as the update writes the 16-bit copy.
+  std::vector<float> chunk;
+  for (std::int64_t begin = owned_begin_; begin < owned_end(); begin += kWriteBackElements) {
+    const std::int64_t count = std::min(kWriteBackElements, owned_end() - begin);
+    chunk.resize(static_cast<std::size_t>(count));
+    read_owned(0, begin, chunk.data(), count);
+    context_.store_host_values(chunk.data(), params_.owned_at(begin), params_.owned_location(),
+                               count);
+  }
+}
+
 void OptimizerShard::update(float grad_factor, const GroupContexts& contexts) {
   // Runs of the owned range: one tensor piece, or on a backend with fused kernels every
   // consecutive piece of one parameter group (the zero padding between them stays zero under

@@ -36,6 +36,19 @@ class OptimizerShard final : public ReducedGradientSink {
   /// Copies the owned master weights into `destination` (device memory, whole flat layout).
   void copy_master_to(float* destination);
 
+  /// Checkpoints: array 0 is the master, array 1 + k the rule's state k, each over the owned range.
+  int array_count() const noexcept { return 1 + static_cast<int>(states_.size()); }
+  std::int64_t owned_begin() const noexcept { return owned_begin_; }
+  std::int64_t owned_end() const noexcept { return context_.update_end(); }
+  /// The array's elements from `flat` on when they live in host memory (read in place), else null.
+  const float* host_view(int array, std::int64_t flat);
+  /// Copies owned elements [flat, flat + count) of `array` to or from host memory.
+  void read_owned(int array, std::int64_t flat, float* out, std::int64_t count);
+  void write_owned(int array, std::int64_t flat, const float* values, std::int64_t count);
+  /// After write_owned() of the master: rounds it into the model-precision copy of the owned
+  /// range (the stage's spread to other ranks is ParamCoordinator::after_update()).
+  void refresh_params_from_master();
+
   /// Runs the rule over the owned range, sub-group by sub-group: each reads the gradients times
   /// `grad_factor`, updates master and states, and writes the model-precision copy back to the
   /// parameter coordinator's storage.
@@ -50,6 +63,8 @@ class OptimizerShard final : public ReducedGradientSink {
   GradView gradients() const;
   float* master_at(std::int64_t flat);
   float* state_at(int state, std::int64_t flat);
+  float* array_at(int array, std::int64_t flat);
+  MemoryLocation array_location(int array) const;
   /// One sub-group: elements [begin, end) of a run that starts at parameter `param`'s piece.
   void update_sub_group(std::int64_t begin, std::int64_t end, int param,
                         std::int64_t offset_in_param, float grad_factor,

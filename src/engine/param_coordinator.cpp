@@ -223,14 +223,13 @@ void ParamCoordinator::release(ModuleId module) {
   if (!reused_soon(module)) free_module(module);
 }
 
-void ParamCoordinator::release_all_after_step() {
+void ParamCoordinator::release_all_after_step(const char* caller) {
   if (context_.stage != 3) return;
   for (std::size_t i = 0; i < modules_.size(); ++i) {
     const ModuleState& m = modules_[i];
-    ZEROSHARD_CHECK_USAGE(m.users == 0, "step() while module '"
-                                            << context_.modules[i].name
-                                            << "' is still gathered: release every module "
-                                               "(or end every GatheredModule) before step()");
+    ZEROSHARD_CHECK_USAGE(m.users == 0, caller << " while module '" << context_.modules[i].name
+                                               << "' is still gathered: release every module "
+                                                  "(or end every GatheredModule) first");
     // The update changes the shards, so a kept copy would be stale.
     if (context_.modules[i].sharded && m.residency != Residency::kReleased) {
       free_module(static_cast<ModuleId>(i));

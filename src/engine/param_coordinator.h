@@ -33,7 +33,7 @@ class ParamCoordinator {
   void release(ModuleId module);
   /// Stage 3, before an update: every module must be released; kept copies are freed (they would
   /// be stale) and the order of this step's gathers becomes the prefetch trace.
-  void release_all_after_step();
+  void release_all_after_step(const char* caller = "step()");
   /// Spreads the updated owned range: all-gather (stages 1-2) or the persistent copies (stage 3).
   void after_update();
   /// Lets the transport advance the gathers in flight.

@@ -1,0 +1,468 @@
+// Checkpoint manifest (JSON), CRC-32C, durable writes and the checked reading of shard sections.
+#include "checkpoint/checkpoint_format.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>  // nlohmann::json
+#include <sstream>
+#include <utility>
+
+#include "crc32c.h"
+#include "util/check.h"
+#include "zeroshard/error.h"
+
+namespace zeroshard::detail {
+
+namespace {
+
+// Elements per read when a section is streamed through a bounce buffer (16 MiB of fp32).
+constexpr std::int64_t kReadChunk = std::int64_t{1} << 22;
+
+std::string errno_text() { return std::strerror(errno); }
+
+std::string rank_suffix() {
+  const int rank = rank_for_messages();
+  return rank >= 0 ? " (rank " + std::to_string(rank) + ")" : "";
+}
+
+[[noreturn]] void io_fail(const std::string& what, const std::string& path) {
+  throw IoError(what + " " + path + rank_suffix() + ": " + errno_text());
+}
+
+[[noreturn]] void corrupt(const std::string& path, const std::string& what) {
+  throw CheckpointError("checkpoint file " + path + rank_suffix() + ": " + what);
+}
+
+template <typename T>
+T field(const nlohmann::json& j, const char* key, const std::string& path) {
+  if (!j.contains(key)) {
+    throw CheckpointError("checkpoint manifest " + path + ": field '" + key +
+                          "' is missing; the file is not a zeroshard manifest or is damaged");
+  }
+  try {
+    return j.at(key).get<T>();
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError("checkpoint manifest " + path + ": field '" + key + "': " + e.what());
+  }
+}
+
+nlohmann::json file_to_json(const ManifestFile& f) {
+  return {{"name", f.name}, {"bytes", f.bytes}, {"section_crc32c", f.section_crc}};
+}
+
+ManifestFile file_from_json(const nlohmann::json& j, const std::string& path) {
+  ManifestFile f;
+  f.name = field<std::string>(j, "name", path);
+  f.bytes = field<std::int64_t>(j, "bytes", path);
+  f.section_crc = field<std::vector<std::uint32_t>>(j, "section_crc32c", path);
+  return f;
+}
+
+}  // namespace
+
+std::string shard_file_name(int rank) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "rank_%05d.bin", rank);
+  return name;
+}
+
+std::string manifest_to_json(const Manifest& m) {
+  nlohmann::json j;
+  j["format_version"] = m.format_version;
+  j["world_size"] = m.world_size;
+  j["stage"] = m.stage;
+  j["precision"] = m.precision;
+  j["layout"] = {{"alignment", m.alignment},
+                 {"unpadded_total", m.unpadded_total},
+                 {"padded_total", m.padded_total},
+                 {"shard_size", m.shard_size},
+                 {"frozen_total", m.frozen_total}};
+  nlohmann::json tensors = nlohmann::json::array();
+  for (const ManifestTensor& t : m.tensors) {
+    tensors.push_back({{"name", t.name},
+                       {"shape", t.shape},
+                       {"numel", t.numel},
+                       {"dtype", "F32"},
+                       {"group", t.group},
+                       {"trainable", t.trainable},
+                       {"offset", t.offset}});
+  }
+  j["tensors"] = tensors;
+  nlohmann::json groups = nlohmann::json::array();
+  for (const ManifestGroup& g : m.groups) {
+    nlohmann::json group = {{"name", g.name}};
+    if (g.lr) group["lr"] = *g.lr;
+    if (g.weight_decay) group["weight_decay"] = *g.weight_decay;
+    groups.push_back(group);
+  }
+  j["groups"] = groups;
+  nlohmann::json rule = {{"name", m.rule},
+                         {"state_count", m.state_count},
+                         {"lr", m.rule_lr},
+                         {"weight_decay", m.rule_weight_decay}};
+  if (m.rule_beta1) rule["beta1"] = *m.rule_beta1;
+  j["rule"] = rule;
+  j["scheduler"] = m.scheduler;
+  j["global_step"] = m.global_step;
+  j["micro_step"] = m.micro_step;
+  j["lr_override"] = m.lr_override;
+  j["last_grad_norm"] = m.last_grad_norm;
+  if (m.scaler) {
+    j["loss_scaler"] = {{"scale", m.scaler->scale},
+                        {"iterations_since_overflow", m.scaler->iterations_since_overflow},
+                        {"hysteresis_left", m.scaler->hysteresis_left},
+                        {"overflows", m.scaler->overflows},
+                        {"iteration", m.scaler->iteration}};
+  }
+  nlohmann::json shards = nlohmann::json::array();
+  for (const ManifestFile& f : m.shards) shards.push_back(file_to_json(f));
+  j["shards"] = shards;
+  if (m.frozen) j["frozen"] = file_to_json(*m.frozen);
+  j["user"] = m.user_state;
+  return j.dump(1) + "\n";
+}
+
+Manifest manifest_from_json(const std::string& text, const std::string& path) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError("checkpoint manifest " + path + " is not valid JSON (" + e.what() +
+                          "); the file is damaged");
+  }
+  Manifest m;
+  m.format_version = field<int>(j, "format_version", path);
+  if (m.format_version > kCheckpointFormatVersion || m.format_version < 1) {
+    throw CheckpointError("checkpoint manifest " + path + ": format_version " +
+                          std::to_string(m.format_version) + ", this zeroshard reads 1.." +
+                          std::to_string(kCheckpointFormatVersion) +
+                          "; load it with the newer zeroshard that wrote it");
+  }
+  m.world_size = field<int>(j, "world_size", path);
+  m.stage = field<int>(j, "stage", path);
+  m.precision = field<std::string>(j, "precision", path);
+  const nlohmann::json layout = field<nlohmann::json>(j, "layout", path);
+  m.alignment = field<std::int64_t>(layout, "alignment", path);
+  m.unpadded_total = field<std::int64_t>(layout, "unpadded_total", path);
+  m.padded_total = field<std::int64_t>(layout, "padded_total", path);
+  m.shard_size = field<std::int64_t>(layout, "shard_size", path);
+  m.frozen_total = field<std::int64_t>(layout, "frozen_total", path);
+  for (const nlohmann::json& t : field<nlohmann::json>(j, "tensors", path)) {
+    ManifestTensor tensor;
+    tensor.name = field<std::string>(t, "name", path);
+    tensor.shape = field<std::vector<std::int64_t>>(t, "shape", path);
+    tensor.numel = field<std::int64_t>(t, "numel", path);
+    tensor.group = field<int>(t, "group", path);
+    tensor.trainable = field<bool>(t, "trainable", path);
+    tensor.offset = field<std::int64_t>(t, "offset", path);
+    m.tensors.push_back(std::move(tensor));
+  }
+  for (const nlohmann::json& g : field<nlohmann::json>(j, "groups", path)) {
+    ManifestGroup group;
+    group.name = field<std::string>(g, "name", path);
+    if (g.contains("lr")) group.lr = field<double>(g, "lr", path);
+    if (g.contains("weight_decay")) group.weight_decay = field<double>(g, "weight_decay", path);
+    m.groups.push_back(std::move(group));
+  }
+  const nlohmann::json rule = field<nlohmann::json>(j, "rule", path);
+  m.rule = field<std::string>(rule, "name", path);
+  m.state_count = field<int>(rule, "state_count", path);
+  m.rule_lr = field<double>(rule, "lr", path);
+  m.rule_weight_decay = field<double>(rule, "weight_decay", path);
+  if (rule.contains("beta1")) m.rule_beta1 = field<double>(rule, "beta1", path);
+  m.scheduler = field<std::string>(j, "scheduler", path);
+  m.global_step = field<std::int64_t>(j, "global_step", path);
+  m.micro_step = field<std::int64_t>(j, "micro_step", path);
+  m.lr_override = field<double>(j, "lr_override", path);
+  m.last_grad_norm = field<double>(j, "last_grad_norm", path);
+  if (j.contains("loss_scaler")) {
+    const nlohmann::json s = j.at("loss_scaler");
+    m.scaler = LossScalerState{
+        .scale = field<double>(s, "scale", path),
+        .iterations_since_overflow = field<std::int64_t>(s, "iterations_since_overflow", path),
+        .hysteresis_left = field<int>(s, "hysteresis_left", path),
+        .overflows = field<std::int64_t>(s, "overflows", path),
+        .iteration = field<std::int64_t>(s, "iteration", path)};
+  }
+  for (const nlohmann::json& f : field<nlohmann::json>(j, "shards", path)) {
+    m.shards.push_back(file_from_json(f, path));
+  }
+  if (j.contains("frozen")) m.frozen = file_from_json(j.at("frozen"), path);
+  m.user_state = field<std::string>(j, "user", path);
+  const std::size_t sections = 1 + static_cast<std::size_t>(m.state_count);
+  bool consistent = static_cast<int>(m.shards.size()) == m.world_size && m.world_size > 0 &&
+                    m.shard_size * m.world_size == m.padded_total;
+  for (const ManifestFile& f : m.shards) {
+    consistent = consistent && f.section_crc.size() == sections &&
+                 f.bytes == static_cast<std::int64_t>(sections) * m.shard_size * 4;
+  }
+  if (!consistent) {
+    throw CheckpointError("checkpoint manifest " + path +
+                          ": the shard list does not match world_size " +
+                          std::to_string(m.world_size) + " and the layout; the file is damaged");
+  }
+  return m;
+}
+
+void check_tag(const std::string& tag) {
+  ZEROSHARD_CHECK_USAGE(!tag.empty() && tag.find('/') == std::string::npos && tag != "." &&
+                            tag != ".." && tag != kLatestName &&
+                            !(tag.size() > 4 && tag.ends_with(".tmp")),
+                        "checkpoint tag '" << tag
+                                           << "': expected a non-empty folder name without '/', "
+                                              "not 'latest' and not ending in '.tmp'");
+}
+
+std::string resolve_tag(const std::string& dir, const std::string& tag) {
+  if (!tag.empty()) {
+    check_tag(tag);
+    return tag;
+  }
+  const std::string latest = dir + "/" + kLatestName;
+  std::ifstream in(latest);
+  if (!in) {
+    throw CheckpointError("no checkpoint to load in " + dir + ": " + latest +
+                          " does not exist (no save has completed there); pass a tag or check "
+                          "the folder");
+  }
+  std::string name;
+  std::getline(in, name);
+  if (name.empty()) throw CheckpointError("checkpoint pointer " + latest + " is empty");
+  return name;
+}
+
+Manifest read_manifest(const std::string& checkpoint_dir) {
+  const std::string path = checkpoint_dir + "/" + kManifestName;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    std::string hint = " does not exist";
+    if (std::filesystem::exists(checkpoint_dir + ".tmp")) {
+      hint += " (" + checkpoint_dir + ".tmp is a save that never completed; it is never loaded)";
+    } else if (std::filesystem::exists(checkpoint_dir)) {
+      hint += " (the folder has no completion mark; it is not a complete checkpoint)";
+    }
+    throw CheckpointError("checkpoint manifest " + path + hint);
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  return manifest_from_json(text.str(), path);
+}
+
+namespace {
+std::string& kill_point() {
+  static std::string point;
+  return point;
+}
+}  // namespace
+
+void set_checkpoint_kill_point(std::string point) { kill_point() = std::move(point); }
+
+void checkpoint_point_reached(const char* point) {
+  if (!kill_point().empty() && kill_point() == point) std::raise(SIGKILL);
+}
+
+// --- files ---------------------------------------------------------------------------------------
+
+FileHandle::FileHandle(FileHandle&& other) noexcept
+    : fd_(std::exchange(other.fd_, -1)), path_(std::move(other.path_)) {}
+
+FileHandle& FileHandle::operator=(FileHandle&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = std::exchange(other.fd_, -1);
+    path_ = std::move(other.path_);
+  }
+  return *this;
+}
+
+FileHandle::~FileHandle() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+FileHandle FileHandle::create(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) io_fail("cannot create", path);
+  return FileHandle(fd, path);
+}
+
+FileHandle FileHandle::open_read(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) {
+      throw CheckpointError("checkpoint file " + path + rank_suffix() +
+                            " is missing; the checkpoint is incomplete");
+    }
+    io_fail("cannot open", path);
+  }
+  return FileHandle(fd, path);
+}
+
+std::int64_t FileHandle::size() const {
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) io_fail("cannot stat", path_);
+  return st.st_size;
+}
+
+void FileHandle::write_all(const void* data, std::size_t bytes) {
+  const auto* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::write(fd_, p, std::min<std::size_t>(bytes, std::size_t{1} << 30));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      io_fail("cannot write", path_);
+    }
+    p += n;
+    bytes -= static_cast<std::size_t>(n);
+  }
+}
+
+void FileHandle::pwrite_all(const void* data, std::size_t bytes, std::int64_t offset) {
+  const auto* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::pwrite(fd_, p, std::min<std::size_t>(bytes, std::size_t{1} << 30), offset);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      io_fail("cannot write", path_);
+    }
+    p += n;
+    offset += n;
+    bytes -= static_cast<std::size_t>(n);
+  }
+}
+
+void FileHandle::pread_all(void* data, std::size_t bytes, std::int64_t offset) const {
+  auto* p = static_cast<char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::pread(fd_, p, std::min<std::size_t>(bytes, std::size_t{1} << 30), offset);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      io_fail("cannot read", path_);
+    }
+    if (n == 0) corrupt(path_, "ends at byte " + std::to_string(offset) + ": it is truncated");
+    p += n;
+    offset += n;
+    bytes -= static_cast<std::size_t>(n);
+  }
+}
+
+void FileHandle::sync() {
+  // Never retried: after a failed fsync the kernel may have dropped the dirty pages.
+  if (::fsync(fd_) != 0) io_fail("cannot fsync", path_);
+}
+
+void FileHandle::close_synced() {
+  sync();
+  const int fd = std::exchange(fd_, -1);
+  if (::close(fd) != 0) io_fail("cannot close", path_);
+}
+
+void fsync_directory(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) io_fail("cannot open folder", path);
+  FileHandle dir(fd, path);
+  dir.sync();
+}
+
+void write_file_durably(const std::string& path, const std::string& content) {
+  const std::string tmp = path + ".tmp";
+  std::error_code ignored;
+  std::filesystem::remove(tmp, ignored);  // a leftover of a crashed save
+  FileHandle file = FileHandle::create(tmp);
+  file.write_all(content.data(), content.size());
+  file.close_synced();
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) io_fail("cannot rename " + tmp + " to", path);
+  fsync_directory(std::filesystem::path(path).parent_path().string());
+}
+
+// --- reading -------------------------------------------------------------------------------------
+
+ShardReader::ShardReader(const Manifest& manifest, std::string checkpoint_dir)
+    : manifest_(manifest), dir_(std::move(checkpoint_dir)) {}
+
+void ShardReader::check_files(std::int64_t lo, std::int64_t hi) const {
+  const std::int64_t s = manifest_.shard_size;
+  hi = std::min(hi, manifest_.padded_total);
+  for (std::int64_t f = lo / s; f < manifest_.world_size && f * s < hi; ++f) {
+    const ManifestFile& file = manifest_.shards[f];
+    const std::string path = dir_ + "/" + file.name;
+    const std::int64_t size = FileHandle::open_read(path).size();
+    if (size != file.bytes) {
+      corrupt(path, "is " + std::to_string(size) + " bytes, the manifest says " +
+                        std::to_string(file.bytes) + (size < file.bytes ? " (truncated)" : ""));
+    }
+  }
+}
+
+void ShardReader::read(int section, std::int64_t lo, std::int64_t hi, float* out) const {
+  const std::int64_t s = manifest_.shard_size;
+  const std::int64_t saved_hi = std::min(hi, manifest_.padded_total);
+  if (saved_hi < hi)
+    std::fill(out + std::max<std::int64_t>(0, saved_hi - lo), out + (hi - lo), 0.0f);
+  std::vector<float> bounce;
+  for (std::int64_t f = lo / s; f < manifest_.world_size && f * s < saved_hi; ++f) {
+    const ManifestFile& file = manifest_.shards[f];
+    const std::string path = dir_ + "/" + file.name;
+    const FileHandle handle = FileHandle::open_read(path);
+    const std::int64_t file_lo = f * s;
+    const std::int64_t base = static_cast<std::int64_t>(section) * s * 4;
+    // The whole section is read to check its checksum; the part inside [lo, hi) is kept. When
+    // the section lies inside the range it is read straight into place.
+    const bool direct = file_lo >= lo && file_lo + s <= hi;
+    std::uint32_t crc = 0;
+    for (std::int64_t at = 0; at < s; at += kReadChunk) {
+      const std::int64_t n = std::min(kReadChunk, s - at);
+      float* chunk;
+      if (direct) {
+        chunk = out + (file_lo + at - lo);
+      } else {
+        bounce.resize(static_cast<std::size_t>(kReadChunk));
+        chunk = bounce.data();
+      }
+      handle.pread_all(chunk, n * 4, base + at * 4);
+      crc = crc32c(chunk, n * 4, crc);
+      if (!direct) {
+        const std::int64_t a = std::max(lo, file_lo + at);
+        const std::int64_t b = std::min(saved_hi, file_lo + at + n);
+        if (b > a)
+          std::copy(chunk + (a - file_lo - at), chunk + (b - file_lo - at), out + (a - lo));
+      }
+    }
+    if (crc != file.section_crc[section]) {
+      corrupt(path, "section " + std::to_string(section) + " (" +
+                        (section == 0 ? std::string("master weights")
+                                      : "rule state " + std::to_string(section - 1)) +
+                        ") has checksum " + std::to_string(crc) + ", the manifest says " +
+                        std::to_string(file.section_crc[section]) + ": the file is damaged");
+    }
+  }
+}
+
+std::vector<float> read_checked_section(const std::string& path, const ManifestFile& file,
+                                        int section, std::int64_t count) {
+  const FileHandle handle = FileHandle::open_read(path);
+  const std::int64_t size = handle.size();
+  if (size != file.bytes) {
+    corrupt(path, "is " + std::to_string(size) + " bytes, the manifest says " +
+                      std::to_string(file.bytes) + (size < file.bytes ? " (truncated)" : ""));
+  }
+  std::vector<float> values(static_cast<std::size_t>(count));
+  handle.pread_all(values.data(), count * 4, section * count * 4);
+  const std::uint32_t crc = crc32c(values.data(), count * 4);
+  if (crc != file.section_crc[section]) {
+    corrupt(path, "has checksum " + std::to_string(crc) + ", the manifest says " +
+                      std::to_string(file.section_crc[section]) + ": the file is damaged");
+  }
+  return values;
+}
+
+}  // namespace zeroshard::detail

@@ -1,0 +1,483 @@
+// Sharded checkpoints of the engine: each rank writes the fp32 master and rule states of its
+// shard, rank 0 the frozen parameters, the manifest and then `latest`; loading reads any world
+// size's shards by flat offset, checks everything first and changes the engine only after every
+// rank has succeeded.
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <sstream>
+
+#include "checkpoint/checkpoint_format.h"
+#include "checkpoint/safetensors.h"
+#include "crc32c.h"
+#include "engine/engine_state.h"
+#include "engine/shape.h"
+#include "precision/half_conversion.h"
+#include "util/check.h"
+#include "util/log.h"
+
+namespace zeroshard::detail {
+
+namespace {
+
+// Elements per write when an array is not in host memory and bounces through a host buffer.
+constexpr std::int64_t kWriteChunk = std::int64_t{1} << 22;
+
+std::string message_of(const std::exception_ptr& failure) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+struct FreeDeleter {
+  void operator()(float* p) const noexcept { std::free(p); }
+};
+using Staging = std::unique_ptr<float[], FreeDeleter>;
+
+// Host memory a load reads into before it commits. A fresh buffer faults once per page as the
+// read fills it; asking for transparent huge pages makes that once per 2 MiB.
+Staging make_staging(std::int64_t count) {
+  constexpr std::size_t kHugePage = std::size_t{2} << 20;
+  const std::size_t bytes =
+      (static_cast<std::size_t>(count) * sizeof(float) + kHugePage - 1) / kHugePage * kHugePage;
+  void* p = std::aligned_alloc(kHugePage, std::max(bytes, kHugePage));
+  if (p == nullptr) {
+    throw OutOfMemoryError("load_checkpoint: cannot allocate " + std::to_string(bytes) +
+                           " bytes of host memory to stage the shard");
+  }
+  ::madvise(p, std::max(bytes, kHugePage), MADV_HUGEPAGE);  // advice only: failure is harmless
+  return Staging(static_cast<float*>(p));
+}
+
+}  // namespace
+
+void EngineState::agree_on_failure(std::exception_ptr failure, const char* what) {
+  const std::vector<std::string> all = all_gather_text(failure ? "!" + message_of(failure) : "");
+  if (failure) std::rethrow_exception(failure);
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    if (!all[r].empty()) {
+      throw CheckpointError(std::string(what) + " failed on rank " + std::to_string(r) + ": " +
+                            all[r].substr(1));
+    }
+  }
+}
+
+void EngineState::save_checkpoint(const std::string& dir, const std::string& tag,
+                                  const std::string& user_state) {
+  require_finalized();
+  check_tag(tag);
+  ZEROSHARD_CHECK_USAGE(micro_step_ == 0,
+                        "save_checkpoint('" << tag << "') inside a gradient-accumulation window ("
+                                            << micro_step_ << " of "
+                                            << config_.gradient_accumulation_steps
+                                            << " micro-steps done): gradients are not saved; save "
+                                               "after the step() that ends the window");
+  const std::string final_dir = dir + "/" + tag;
+  const std::string tmp_dir = final_dir + ".tmp";
+
+  // 1. Rank 0 prepares a fresh temporary folder; the tag must be new.
+  std::exception_ptr failure;
+  if (rank_ == 0) {
+    try {
+      std::filesystem::create_directories(dir);
+      if (std::filesystem::exists(final_dir)) {
+        throw CheckpointError("checkpoint " + final_dir +
+                              " already exists; save under a new tag or remove it first");
+      }
+      std::filesystem::remove_all(tmp_dir);  // a save that crashed before its commit
+      std::filesystem::create_directory(tmp_dir);
+    } catch (const std::filesystem::filesystem_error& e) {
+      failure = std::make_exception_ptr(
+          IoError("cannot prepare checkpoint folder " + tmp_dir + " (rank 0): " + e.what()));
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  agree_on_failure(failure, "save_checkpoint");
+
+  // 2. Every rank writes its shard of the flat layout: at stage 0 it owns everything but writes
+  // only [shard_begin, shard_end), so that the files do not depend on the stage.
+  const int arrays = optimizer_->array_count();
+  const std::int64_t lo = layout_.shard_begin(rank_);
+  const std::int64_t hi = layout_.shard_end(rank_);
+  std::vector<std::uint32_t> crcs(arrays, 0);
+  try {
+    const std::string path = tmp_dir + "/" + shard_file_name(rank_);
+    FileHandle file = FileHandle::create(path + ".tmp");
+    std::vector<float> bounce;
+    for (int a = 0; a < arrays; ++a) {
+      for (std::int64_t begin = lo; begin < hi; begin += kWriteChunk) {
+        const std::int64_t count = std::min(kWriteChunk, hi - begin);
+        const float* values = optimizer_->host_view(a, begin);
+        if (values == nullptr) {
+          bounce.resize(static_cast<std::size_t>(count));
+          optimizer_->read_owned(a, begin, bounce.data(), count);
+          values = bounce.data();
+        }
+        crcs[a] = crc32c(values, count * sizeof(float), crcs[a]);
+        file.write_all(values, count * sizeof(float));
+      }
+    }
+    file.close_synced();
+    if (std::rename((path + ".tmp").c_str(), path.c_str()) != 0) {
+      throw IoError("cannot rename " + path + ".tmp (rank " + std::to_string(rank_) + ")");
+    }
+  } catch (...) {
+    failure = std::current_exception();
+  }
+
+  // Rank 0 writes the frozen parameters, whole, once, widened to fp32 (exact).
+  std::int64_t frozen_total = 0;
+  for (const ParamInfo& p : params_) {
+    if (!p.trainable) frozen_total = std::max(frozen_total, p.frozen_offset + p.numel);
+  }
+  std::uint32_t frozen_crc = 0;
+  if (rank_ == 0 && frozen_total > 0 && !failure) {
+    try {
+      std::vector<float> frozen(static_cast<std::size_t>(frozen_total));
+      std::vector<char> raw;
+      for (std::size_t i = 0; i < params_.size(); ++i) {
+        const ParamInfo& p = params_[i];
+        if (p.trainable) continue;
+        raw.resize(p.numel * dsize_);
+        backend_->copy_to_host(raw.data(), params_store_->data(static_cast<int>(i)), raw.size());
+        convert_to_float(raw.data(), dtype_, frozen.data() + p.frozen_offset, p.numel);
+      }
+      frozen_crc = crc32c(frozen.data(), frozen.size() * sizeof(float));
+      FileHandle file = FileHandle::create(tmp_dir + "/" + kFrozenName);
+      file.write_all(frozen.data(), frozen.size() * sizeof(float));
+      file.close_synced();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+
+  // 3. Rank 0 learns every rank's checksums (or failure).
+  std::ostringstream mine;
+  for (std::uint32_t c : crcs) mine << c << ' ';
+  const std::vector<std::string> all =
+      all_gather_text(failure ? "!" + message_of(failure) : mine.str());
+  if (failure) std::rethrow_exception(failure);
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    if (!all[r].empty() && all[r][0] == '!') {
+      throw CheckpointError("save_checkpoint failed on rank " + std::to_string(r) + ": " +
+                            all[r].substr(1) + "; the previous checkpoint stays the latest");
+    }
+  }
+
+  // 4. Rank 0 commits: manifest, rename of the folder, then `latest`.
+  if (rank_ == 0) {
+    try {
+      Manifest m;
+      m.world_size = world_;
+      m.stage = stage_;
+      m.precision = to_string(dtype_);
+      m.alignment = kTensorAlignment;
+      m.unpadded_total = layout_.unpadded_total();
+      m.padded_total = layout_.padded_total();
+      m.shard_size = layout_.shard_size();
+      m.frozen_total = frozen_total;
+      for (const ParamInfo& p : params_) {
+        m.tensors.push_back({.name = p.name,
+                             .shape = p.shape,
+                             .numel = p.numel,
+                             .group = p.group,
+                             .trainable = p.trainable,
+                             .offset = p.trainable ? layout_.offset(p.tensor) : p.frozen_offset});
+      }
+      for (const GroupInfo& g : groups_) {
+        m.groups.push_back({g.options.name, g.options.lr, g.options.weight_decay});
+      }
+      m.rule = rule_->name();
+      m.state_count = rule_->state_count();
+      m.rule_lr = rule_->default_lr();
+      m.rule_weight_decay = rule_->default_weight_decay();
+      m.rule_beta1 = rule_->beta1();
+      m.scheduler = scheduler_ ? scheduler_->name() : "";
+      m.global_step = global_step_;
+      m.micro_step = micro_step_;
+      m.lr_override = lr_override_;
+      m.last_grad_norm = last_grad_norm_;
+      if (scaler_) m.scaler = scaler_->state();
+      for (int r = 0; r < world_; ++r) {
+        ManifestFile f{.name = shard_file_name(r),
+                       .bytes = static_cast<std::int64_t>(arrays) * layout_.shard_size() * 4,
+                       .section_crc = {}};
+        std::istringstream in(all[r]);
+        std::uint32_t c = 0;
+        while (in >> c) f.section_crc.push_back(c);
+        m.shards.push_back(std::move(f));
+      }
+      if (frozen_total > 0) {
+        m.frozen = ManifestFile{
+            .name = kFrozenName, .bytes = frozen_total * 4, .section_crc = {frozen_crc}};
+      }
+      m.user_state = user_state;
+      write_file_durably(tmp_dir + "/" + kManifestName, manifest_to_json(m));
+      fsync_directory(tmp_dir);
+      checkpoint_point_reached("before_rename");
+      std::filesystem::rename(tmp_dir, final_dir);
+      fsync_directory(dir);
+      checkpoint_point_reached("before_latest");
+      write_file_durably(dir + "/" + kLatestName, tag + "\n");
+    } catch (const std::filesystem::filesystem_error& e) {
+      failure = std::make_exception_ptr(
+          IoError("cannot commit checkpoint " + final_dir + " (rank 0): " + e.what()));
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  agree_on_failure(failure, "save_checkpoint");
+  ZEROSHARD_LOG(kInfo, "saved checkpoint " << final_dir << " at step " << global_step_);
+}
+
+namespace {
+
+// Throws CheckpointError naming the manifest and the first difference between the checkpoint
+// and the engine's registered model and rule.
+void check_fits(const Manifest& m, const std::string& path, const std::vector<ParamInfo>& params,
+                const ShardLayout& layout, const UpdateRule& rule) {
+  const auto mismatch = [&](const std::string& what) {
+    throw CheckpointError("checkpoint " + path + " does not fit this engine: " + what);
+  };
+  if (m.alignment != kTensorAlignment) {
+    mismatch("tensor alignment " + std::to_string(m.alignment) + ", this build uses " +
+             std::to_string(kTensorAlignment));
+  }
+  if (m.tensors.size() != params.size()) {
+    mismatch("it holds " + std::to_string(m.tensors.size()) + " parameters, the engine has " +
+             std::to_string(params.size()) + " registered");
+  }
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const ManifestTensor& t = m.tensors[i];
+    const ParamInfo& p = params[i];
+    if (t.name != p.name) {
+      mismatch("parameter " + std::to_string(i) + " is '" + t.name + "' in the checkpoint and '" +
+               p.name + "' in the engine");
+    }
+    if (t.shape != p.shape) {
+      mismatch("parameter '" + p.name + "' has shape " + format_shape(t.shape) +
+               " in the checkpoint and " + format_shape(p.shape) + " in the engine");
+    }
+    if (t.trainable != p.trainable) {
+      mismatch("parameter '" + p.name + "' is " + (t.trainable ? "trainable" : "frozen") +
+               " in the checkpoint and " + (p.trainable ? "trainable" : "frozen") +
+               " in the engine");
+    }
+    if (t.trainable && t.offset != layout.offset(p.tensor)) {
+      mismatch("parameter '" + p.name + "' sits at flat offset " + std::to_string(t.offset) +
+               ", the engine's layout puts it at " + std::to_string(layout.offset(p.tensor)));
+    }
+  }
+  if (m.rule != rule.name() || m.state_count != rule.state_count()) {
+    mismatch("update rule '" + m.rule + "' with " + std::to_string(m.state_count) +
+             " state arrays, the engine runs '" + rule.name() + "' with " +
+             std::to_string(rule.state_count()));
+  }
+}
+
+}  // namespace
+
+CheckpointInfo EngineState::load_checkpoint(const std::string& dir, const std::string& tag) {
+  require_finalized();
+  // Stage 3: every module released, and kept gathered copies dropped (they would be stale).
+  params_store_->release_all_after_step("load_checkpoint()");
+  // Nothing below changes the engine until every rank has read and checked its part.
+  std::exception_ptr failure;
+  CheckpointInfo info;
+  Manifest m;
+  const int arrays = optimizer_->array_count();
+  const std::int64_t lo = optimizer_->owned_begin();
+  const std::int64_t count = optimizer_->owned_end() - lo;
+  // Not value-initialised: the reader writes every element (zeros past the saved layout), and a
+  // zeroing pass would cost as much as a memcpy of the shard.
+  std::vector<Staging> staged(arrays);
+  std::vector<float> frozen;
+  std::optional<LossScaler> scaler = scaler_;
+  try {
+    info.tag = resolve_tag(dir, tag);
+    const std::string checkpoint = dir + "/" + info.tag;
+    m = read_manifest(checkpoint);
+    check_fits(m, checkpoint + "/" + kManifestName, params_, layout_, *rule_);
+    ShardReader reader(m, checkpoint);
+    reader.check_files(lo, lo + count);
+    for (int a = 0; a < arrays; ++a) {
+      staged[a] = make_staging(count);
+      reader.read(a, lo, lo + count, staged[a].get());
+    }
+    if (m.frozen) {
+      frozen =
+          read_checked_section(checkpoint + "/" + m.frozen->name, *m.frozen, 0, m.frozen_total);
+    }
+    for (const ParamInfo& p : params_) {
+      if (!p.trainable && p.frozen_offset + p.numel > static_cast<std::int64_t>(frozen.size())) {
+        throw CheckpointError("checkpoint " + checkpoint +
+                              " holds no values for frozen parameter '" + p.name +
+                              "'; the manifest is damaged");
+      }
+    }
+    if (scaler && m.scaler) scaler->restore(*m.scaler);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  agree_on_failure(failure, "load_checkpoint");
+
+  // DeepSpeed's load_from_fp32_weights false: the master starts from the 16-bit weights.
+  if (!config_.zero_optimization.load_from_fp32_weights && dtype_ != DType::kFloat32) {
+    std::vector<char> rounded(count * dsize_);
+    convert_from_float(staged[0].get(), rounded.data(), dtype_, count);
+    convert_to_float(rounded.data(), dtype_, staged[0].get(), count);
+  }
+  // Commit: the master and states, the model-precision copy and its spread, the frozen parameters,
+  // and the counters.
+  zero_grad();
+  for (int a = 0; a < arrays; ++a) optimizer_->write_owned(a, lo, staged[a].get(), count);
+  optimizer_->refresh_params_from_master();
+  params_store_->after_update();
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const ParamInfo& p = params_[i];
+    if (!p.trainable) params_store_->store(static_cast<int>(i), frozen.data() + p.frozen_offset);
+  }
+  global_step_ = m.global_step;
+  micro_step_ = m.micro_step;
+  lr_override_ = m.lr_override;
+  last_grad_norm_ = m.last_grad_norm;
+  if (scaler && m.scaler) scaler_ = scaler;
+  const std::string scheduler = scheduler_ ? scheduler_->name() : "";
+  if (m.scheduler != scheduler) {
+    ZEROSHARD_LOG(kWarning, "checkpoint " << dir << "/" << info.tag << " was saved with scheduler '"
+                                          << m.scheduler << "'; this engine's config has '"
+                                          << scheduler << "', which the run continues with");
+  }
+  info.global_step = m.global_step;
+  info.user_state = m.user_state;
+  ZEROSHARD_LOG(kInfo, "loaded checkpoint " << dir << "/" << info.tag << " (saved at world "
+                                            << m.world_size << ", stage " << m.stage << ", step "
+                                            << m.global_step << ")");
+  return info;
+}
+
+void EngineState::load_weights(const std::string& path) {
+  require_finalized();
+  // Everything is checked on every rank before any parameter changes.
+  std::exception_ptr failure;
+  std::optional<FileHandle> file;
+  std::vector<SafetensorsEntry> entries;
+  std::vector<const SafetensorsEntry*> of_param(params_.size(), nullptr);
+  std::int64_t data_start = 0;
+  try {
+    if (!std::filesystem::exists(path)) {
+      throw CheckpointError("weights file " + path + " does not exist (rank " +
+                            std::to_string(rank_) + ")");
+    }
+    file.emplace(FileHandle::open_read(path));
+    entries = read_safetensors_header(*file, &data_start);
+    std::map<std::string, const SafetensorsEntry*> by_name;
+    for (const SafetensorsEntry& e : entries) by_name[e.name] = &e;
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      const ParamInfo& p = params_[i];
+      const auto it = by_name.find(p.name);
+      if (it == by_name.end()) {
+        throw CheckpointError("weights file " + path + " has no tensor '" + p.name +
+                              "', a registered parameter");
+      }
+      if (it->second->shape != p.shape) {
+        throw CheckpointError("weights file " + path + ": tensor '" + p.name + "' has shape " +
+                              format_shape(it->second->shape) + ", the registered parameter " +
+                              format_shape(p.shape));
+      }
+      of_param[i] = it->second;
+      by_name.erase(it);
+    }
+    if (!by_name.empty()) {
+      throw CheckpointError("weights file " + path + " holds tensor '" + by_name.begin()->first +
+                            "' (and " + std::to_string(by_name.size() - 1) +
+                            " more) that no registered parameter has");
+    }
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  agree_on_failure(failure, "load_weights");
+  std::vector<char> raw;
+  std::vector<float> values;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const SafetensorsEntry& e = *of_param[i];
+    raw.resize(static_cast<std::size_t>(e.end - e.begin));
+    file->pread_all(raw.data(), raw.size(), data_start + e.begin);
+    values.resize(static_cast<std::size_t>(e.numel));
+    convert_to_float(raw.data(), e.dtype, values.data(), e.numel);
+    copy_param_from(static_cast<int>(i), values.data());
+  }
+  ZEROSHARD_LOG(kInfo, "loaded weights from " << path);
+}
+
+bool EngineState::save_16bit_model(const std::string& path) {
+  require_finalized();
+  if (stage_ == 3 && !config_.zero_optimization.gather_16bit_weights_on_model_save) {
+    ZEROSHARD_LOG(kWarning, "save_16bit_model("
+                                << path
+                                << ") saved nothing: at stage 3 it needs "
+                                   "zero_optimization.stage3_gather_16bit_weights_on_model_"
+                                   "save true; save_checkpoint and zeroshard-consolidate "
+                                   "export the weights without gathering");
+    return false;
+  }
+  std::vector<SafetensorsEntry> entries;
+  for (const ParamInfo& p : params_) {
+    entries.push_back({.name = p.name, .dtype = dtype_, .shape = p.shape, .numel = p.numel});
+  }
+  const std::string prefix = safetensors_prefix(entries);
+  const std::string tmp = path + ".tmp";
+  std::exception_ptr failure;
+  std::optional<FileHandle> file;
+  if (rank_ == 0) {
+    try {
+      std::error_code ignored;
+      std::filesystem::remove(tmp, ignored);
+      file.emplace(FileHandle::create(tmp));
+      file->pwrite_all(prefix.data(), prefix.size(), 0);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  // Module by module, so that stage 3 holds one gathered module at a time; every rank gathers.
+  std::vector<char> raw;
+  for (std::size_t m = 0; m < modules_.size(); ++m) {
+    gather(static_cast<ModuleId>(m));
+    for (int index : modules_[m].params) {
+      if (rank_ != 0 || failure) continue;
+      try {
+        raw.resize(params_[index].numel * dsize_);
+        backend_->copy_to_host(raw.data(), params_store_->data(index), raw.size());
+        file->pwrite_all(raw.data(), raw.size(), prefix.size() + entries[index].begin);
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
+    release(static_cast<ModuleId>(m));
+  }
+  if (rank_ == 0 && !failure) {
+    try {
+      file->close_synced();
+      if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+        throw IoError("cannot rename " + tmp + " to " + path + " (rank 0)");
+      }
+      fsync_directory(std::filesystem::absolute(path).parent_path().string());
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  agree_on_failure(failure, "save_16bit_model");
+  return true;
+}
+
+}  // namespace zeroshard::detail

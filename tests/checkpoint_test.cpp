@@ -1,0 +1,155 @@
+// The checkpoint format on one rank: CRC-32C, the manifest's round trip, and crash safety: a
+// process killed between its shard writes and the `latest` update leaves the previous checkpoint
+// the one that loads, and a save that never completed is never loaded.
+#include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint_format.h"
+#include "comm/self_communicator.h"
+#include "mpi/toy_model.h"
+
+extern char** environ;
+
+namespace zeroshard::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+TEST(CheckpointManifest, SurvivesItsJsonRoundTrip) {
+  detail::Manifest m;
+  m.world_size = 2;
+  m.stage = 3;
+  m.precision = "fp16";
+  m.alignment = 16;
+  m.unpadded_total = 10;
+  m.padded_total = 32;
+  m.shard_size = 16;
+  m.tensors.push_back({"w", {2, 5}, 10, 0, true, 0});
+  m.rule = "adamw";
+  m.state_count = 2;
+  m.rule_lr = 0.1;
+  m.rule_beta1 = 0.9;
+  m.global_step = 7;
+  m.scaler = detail::LossScalerState{.scale = 512.0,
+                                     .iterations_since_overflow = 3,
+                                     .hysteresis_left = 2,
+                                     .overflows = 1,
+                                     .iteration = 8};
+  m.shards = {{"rank_00000.bin", 3 * 16 * 4, {1, 2, 3}}, {"rank_00001.bin", 3 * 16 * 4, {4, 5, 6}}};
+  m.user_state = "{\"epoch\": 2}\n\x01";
+  const detail::Manifest back = detail::manifest_from_json(detail::manifest_to_json(m), "m");
+  EXPECT_EQ(back.tensors[0].shape, m.tensors[0].shape);
+  EXPECT_EQ(back.rule_lr, 0.1);
+  EXPECT_EQ(back.rule_beta1, 0.9);
+  EXPECT_EQ(back.scaler->scale, 512.0);
+  EXPECT_EQ(back.scaler->iteration, 8);
+  EXPECT_EQ(back.shards[1].section_crc, (std::vector<std::uint32_t>{4, 5, 6}));
+  EXPECT_EQ(back.user_state, m.user_state);
+  EXPECT_FALSE(back.frozen.has_value());
+}
+
+TEST(CheckpointManifest, AShardListThatDoesNotFitIsDamage) {
+  detail::Manifest m;
+  m.world_size = 2;
+  m.padded_total = 32;
+  m.shard_size = 16;
+  m.shards = {{"rank_00000.bin", 64, {1}}};
+  EXPECT_THROW(detail::manifest_from_json(detail::manifest_to_json(m), "m"), CheckpointError);
+  EXPECT_THROW(detail::manifest_from_json("{\"format_version\": 1", "m"), CheckpointError);
+}
+
+Engine one_rank_engine() {
+  Config config = toy_config(2);
+  config.scheduler.type = "WarmupLR";
+  config.scheduler.params = {{"warmup_num_steps", 5.0}, {"warmup_max_lr", 0.01}};
+  return Engine(std::move(config), detail::make_self_communicator(), rule_cases()[0].make());
+}
+
+void train(Engine& engine, const std::vector<ToyTensor>& tensors,
+           const std::vector<Parameter>& handles, std::int64_t from, std::int64_t to) {
+  for (std::int64_t s = from; s < to; ++s) {
+    toy_micro_step(engine, tensors, handles, s);
+    engine.step();
+  }
+}
+
+// The child process of the crash tests: saves step1, then dies where it is told during step2.
+TEST(CheckpointCrashChild, SavesUntilKilled) {
+  const char* dir = std::getenv("ZEROSHARD_TEST_CRASH_DIR");
+  const char* point = std::getenv("ZEROSHARD_TEST_CRASH_POINT");
+  if (dir == nullptr || point == nullptr) GTEST_SKIP() << "runs only as the crash tests' child";
+  const std::vector<ToyTensor> tensors = uneven_toy_tensors();
+  Engine engine = one_rank_engine();
+  const std::vector<Parameter> handles = register_toy(engine, tensors);
+  train(engine, tensors, handles, 0, 1);
+  engine.save_checkpoint(dir, "step1");
+  train(engine, tensors, handles, 1, 2);
+  detail::set_checkpoint_kill_point(point);
+  engine.save_checkpoint(dir, "step2");
+  ADD_FAILURE() << "the save passed kill point " << point;
+}
+
+/// Runs the child in a new process, which must die of SIGKILL.
+void run_killed_child(const std::string& dir, const std::string& point) {
+  ::setenv("ZEROSHARD_TEST_CRASH_DIR", dir.c_str(), 1);
+  ::setenv("ZEROSHARD_TEST_CRASH_POINT", point.c_str(), 1);
+  std::string self = fs::read_symlink("/proc/self/exe").string();
+  std::string filter = "--gtest_filter=CheckpointCrashChild.SavesUntilKilled";
+  char* argv[] = {self.data(), filter.data(), nullptr};
+  pid_t pid = 0;
+  const int spawned = posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv, environ);
+  ::unsetenv("ZEROSHARD_TEST_CRASH_DIR");
+  ::unsetenv("ZEROSHARD_TEST_CRASH_POINT");
+  ASSERT_EQ(spawned, 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(status)) << "the child exited with status " << WEXITSTATUS(status);
+  EXPECT_EQ(WTERMSIG(status), SIGKILL);
+}
+
+class CheckpointCrash : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CheckpointCrash, LeavesThePreviousCheckpointTheLatest) {
+  const fs::path dir = fs::temp_directory_path() / ("zeroshard-crash-" + std::string(GetParam()) +
+                                                    "-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  run_killed_child(dir.string(), GetParam());
+  const std::vector<ToyTensor> tensors = uneven_toy_tensors();
+  Engine engine = one_rank_engine();
+  const std::vector<Parameter> handles = register_toy(engine, tensors);
+  const CheckpointInfo info = engine.load_checkpoint(dir.string());
+  EXPECT_EQ(info.tag, "step1");
+  EXPECT_EQ(engine.global_step(), 1);
+  if (std::string(GetParam()) == "before_rename") {
+    EXPECT_TRUE(fs::exists(dir / "step2.tmp"));
+    try {
+      engine.load_checkpoint(dir.string(), "step2");
+      ADD_FAILURE() << "an incomplete checkpoint loaded";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find("never completed"), std::string::npos) << e.what();
+    }
+    // The next save of that tag replaces the leftover.
+    train(engine, tensors, handles, 1, 2);
+    engine.save_checkpoint(dir.string(), "step2");
+    EXPECT_FALSE(fs::exists(dir / "step2.tmp"));
+    EXPECT_EQ(engine.load_checkpoint(dir.string()).tag, "step2");
+  } else {
+    // Complete but not yet the latest: loadable by its tag.
+    EXPECT_EQ(engine.load_checkpoint(dir.string(), "step2").global_step, 2);
+  }
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(AtEachCommitPoint, CheckpointCrash,
+                         ::testing::Values("before_rename", "before_latest"));
+
+}  // namespace
+}  // namespace zeroshard::testing
