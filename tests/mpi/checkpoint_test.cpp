@@ -43,35 +43,12 @@ Config resume_config(int stage, DType dtype, bool offload) {
   return config;
 }
 
-/// One micro-step of the toy model in any precision, the gradient scaled by the loss scale.
-void micro_step(Engine& engine, const std::vector<ToyTensor>& tensors,
-                const std::vector<Parameter>& handles, std::int64_t step) {
-  const DType dtype = engine.model_dtype();
-  const auto scale = static_cast<float>(engine.loss_scale());
-  toy_backward(engine, tensors, handles, [&](std::size_t k) {
-    const std::int64_t n = tensors[k].numel;
-    const std::size_t bytes = n * size_of(dtype);
-    const std::vector<char> raw_param = to_host(engine, handles[k].raw_data(), bytes);
-    void* grad_buffer = handles[k].raw_grad();
-    std::vector<char> raw_grad = to_host(engine, grad_buffer, bytes);
-    std::vector<float> w(n);
-    std::vector<float> g(n);
-    detail::convert_to_float(raw_param.data(), dtype, w.data(), n);
-    detail::convert_to_float(raw_grad.data(), dtype, g.data(), n);
-    for (std::int64_t i = 0; i < n; ++i) {
-      g[i] += scale * toy_gradient(w[i], static_cast<int>(k), i, engine.rank(), step);
-    }
-    detail::convert_from_float(g.data(), raw_grad.data(), dtype, n);
-    from_host(engine, grad_buffer, raw_grad.data(), bytes);
-  });
-}
-
 /// Optimizer steps [from, to): two micro-steps each.
 void train(Engine& engine, const std::vector<ToyTensor>& tensors,
            const std::vector<Parameter>& handles, std::int64_t from, std::int64_t to) {
   for (std::int64_t s = from; s < to; ++s) {
     for (int micro = 0; micro < 2; ++micro) {
-      micro_step(engine, tensors, handles, 2 * s + micro);
+      toy_micro_step_any_precision(engine, tensors, handles, 2 * s + micro);
       engine.step();
     }
   }
@@ -291,7 +268,7 @@ TEST_F(CheckpointBadInput, AnExistingTagIsNotOverwritten) {
 }
 
 TEST_F(CheckpointBadInput, SavingInsideAnAccumulationWindowIsRefused) {
-  micro_step(engine(), tensors_, handles_, 10);
+  toy_micro_step_any_precision(engine(), tensors_, handles_, 10);
   engine().step();
   EXPECT_THROW(engine().save_checkpoint(dir_, "mid"), UsageError);
 }

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "mpi/toy_model.h"
-#include "precision/half_conversion.h"
 
 namespace zeroshard::testing {
 namespace {
@@ -33,30 +32,6 @@ Config case_config(int stage, DType dtype) {
   return config;
 }
 
-/// One micro-step of the toy model in any precision: the gradient is computed from the values the
-/// model sees, multiplied by the loss scale, and added to the gradient buffer in its type.
-void micro_step(Engine& engine, const std::vector<ToyTensor>& tensors,
-                const std::vector<Parameter>& handles, std::int64_t step) {
-  const DType dtype = engine.model_dtype();
-  const auto scale = static_cast<float>(engine.loss_scale());
-  toy_backward(engine, tensors, handles, [&](std::size_t k) {
-    const std::int64_t n = tensors[k].numel;
-    const std::size_t bytes = n * size_of(dtype);
-    const std::vector<char> raw_param = to_host(engine, handles[k].raw_data(), bytes);
-    void* grad_buffer = handles[k].raw_grad();
-    std::vector<char> raw_grad = to_host(engine, grad_buffer, bytes);
-    std::vector<float> w(n);
-    std::vector<float> g(n);
-    detail::convert_to_float(raw_param.data(), dtype, w.data(), n);
-    detail::convert_to_float(raw_grad.data(), dtype, g.data(), n);
-    for (std::int64_t i = 0; i < n; ++i) {
-      g[i] += scale * toy_gradient(w[i], static_cast<int>(k), i, engine.rank(), step);
-    }
-    detail::convert_from_float(g.data(), raw_grad.data(), dtype, n);
-    from_host(engine, grad_buffer, raw_grad.data(), bytes);
-  });
-}
-
 struct Trained {
   std::vector<float> master;
   std::vector<char> model;  ///< every trainable parameter as the model sees it
@@ -73,7 +48,7 @@ Trained train(Config config, int rule) {
   const auto handles = register_toy(engine, tensors, slow_group);
   Trained result;
   for (std::int64_t step = 0; step < 8; ++step) {
-    micro_step(engine, tensors, handles, step);
+    toy_micro_step_any_precision(engine, tensors, handles, step);
     result.updates += engine.step().updated ? 1 : 0;
   }
   result.master = engine.consolidated_parameters();

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "precision/half_conversion.h"
 #include "zeroshard/zeroshard.h"
 
 namespace zeroshard::testing {
@@ -154,6 +155,31 @@ inline void toy_micro_step(Engine& engine, const std::vector<ToyTensor>& tensors
                            const std::vector<Parameter>& handles, std::int64_t step) {
   toy_backward(engine, tensors, handles,
                [&](std::size_t k) { add_toy_gradient(engine, handles[k], k, step); });
+}
+
+/// One micro-step of the toy model in the engine's precision: each gradient is computed from the
+/// values the model sees, multiplied by the loss scale and added into the gradient buffer in its
+/// type.
+inline void toy_micro_step_any_precision(Engine& engine, const std::vector<ToyTensor>& tensors,
+                                         const std::vector<Parameter>& handles, std::int64_t step) {
+  const DType dtype = engine.model_dtype();
+  const auto scale = static_cast<float>(engine.loss_scale());
+  toy_backward(engine, tensors, handles, [&](std::size_t k) {
+    const std::int64_t n = tensors[k].numel;
+    const std::size_t bytes = n * size_of(dtype);
+    const std::vector<char> raw_param = to_host(engine, handles[k].raw_data(), bytes);
+    void* grad_buffer = handles[k].raw_grad();
+    std::vector<char> raw_grad = to_host(engine, grad_buffer, bytes);
+    std::vector<float> w(n);
+    std::vector<float> g(n);
+    detail::convert_to_float(raw_param.data(), dtype, w.data(), n);
+    detail::convert_to_float(raw_grad.data(), dtype, g.data(), n);
+    for (std::int64_t i = 0; i < n; ++i) {
+      g[i] += scale * toy_gradient(w[i], static_cast<int>(k), i, engine.rank(), step);
+    }
+    detail::convert_from_float(g.data(), raw_grad.data(), dtype, n);
+    from_host(engine, grad_buffer, raw_grad.data(), bytes);
+  });
 }
 
 /// Runs `rule` over one whole tensor, as an unsharded optimizer would.
