@@ -547,16 +547,16 @@ void NvmeSwapper::verify_read(const Op& op) {
   std::memcpy(&header, record, sizeof header);
   const std::int64_t offset = record_offset(op.slot, op.copy);
   const std::string where = describe(op, offset);
-  const std::string todo =
+  const std::string remedy =
       "; the record is corrupt (a drive error or a modified file): restart "
       "from a checkpoint";
   if (std::memcmp(header.magic, kMagic, sizeof kMagic) != 0) {
-    throw IoError(where + ": no swap record header (bad magic)" + todo);
+    throw IoError(where + ": no swap record header (bad magic)" + remedy);
   }
   const std::uint32_t computed_header = header_crc(header);
   if (computed_header != header.header_crc) {
     throw IoError(where + ": header checksum mismatch (stored " + hex(header.header_crc) +
-                  ", computed " + hex(computed_header) + ")" + todo);
+                  ", computed " + hex(computed_header) + ")" + remedy);
   }
   if (header.version != kFormatVersion || header.slot != static_cast<std::uint64_t>(op.slot) ||
       header.copy != static_cast<std::uint64_t>(op.copy) || header.generation != op.generation ||
@@ -566,12 +566,12 @@ void NvmeSwapper::verify_read(const Op& op) {
                   ", generation " + std::to_string(header.generation) + ", " +
                   std::to_string(header.payload_bytes) + " bytes; expected version " +
                   std::to_string(kFormatVersion) + ", " + std::to_string(slot_bytes_) +
-                  " bytes (a stale or foreign record)" + todo);
+                  " bytes (a stale or foreign record)" + remedy);
   }
   const std::uint32_t computed = overlapped_crc32c(record + kHeaderBytes, slot_bytes_);
   if (computed != header.payload_crc) {
     throw IoError(where + ": payload checksum mismatch (stored " + hex(header.payload_crc) +
-                  ", computed " + hex(computed) + ")" + todo);
+                  ", computed " + hex(computed) + ")" + remedy);
   }
 }
 
