@@ -44,10 +44,6 @@ constexpr const char* kContiguousKey = "activation_checkpointing.number_checkpoi
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
 std::int64_t as_bytes(std::size_t bytes) { return static_cast<std::int64_t>(bytes); }
 
 }  // namespace
@@ -319,7 +315,7 @@ ActivationBuffer ActivationCheckpointer::checkpoint(ActivationBuffer input, Bloc
   m.boundary();
   if (m.config.profile) {
     ++m.profile.checkpoints;
-    m.profile.forward_seconds += seconds_since(start);
+    m.profile.forward_seconds += detail::seconds_since(start);
   }
   return output;
 }
@@ -343,7 +339,7 @@ void ActivationCheckpointer::backward(const BlockFunction& backward) {
   m.update_peaks(as_bytes(input.bytes()) + Impl::block_bytes(context));
   if (m.config.profile) {
     m.boundary();
-    m.profile.recompute_seconds += seconds_since(start);
+    m.profile.recompute_seconds += detail::seconds_since(start);
     ++m.profile.recomputes;
   }
   const auto backward_start = Clock::now();
@@ -351,7 +347,7 @@ void ActivationCheckpointer::backward(const BlockFunction& backward) {
   m.stack.pop_back();
   m.boundary();
   if (m.config.profile) {
-    m.profile.backward_seconds += seconds_since(backward_start);
+    m.profile.backward_seconds += detail::seconds_since(backward_start);
     // Once per backward pass, on the steps_per_print cadence of the engine's own progress line.
     const std::int64_t every = m.engine.config().steps_per_print;
     const bool printing = every > 0 && (m.engine.global_step() + 1) % every == 0;

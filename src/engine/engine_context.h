@@ -4,6 +4,7 @@
 // the optimizer shard hold it by reference and each owns only its own buffers.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -47,6 +48,11 @@ struct ModuleInfo {
 /// Where a buffer lives. On a CPU engine the device is host memory too, and pinned host memory is
 /// ordinary host memory (there is no DMA engine to lock pages for).
 enum class Tier { kDevice, kPinnedHost, kPageableHost };
+
+/// Wall-clock seconds from `start` to now, for the step's timers.
+inline double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
 
 /// Seconds spent per part of the step since the last progress line (wall_clock_breakdown).
 struct StepTimes {

@@ -126,11 +126,10 @@ StepResult EngineState::step() {
     contexts.push_back(context);
   }
   optimizer_->update(static_cast<float>(unscale * clip), contexts);
+  times_.update += seconds_since(update_start);
   const auto gather_start = std::chrono::steady_clock::now();
-  times_.update += std::chrono::duration<double>(gather_start - update_start).count();
   params_store_->after_update();
-  times_.gather +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - gather_start).count();
+  times_.gather += seconds_since(gather_start);
   zero_grad();
   ++global_step_;
   on_clean_step();

@@ -14,10 +14,6 @@ namespace {
 // at two buckets (one being reduced while the next fills) as DeepSpeed's double buffering does.
 constexpr std::size_t kMaxInFlight = 2;
 
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
 }  // namespace
 
 GradBucketer::GradBucketer(const EngineContext& context, DType comm_dtype)

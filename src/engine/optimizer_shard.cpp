@@ -62,6 +62,11 @@ OptimizerShard::OptimizerShard(const EngineContext& context, const UpdateRule& r
   }
 }
 
+bool OptimizerShard::writes_back_through_staging() const {
+  return !master_aliases_params_ &&
+         params_.owned_location() != update_backend_->memory().location();
+}
+
 char* OptimizerShard::staging(std::size_t bytes) {
   if (staging_.bytes() < bytes) {
     staging_ = context_.allocate(Tier::kPinnedHost, MemoryCategory::kCommunication, bytes);
@@ -182,9 +187,7 @@ void OptimizerShard::update(float grad_factor, const GroupContexts& contexts) {
     }
   }
   std::int64_t tile = context_.config.zero_optimization.sub_group_size;
-  if (!master_aliases_params_ && params_.owned_location() != update_backend_->memory().location()) {
-    tile = std::min(tile, kWriteBackElements);
-  }
+  if (writes_back_through_staging()) tile = std::min(tile, kWriteBackElements);
   for (const Run& run : runs) {
     for (std::int64_t begin = run.begin; begin < run.end; begin += tile) {
       update_sub_group(begin, std::min(run.end, begin + tile), run.first_param,
@@ -216,8 +219,7 @@ void OptimizerShard::update_sub_group(std::int64_t begin, std::int64_t end, int 
   // Write back: straight into the parameters when the update can reach them, through pinned
   // memory when they are on the GPU and the update on the host.
   const std::size_t copy_bytes = slice.size * context_.dsize;
-  const bool staged =
-      !master_aliases_params_ && params_.owned_location() != update_backend_->memory().location();
+  const bool staged = writes_back_through_staging();
   if (staged) {
     io.param_copy = staging(copy_bytes);
   } else if (!master_aliases_params_) {

@@ -69,6 +69,9 @@ class OptimizerShard final : public ReducedGradientSink {
   void update_sub_group(std::int64_t begin, std::int64_t end, int param,
                         std::int64_t offset_in_param, float grad_factor,
                         const GroupContexts& contexts);
+  /// The update runs on the host and the parameters live on the GPU: the 16-bit copy goes
+  /// through pinned staging, a bounded tile at a time.
+  bool writes_back_through_staging() const;
   char* staging(std::size_t bytes);
 
   const EngineContext& context_;

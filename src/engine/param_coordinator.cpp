@@ -8,14 +8,6 @@
 
 namespace zeroshard::detail {
 
-namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-}  // namespace
-
 ParamCoordinator::ParamCoordinator(const EngineContext& context, Tier shard_tier)
     : context_(context), modules_(context.modules.size()) {
   const std::size_t dsize = context_.dsize;
