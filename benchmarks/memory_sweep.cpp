@@ -2,6 +2,7 @@
 #include "memory_sweep.h"
 
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <sstream>
@@ -36,7 +37,13 @@ void apply_offload(nlohmann::json& config, const char* section, const char* opti
   if (value == "none") return;
   nlohmann::json& offload = config["zero_optimization"][section];
   offload["device"] = value;
-  if (value == "nvme") offload["nvme_path"] = "/tmp/zeroshard_memory_bench_nvme";
+  if (value == "nvme") {
+    // Under the working directory (the build tree): a local file system that takes O_DIRECT,
+    // apart from other checkouts' runs.
+    const std::string path = "memory_bench_nvme_swap";
+    std::filesystem::create_directories(path);
+    offload["nvme_path"] = path;
+  }
 }
 
 }  // namespace
@@ -65,7 +72,7 @@ const std::vector<Dimension>& dimensions() {
        }},
       {"offload_optimizer",
        "--offload-optimizer",
-       {"none", "cpu"},
+       {"none", "cpu", "nvme"},
        [](nlohmann::json& config, const std::string& value) {
          apply_offload(config, "offload_optimizer", "--offload-optimizer", value);
        }},
@@ -118,7 +125,7 @@ sweep:
   --world-sizes 1,2,3,4   ranks per run
   --stages 0,1,2,3
   --precisions fp32,fp16,bf16
-  --offload-optimizer none,cpu[,nvme]
+  --offload-optimizer none,cpu,nvme
   --offload-param none,cpu[,nvme]   (combinations DeepSpeed forbids are left out: optimizer
                           offload at stage 0, parameter offload below stage 3)
   --checkpoint-every 0,K  MLP only: activation checkpointing every K layers (0 = off); with

@@ -127,21 +127,21 @@ const NvmeSwapperOptions& validated(const NvmeSwapperOptions& o) {
   return o;
 }
 
-std::int64_t record_bytes_for(std::int64_t slot_bytes) {
+}  // namespace
+
+std::int64_t swap_record_bytes(std::int64_t slot_bytes) {
   return kHeaderBytes + static_cast<std::int64_t>(round_up_to_page(slot_bytes));
 }
-
-}  // namespace
 
 NvmeSwapper::NvmeSwapper(const NvmeSwapperOptions& options)
     : slot_count_(validated(options).slot_count),
       slot_bytes_(options.slot_bytes),
-      record_bytes_(record_bytes_for(options.slot_bytes)),
+      record_bytes_(swap_record_bytes(options.slot_bytes)),
       aio_(options.aio),
       tracker_(options.tracker),
       category_(options.category),
       file_(swap_file_path(options.directory, options.rank, options.kind),
-            2 * options.slot_count * record_bytes_for(options.slot_bytes)),
+            2 * options.slot_count * swap_record_bytes(options.slot_bytes)),
       ring_(static_cast<unsigned>(options.aio.queue_depth * options.aio.intra_op_parallelism),
             file_.path()),
       slots_(static_cast<std::size_t>(options.slot_count)) {
@@ -217,6 +217,31 @@ std::uint64_t NvmeSwapper::generation(std::int64_t slot) const {
 int NvmeSwapper::current_copy(std::int64_t slot) const {
   check_slot(slot);
   return slots_[static_cast<std::size_t>(slot)].current;
+}
+
+NvmeSwapper::Snapshot NvmeSwapper::snapshot() const {
+  Snapshot taken;
+  for (const SlotState& state : slots_) {
+    taken.current.push_back(state.current);
+    taken.generation.push_back(state.generation);
+  }
+  return taken;
+}
+
+void NvmeSwapper::restore(const Snapshot& snapshot) {
+  if (!ops_.empty()) {
+    throw UsageError("NVMe swapper " + file_.path() +
+                     ": restore() while requests are in flight; wait for them first");
+  }
+  if (snapshot.current.size() != slots_.size()) {
+    throw UsageError("NVMe swapper " + file_.path() + ": restore() of a snapshot of " +
+                     std::to_string(snapshot.current.size()) + " slots into " +
+                     std::to_string(slots_.size()));
+  }
+  for (std::size_t s = 0; s < slots_.size(); ++s) {
+    slots_[s].current = snapshot.current[s];
+    slots_[s].generation = snapshot.generation[s];
+  }
 }
 
 void NvmeSwapper::inject_fault(const IoFault& fault) noexcept {

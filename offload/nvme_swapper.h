@@ -36,6 +36,10 @@ struct NvmeSwapperOptions {
   MemoryCategory category = MemoryCategory::kOptimizerStates;
 };
 
+/// Bytes of one record on disk and of one buffer in host memory: a page of header and the payload
+/// rounded up to whole pages. A swap file holds two records per slot.
+std::int64_t swap_record_bytes(std::int64_t slot_bytes);
+
 /// Names one read or write until it is waited for.
 struct SwapTicket {
   std::uint64_t id = 0;
@@ -101,6 +105,17 @@ class NvmeSwapper {
   std::int64_t record_offset(std::int64_t slot, int copy) const noexcept;
   /// Which copy of `slot` is current: 0 or 1, -1 when never written.
   int current_copy(std::int64_t slot) const;
+
+  /// Every slot's current copy and generation, to go back to with restore().
+  struct Snapshot {
+    std::vector<int> current;
+    std::vector<std::uint64_t> generation;
+  };
+  Snapshot snapshot() const;
+  /// Makes the copies that were current at snapshot() current again. Writes go to the copy that
+  /// is not current, so this undoes a pass that wrote each slot at most once since the snapshot:
+  /// the previous records are still on disk. UsageError while a request is in flight.
+  void restore(const Snapshot& snapshot);
 
   /// Pieces sent again after a short transfer or EAGAIN, since construction.
   std::int64_t resubmissions() const noexcept { return resubmissions_; }

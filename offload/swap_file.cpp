@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <linux/magic.h>  // TMPFS_MAGIC
+#include <sys/file.h>     // flock
 #include <sys/stat.h>
 #include <sys/vfs.h>  // fstatfs
 #include <unistd.h>
@@ -68,6 +69,17 @@ SwapFile::SwapFile(std::string path, std::int64_t bytes) : path_(std::move(path)
                   "defeats NVMe offload (and refuses O_DIRECT before Linux 6.6); point nvme_path "
                   "at a directory on a local NVMe drive");
   }
+  // Two engines (in this process or another job) given the same nvme_path and rank would
+  // overwrite each other's records; the lock is per open file, so it catches both before the file
+  // is resized.
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int error = errno;
+    ::close(fd_);
+    fd_ = -1;
+    throw IoError("swap file " + path_ + ": already in use (flock: " + errno_text(error) +
+                  ") by another engine of this process or another job with the same nvme_path "
+                  "and rank; give each run its own nvme_path");
+  }
   int rc = ::posix_fallocate(fd_, 0, bytes_);
   if (rc == EOPNOTSUPP || rc == EINVAL) rc = ::ftruncate(fd_, bytes_) == 0 ? 0 : errno;
   if (rc == 0) {
@@ -90,7 +102,10 @@ SwapFile::SwapFile(SwapFile&& other) noexcept
 
 SwapFile& SwapFile::operator=(SwapFile&& other) noexcept {
   if (this != &other) {
-    if (fd_ >= 0) ::close(fd_);
+    if (fd_ >= 0) {
+      ::flock(fd_, LOCK_UN);
+      ::close(fd_);
+    }
     fd_ = std::exchange(other.fd_, -1);
     path_ = std::move(other.path_);
     bytes_ = std::exchange(other.bytes_, 0);
@@ -99,7 +114,11 @@ SwapFile& SwapFile::operator=(SwapFile&& other) noexcept {
 }
 
 SwapFile::~SwapFile() {
-  if (fd_ >= 0) ::close(fd_);
+  if (fd_ < 0) return;
+  // A ring that registered the file keeps its open file description, and with it the lock,
+  // until the kernel's deferred teardown of the ring: unlock now so the next engine can open it.
+  ::flock(fd_, LOCK_UN);
+  ::close(fd_);
 }
 
 void SwapFile::check_intact(const char* operation) const {

@@ -373,11 +373,21 @@ TEST(ConfigValidation, NvmeWithoutNvmePath) {
   EXPECT_THAT(error.what(), HasSubstr("missing; required when device is \"nvme\""));
 }
 
-TEST(ConfigValidation, NvmeWithAPathIsNotImplementedYet) {
+TEST(ConfigValidation, OptimizerStatesGoToNvmeParametersNotYet) {
+  const Config config = Config::from_json_string(R"({"train_batch_size": 8,
+    "zero_optimization": {"stage": 1, "offload_optimizer": {"device": "nvme",
+      "nvme_path": "/local_nvme", "buffer_count": 3, "pipeline_read": true, "fast_init": true}}})");
+  const OffloadConfig& offload = config.zero_optimization.offload_optimizer;
+  EXPECT_EQ(offload.device, OffloadDevice::kNvme);
+  EXPECT_EQ(offload.nvme_path, "/local_nvme");
+  EXPECT_EQ(offload.buffer_count, 3);
+  EXPECT_TRUE(offload.pipeline_read);
+  EXPECT_FALSE(offload.pipeline_write);
+  EXPECT_TRUE(offload.fast_init);
   ConfigError error = config_error(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
     "offload_param": {"device": "nvme", "nvme_path": "/local_nvme"}}})");
   EXPECT_EQ(error.key_path(), "zero_optimization.offload_param.device");
-  EXPECT_THAT(error.what(), HasSubstr("NVMe offload is not implemented yet"));
+  EXPECT_THAT(error.what(), HasSubstr("parameters on NVMe are not implemented yet"));
 }
 
 TEST(ConfigValidation, OffloadParamNeedsStage3) {

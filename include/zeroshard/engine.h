@@ -24,6 +24,7 @@ namespace zeroshard {
 namespace detail {
 class EngineState;
 class TrackedBuffer;
+struct EngineInternals;
 }  // namespace detail
 
 class ActivationCheckpointer;
@@ -273,6 +274,8 @@ class Engine {
  private:
   /// Moves kept inputs to pinned host memory and synchronises the device (engine internals).
   friend class ActivationCheckpointer;
+  /// The library's own tests reach the engine's components through it (src/engine).
+  friend struct detail::EngineInternals;
   std::unique_ptr<detail::EngineState> state_;
 };
 

@@ -524,10 +524,10 @@ void ConfigParser::check_combinations(const json& document) {
   if (refusal_) throw *refusal_;
   for (const Offload& offload : offloads) {
     const std::string path(offload.path);
-    if (offload.config.device == OffloadDevice::kNvme) {
+    if (offload.config.device == OffloadDevice::kNvme && &offload.config == &zero.offload_param) {
       throw ConfigError(path + ".device",
-                        "got \"nvme\"; NVMe offload is not implemented yet (\"none\" and \"cpu\" "
-                        "are accepted)");
+                        "got \"nvme\"; parameters on NVMe are not implemented yet (\"none\" "
+                        "and \"cpu\" are accepted; offload_optimizer takes \"nvme\")");
     }
     if (offload.config.device != OffloadDevice::kCpu) continue;
     // With device cpu every element stays in CPU memory: the NVMe swap knobs have nothing to act

@@ -573,7 +573,9 @@ std::vector<KeySpec> make_key_specs() {
       {.path = "zero_optimization.offload_optimizer.device",
        .kind = K::kString,
        .default_json = "\"none\"",
-       .meaning = "Where optimizer states live. NVMe is not implemented yet.",
+       .meaning =
+           "Where the fp32 master weights and optimizer states live: host memory (cpu) or swap "
+           "files under nvme_path (nvme); the update runs on the CPU.",
        .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.offload_optimizer.device),
        .choices = "none|cpu|nvme"},
       {.path = "zero_optimization.offload_optimizer.nvme_path",
@@ -584,7 +586,9 @@ std::vector<KeySpec> make_key_specs() {
       {.path = "zero_optimization.offload_optimizer.buffer_count",
        .kind = K::kInteger,
        .default_json = "4",
-       .meaning = "NVMe: swap buffers; at least the arrays per element (Adam: 4).",
+       .meaning = "NVMe: sub-groups in pinned host memory at once, each with its master and states "
+                  "(DeepSpeed counts one buffer per tensor); 3 overlap a read, an update and a "
+                  "write.",
        .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.offload_optimizer.buffer_count),
        .range = kPositive},
       {.path = "zero_optimization.offload_optimizer.pin_memory",
@@ -596,17 +600,19 @@ std::vector<KeySpec> make_key_specs() {
       {.path = "zero_optimization.offload_optimizer.pipeline_read",
        .kind = K::kBool,
        .default_json = "false",
-       .meaning = "NVMe: read the next tile while computing this one.",
+       .meaning = "NVMe: read the next sub-groups while updating this one.",
        .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.offload_optimizer.pipeline_read)},
       {.path = "zero_optimization.offload_optimizer.pipeline_write",
        .kind = K::kBool,
        .default_json = "false",
-       .meaning = "NVMe: write the previous tile while computing this one.",
+       .meaning = "NVMe: write the previous sub-group while updating this one.",
        .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.offload_optimizer.pipeline_write)},
       {.path = "zero_optimization.offload_optimizer.fast_init",
        .kind = K::kBool,
        .default_json = "false",
-       .meaning = "NVMe: fast optimizer initialisation.",
+       .meaning =
+           "NVMe: do not write every sub-group's record at start (a full or failing drive then "
+           "shows at the first step).",
        .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.offload_optimizer.fast_init)},
       {.path = "zero_optimization.offload_optimizer.ratio",
        .kind = K::kNumber,

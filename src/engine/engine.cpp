@@ -175,6 +175,11 @@ void EngineState::finalize() {
                                                            .tracker = tracker_,
                                                            .times = times_});
   const OffloadConfig& offload_param = zero.offload_param;
+  if (offload_param.device == OffloadDevice::kNvme) {
+    throw ConfigError("zero_optimization.offload_param.device",
+                      "got \"nvme\"; parameters on NVMe are not implemented yet (\"none\" and "
+                      "\"cpu\" are accepted; offload_optimizer takes \"nvme\")");
+  }
   Tier shard_tier = Tier::kDevice;
   if (offload_param.device == OffloadDevice::kCpu) {
     shard_tier = offload_param.pin_memory ? Tier::kPinnedHost : Tier::kPageableHost;

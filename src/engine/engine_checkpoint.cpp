@@ -60,15 +60,18 @@ Staging make_staging(std::int64_t count) {
 
 }  // namespace
 
-void EngineState::agree_on_failure(std::exception_ptr failure, const char* what) {
+std::string EngineState::failure_on_any_rank(std::exception_ptr failure) {
   const std::vector<std::string> all = all_gather_text(failure ? "!" + message_of(failure) : "");
-  if (failure) std::rethrow_exception(failure);
   for (std::size_t r = 0; r < all.size(); ++r) {
-    if (!all[r].empty()) {
-      throw CheckpointError(std::string(what) + " failed on rank " + std::to_string(r) + ": " +
-                            all[r].substr(1));
-    }
+    if (!all[r].empty()) return "rank " + std::to_string(r) + ": " + all[r].substr(1);
   }
+  return "";
+}
+
+void EngineState::agree_on_failure(std::exception_ptr failure, const char* what) {
+  const std::string first = failure_on_any_rank(failure);
+  if (failure) std::rethrow_exception(failure);
+  if (!first.empty()) throw CheckpointError(std::string(what) + " failed on " + first);
 }
 
 void EngineState::save_checkpoint(const std::string& dir, const std::string& tag,

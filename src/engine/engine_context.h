@@ -59,6 +59,9 @@ struct StepTimes {
   double reduce = 0.0;
   double update = 0.0;
   double gather = 0.0;
+  /// Swap files: what the update waited for reads and writes (I/O it did not hide).
+  double swap_read_wait = 0.0;
+  double swap_write_wait = 0.0;
 };
 
 struct EngineContext {

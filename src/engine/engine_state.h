@@ -67,6 +67,8 @@ class EngineState {
   bool save_16bit_model(const std::string& file);
   /// Every rank passes its own failure (null when it succeeded); all throw if any rank failed.
   void agree_on_failure(std::exception_ptr failure, const char* what);
+  /// Collective: "rank R: message" of the first rank that failed, empty when none did.
+  std::string failure_on_any_rank(std::exception_ptr failure);
 
   // --- rank_agreement.cpp: every rank runs the same config and registers the same model ---
   /// Throws ConfigError (a config key) or UsageError (rule, group or parameter) naming the first
@@ -78,6 +80,9 @@ class EngineState {
 
   // --- engine_step.cpp ---
   StepResult step();
+  /// Runs the optimizer shard's update; with swap files, agrees across ranks on its outcome and
+  /// undoes it everywhere (IoError) when any rank failed.
+  void apply_update(float grad_factor, const GroupContexts& contexts);
   void zero_grad();
   void print_progress(const StepResult& result);
   // fp16 loss scaling: the scaler hears of every boundary step, skipped or not.

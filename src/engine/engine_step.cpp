@@ -125,7 +125,7 @@ StepResult EngineState::step() {
     context.momentum = schedule.momentum;
     contexts.push_back(context);
   }
-  optimizer_->update(static_cast<float>(unscale * clip), contexts);
+  apply_update(static_cast<float>(unscale * clip), contexts);
   times_.update += seconds_since(update_start);
   const auto gather_start = std::chrono::steady_clock::now();
   params_store_->after_update();
@@ -136,6 +136,35 @@ StepResult EngineState::step() {
   result.updated = true;
   print_progress(result);
   return result;
+}
+
+void EngineState::apply_update(float grad_factor, const GroupContexts& contexts) {
+  if (!optimizer_->swaps()) {
+    optimizer_->update(grad_factor, contexts);
+    return;
+  }
+  // Swap files can fail part-way through a rank's update while the others finish theirs. Every
+  // rank learns of it before the parameters are spread, and all go back to the step's start.
+  const SwapTimes before = optimizer_->swap_times();
+  std::exception_ptr failure;
+  try {
+    optimizer_->update(grad_factor, contexts);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  const SwapTimes after = optimizer_->swap_times();
+  times_.swap_read_wait += after.read_wait - before.read_wait;
+  times_.swap_write_wait += after.write_wait - before.write_wait;
+  float failed = failure ? 1.0f : 0.0f;
+  all_reduce_host(&failed, 1, ReduceOp::kMax);
+  if (failed == 0.0f) return;
+  const std::string first = failure_on_any_rank(failure);
+  optimizer_->roll_back_update();
+  zero_grad();
+  throw IoError("step " + std::to_string(global_step_ + 1) + " failed on " + first +
+                "; the update was not applied on any rank (parameters and optimizer states are "
+                "as before the step, this window's gradients are dropped): fix the cause and go "
+                "on training, or load the last checkpoint");
 }
 
 void EngineState::on_overflow() {
@@ -168,8 +197,12 @@ void EngineState::print_progress(const StepResult& result) {
   if (config_.wall_clock_breakdown) {
     const double per_step = 1000.0 / static_cast<double>(every);
     os << " | reduce " << times_.reduce * per_step << " ms | update " << times_.update * per_step
-       << " ms | gather " << times_.gather * per_step << " ms (per step, averaged over " << every
-       << ")";
+       << " ms | gather " << times_.gather * per_step << " ms";
+    if (optimizer_->swaps()) {
+      os << " | NVMe read wait " << times_.swap_read_wait * per_step << " ms, write wait "
+         << times_.swap_write_wait * per_step << " ms (of the update)";
+    }
+    os << " (per step, averaged over " << every << ")";
     times_ = StepTimes{};
   }
   if (config_.memory_breakdown) {

@@ -14,6 +14,9 @@ namespace {
 // Offload on a GPU: elements per write-back of updated parameters through pinned memory, so the
 // staging buffer stays small whatever sub_group_size is (8 MiB of 16-bit values).
 constexpr std::int64_t kWriteBackElements = std::int64_t{1} << 22;
+// Swap files: elements per rule call within a sub-group, between which the I/O in flight is
+// advanced (reaped and refilled), so the reads ahead and writes behind keep the drive busy.
+constexpr std::int64_t kSwapPollElements = std::int64_t{1} << 20;
 
 }  // namespace
 
@@ -29,7 +32,7 @@ OptimizerShard::OptimizerShard(const EngineContext& context, const UpdateRule& r
       grad_shard_dtype_(grad_shard_dtype) {
   const OffloadConfig& offload = context_.config.zero_optimization.offload_optimizer;
   Tier tier = Tier::kDevice;
-  if (offload.device == OffloadDevice::kCpu) {
+  if (offload.device != OffloadDevice::kNone) {
     host_backend_ = make_cpu_backend(rule_);
     update_backend_ = host_backend_.get();
     tier = offload.pin_memory ? Tier::kPinnedHost : Tier::kPageableHost;
@@ -38,18 +41,41 @@ OptimizerShard::OptimizerShard(const EngineContext& context, const UpdateRule& r
   }
   const std::int64_t owned = context_.update_end() - owned_begin_;
   master_aliases_params_ = !offloaded() && context_.dtype == DType::kFloat32;
-  if (!master_aliases_params_) {
-    master_ = context_.allocate(tier, MemoryCategory::kMasterWeights, owned * sizeof(float));
-  }
   if (context_.stage >= 2 || offloaded()) {
     grad_shard_ = context_.allocate(tier, MemoryCategory::kGradients,
                                     context_.layout.shard_size() * size_of(grad_shard_dtype_));
   }
-  for (int s = 0; s < rule_.state_count(); ++s) {
-    states_.push_back(
-        context_.allocate(tier, MemoryCategory::kOptimizerStates, owned * sizeof(float)));
+  if (offload.device == OffloadDevice::kNvme) {
+    // The gradient shard stays in host memory, as in DeepSpeed; master and states are swapped,
+    // one file per tensor kind so that the report charges each to its category.
+    SwappedArraysOptions swap;
+    swap.directory = offload.nvme_path;
+    swap.rank = context_.rank;
+    swap.aio = context_.config.aio;
+    swap.buffer_count = static_cast<int>(offload.buffer_count);
+    swap.pipeline_read = offload.pipeline_read;
+    swap.pipeline_write = offload.pipeline_write;
+    swap.elements = owned;
+    swap.tile = context_.config.zero_optimization.sub_group_size;
+    swap.files.push_back({"optimizer_master", 1, MemoryCategory::kMasterWeights});
+    if (rule_.state_count() > 0) {
+      swap.files.push_back(
+          {"optimizer_states", rule_.state_count(), MemoryCategory::kOptimizerStates});
+    }
+    swap.tracker = &context_.tracker;
+    swapped_ = std::make_unique<SwappedArrays>(swap);
+    if (!offload.fast_init) swapped_->write_missing_tiles();
+  } else {
+    if (!master_aliases_params_) {
+      master_ = context_.allocate(tier, MemoryCategory::kMasterWeights, owned * sizeof(float));
+    }
+    for (int s = 0; s < rule_.state_count(); ++s) {
+      states_.push_back(
+          context_.allocate(tier, MemoryCategory::kOptimizerStates, owned * sizeof(float)));
+    }
   }
-  state_pointers_.resize(states_.size());
+  state_pointers_.resize(static_cast<std::size_t>(rule_.state_count()));
+  array_pointers_.resize(static_cast<std::size_t>(rule_.state_count()) + 1);
   if (context_.dtype != DType::kFloat32) {
     // A backend whose rule cannot read 16-bit gradients widens them here one chunk at a time,
     // never for the whole shard. The chunk is a bounded working buffer, not a copy of the
@@ -114,13 +140,32 @@ float* OptimizerShard::state_at(int state, std::int64_t flat) {
   return states_[state].as<float>() + (flat - owned_begin_);
 }
 
+std::vector<std::string> OptimizerShard::swap_paths() const {
+  return swapped_ ? swapped_->paths() : std::vector<std::string>{};
+}
+
 void OptimizerShard::load_master(std::int64_t flat, const float* values, std::int64_t count) {
   if (master_aliases_params_) return;
+  if (swapped_) {
+    swapped_->write(0, flat - owned_begin_, values, count);
+    return;
+  }
   context_.transfer(master_at(flat), master_.location(), values, MemoryLocation::kHost,
                     count * sizeof(float));
 }
 
 void OptimizerShard::copy_master_to(float* destination) {
+  if (swapped_) {
+    std::vector<float> chunk;
+    for (std::int64_t begin = owned_begin_; begin < owned_end(); begin += kWriteBackElements) {
+      const std::int64_t count = std::min(kWriteBackElements, owned_end() - begin);
+      chunk.resize(static_cast<std::size_t>(count));
+      read_owned(0, begin, chunk.data(), count);
+      context_.transfer(destination + begin, context_.backend.memory().location(), chunk.data(),
+                        MemoryLocation::kHost, count * sizeof(float));
+    }
+    return;
+  }
   const std::int64_t count = context_.update_end() - owned_begin_;
   const MemoryLocation source =
       master_aliases_params_ ? params_.owned_location() : master_.location();
@@ -138,26 +183,37 @@ MemoryLocation OptimizerShard::array_location(int array) const {
 }
 
 const float* OptimizerShard::host_view(int array, std::int64_t flat) {
+  if (swapped_) return nullptr;
   return array_location(array) == MemoryLocation::kHost ? array_at(array, flat) : nullptr;
 }
 
 void OptimizerShard::read_owned(int array, std::int64_t flat, float* out, std::int64_t count) {
+  if (swapped_) {
+    swapped_->read(array, flat - owned_begin_, out, count);
+    return;
+  }
   context_.transfer(out, MemoryLocation::kHost, array_at(array, flat), array_location(array),
                     count * sizeof(float));
 }
 
 void OptimizerShard::write_owned(int array, std::int64_t flat, const float* values,
                                  std::int64_t count) {
+  if (swapped_) {
+    swapped_->write(array, flat - owned_begin_, values, count);
+    return;
+  }
   context_.transfer(array_at(array, flat), array_location(array), values, MemoryLocation::kHost,
                     count * sizeof(float));
 }
 
-void OptimizerShard::refresh_params_from_master() {
+void OptimizerShard::refresh_params_from_master() { refresh_params(owned_begin_, owned_end()); }
+
+void OptimizerShard::refresh_params(std::int64_t first, std::int64_t last) {
   if (master_aliases_params_) return;
   // Rounded one bounded chunk at a time, as the update writes the 16-bit copy.
   std::vector<float> chunk;
-  for (std::int64_t begin = owned_begin_; begin < owned_end(); begin += kWriteBackElements) {
-    const std::int64_t count = std::min(kWriteBackElements, owned_end() - begin);
+  for (std::int64_t begin = first; begin < last; begin += kWriteBackElements) {
+    const std::int64_t count = std::min(kWriteBackElements, last - begin);
     chunk.resize(static_cast<std::size_t>(count));
     read_owned(0, begin, chunk.data(), count);
     context_.store_host_values(chunk.data(), params_.owned_at(begin), params_.owned_location(),
@@ -165,50 +221,95 @@ void OptimizerShard::refresh_params_from_master() {
   }
 }
 
-void OptimizerShard::update(float grad_factor, const GroupContexts& contexts) {
-  // Runs of the owned range: one tensor piece, or on a backend with fused kernels every
-  // consecutive piece of one parameter group (the zero padding between them stays zero under
-  // every rule), so that a step is one launch per group and sub-group.
-  struct Run {
-    std::int64_t begin;
-    std::int64_t end;
-    int first_param;
-    std::int64_t offset_in_param;
-  };
-  std::vector<Run> runs;
+std::vector<OptimizerShard::Run> OptimizerShard::runs() const {
+  std::vector<Run> result;
   for (const TensorPiece& piece : context_.layout.pieces(owned_begin_, context_.update_end())) {
     const int param = context_.tensor_param[piece.tensor];
-    if (update_backend_->fuses_tensors() && !runs.empty() &&
-        context_.params[runs.back().first_param].group == context_.params[param].group) {
-      runs.back().end = piece.flat_offset + piece.size;
+    if (update_backend_->fuses_tensors() && !result.empty() &&
+        context_.params[result.back().first_param].group == context_.params[param].group) {
+      result.back().end = piece.flat_offset + piece.size;
     } else {
-      runs.push_back(
+      result.push_back(
           {piece.flat_offset, piece.flat_offset + piece.size, param, piece.offset_in_tensor});
     }
   }
+  return result;
+}
+
+void OptimizerShard::update(float grad_factor, const GroupContexts& contexts) {
+  // One launch per run and sub-group: the zero padding between the pieces of a fused run stays
+  // zero under every rule.
+  const std::vector<Run> all_runs = runs();
+  if (swapped_) {
+    update_swapped(all_runs, grad_factor, contexts);
+    return;
+  }
   std::int64_t tile = context_.config.zero_optimization.sub_group_size;
   if (writes_back_through_staging()) tile = std::min(tile, kWriteBackElements);
-  for (const Run& run : runs) {
+  for (const Run& run : all_runs) {
     for (std::int64_t begin = run.begin; begin < run.end; begin += tile) {
+      array_pointers_[0] = master_at(begin);
+      for (std::size_t s = 0; s < states_.size(); ++s) {
+        array_pointers_[s + 1] = state_at(static_cast<int>(s), begin);
+      }
       update_sub_group(begin, std::min(run.end, begin + tile), run.first_param,
-                       run.offset_in_param + (begin - run.begin), grad_factor, contexts);
+                       run.offset_in_param + (begin - run.begin), grad_factor, contexts,
+                       array_pointers_);
     }
   }
 }
 
+void OptimizerShard::update_swapped(const std::vector<Run>& all_runs, float grad_factor,
+                                    const GroupContexts& contexts) {
+  written_until_ = owned_begin_;
+  swapped_->begin_pass();
+  auto run = all_runs.begin();
+  for (std::int64_t tile = 0; tile < swapped_->tile_count(); ++tile) {
+    const std::int64_t tile_begin = owned_begin_ + swapped_->tile_begin(tile);
+    const std::int64_t tile_end = owned_begin_ + swapped_->tile_end(tile);
+    const std::span<float* const> arrays = swapped_->acquire(tile);
+    while (run != all_runs.end() && run->begin < tile_end) {
+      const std::int64_t first = std::max(run->begin, tile_begin);
+      const std::int64_t last = std::min(run->end, tile_end);
+      for (std::int64_t begin = first; begin < last; begin += kSwapPollElements) {
+        for (std::size_t a = 0; a < arrays.size(); ++a) {
+          array_pointers_[a] = arrays[a] + (begin - tile_begin);
+        }
+        const std::int64_t end = std::min(last, begin + kSwapPollElements);
+        written_until_ = end;
+        update_sub_group(begin, end, run->first_param, run->offset_in_param + (begin - run->begin),
+                         grad_factor, contexts, array_pointers_);
+        swapped_->poll();
+      }
+      if (run->end > tile_end) break;  // the run goes on in the next tile
+      ++run;
+    }
+    swapped_->release(tile);
+  }
+  swapped_->end_pass();
+}
+
+void OptimizerShard::roll_back_update() {
+  if (!swapped_) return;
+  swapped_->roll_back_pass();
+  // The records read back are those this pass read a moment ago; the parameters it wrote are
+  // rounded from them again (the model-precision copy is always the rounded master).
+  refresh_params(owned_begin_, written_until_);
+  written_until_ = owned_begin_;
+}
+
 void OptimizerShard::update_sub_group(std::int64_t begin, std::int64_t end, int param,
                                       std::int64_t offset_in_param, float grad_factor,
-                                      const GroupContexts& contexts) {
+                                      const GroupContexts& contexts,
+                                      std::span<float* const> arrays) {
   const ParamInfo& p = context_.params[param];
-  for (std::size_t s = 0; s < states_.size(); ++s) {
-    state_pointers_[s] = state_at(static_cast<int>(s), begin);
-  }
+  for (std::size_t s = 0; s < state_pointers_.size(); ++s) state_pointers_[s] = arrays[s + 1];
   ShardSlice slice;
   slice.param_name = p.name;
   slice.param_numel = p.numel;
   slice.offset_in_param = offset_in_param;
   slice.size = end - begin;
-  slice.param = master_at(begin);
+  slice.param = arrays[0];
   slice.states = state_pointers_;
   const GradView view = gradients();
   FusedStepIo io;

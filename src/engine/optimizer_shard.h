@@ -11,6 +11,7 @@
 #include "engine/engine_context.h"
 #include "engine/grad_bucketer.h"
 #include "engine/param_coordinator.h"
+#include "swapped_arrays.h"
 
 namespace zeroshard::detail {
 
@@ -25,6 +26,13 @@ class OptimizerShard final : public ReducedGradientSink {
                  const char* full_grads, DType grad_shard_dtype);
 
   bool offloaded() const noexcept { return update_backend_ != &context_.backend; }
+  /// offload_optimizer.device nvme: the master weights and states live in swap files.
+  bool swaps() const noexcept { return swapped_ != nullptr; }
+  /// The swap files' I/O since construction (swaps() only).
+  SwapTimes swap_times() const noexcept { return swapped_ ? swapped_->times() : SwapTimes{}; }
+  std::vector<std::string> swap_paths() const;
+  /// Tests only: a fault in the swap file of `array` (0 the master, 1 + k state k).
+  void inject_swap_fault(int array, const IoFault& fault) { swapped_->inject_fault(array, fault); }
 
   void accept_reduced(std::int64_t lo, std::int64_t hi, const void* data, DType dtype) override;
   void zero_gradients();
@@ -37,7 +45,7 @@ class OptimizerShard final : public ReducedGradientSink {
   void copy_master_to(float* destination);
 
   /// Checkpoints: array 0 is the master, array 1 + k the rule's state k, each over the owned range.
-  int array_count() const noexcept { return 1 + static_cast<int>(states_.size()); }
+  int array_count() const noexcept { return 1 + rule_.state_count(); }
   std::int64_t owned_begin() const noexcept { return owned_begin_; }
   std::int64_t owned_end() const noexcept { return context_.update_end(); }
   /// The array's elements from `flat` on when they live in host memory (read in place), else null.
@@ -51,10 +59,28 @@ class OptimizerShard final : public ReducedGradientSink {
 
   /// Runs the rule over the owned range, sub-group by sub-group: each reads the gradients times
   /// `grad_factor`, updates master and states, and writes the model-precision copy back to the
-  /// parameter coordinator's storage.
+  /// parameter coordinator's storage. With swap files, sub-group i + 1 is read and i - 1 written
+  /// while i is updated (as pipeline_read and pipeline_write allow).
   void update(float grad_factor, const GroupContexts& contexts);
+  /// After update() failed on some rank (an I/O error on swap files): every rank makes the
+  /// master and states what they were before it and rounds the owned parameters it wrote back
+  /// from them, so that no rank keeps half a step. Only with swaps(); resident updates do not fail
+  /// part-way.
+  void roll_back_update();
 
  private:
+  /// Elements [begin, end) of the owned range that one rule call may cover: a tensor piece, or
+  /// on a backend with fused kernels consecutive pieces of one parameter group.
+  struct Run {
+    std::int64_t begin;
+    std::int64_t end;
+    int first_param;
+    std::int64_t offset_in_param;
+  };
+  std::vector<Run> runs() const;
+  void update_swapped(const std::vector<Run>& runs, float grad_factor,
+                      const GroupContexts& contexts);
+  void refresh_params(std::int64_t begin, std::int64_t end);
   struct GradView {
     const char* base;  ///< element `first` of the range
     std::int64_t first;
@@ -65,10 +91,11 @@ class OptimizerShard final : public ReducedGradientSink {
   float* state_at(int state, std::int64_t flat);
   float* array_at(int array, std::int64_t flat);
   MemoryLocation array_location(int array) const;
-  /// One sub-group: elements [begin, end) of a run that starts at parameter `param`'s piece.
+  /// One sub-group: elements [begin, end) of a run that starts at parameter `param`'s piece;
+  /// `arrays` point at element `begin` of the master (first) and of each state.
   void update_sub_group(std::int64_t begin, std::int64_t end, int param,
                         std::int64_t offset_in_param, float grad_factor,
-                        const GroupContexts& contexts);
+                        const GroupContexts& contexts, std::span<float* const> arrays);
   /// The update runs on the host and the parameters live on the GPU: the 16-bit copy goes
   /// through pinned staging, a bounded tile at a time.
   bool writes_back_through_staging() const;
@@ -91,6 +118,11 @@ class OptimizerShard final : public ReducedGradientSink {
   /// parameters leave, one sub-group at a time.
   TrackedBuffer staging_;
   std::vector<float*> state_pointers_;
+  std::vector<float*> array_pointers_;
+  /// offload_optimizer.device nvme: master (array 0) and states (1 + k) in swap files.
+  std::unique_ptr<SwappedArrays> swapped_;
+  /// The last update() wrote the model-precision copy of [owned_begin_, written_until_).
+  std::int64_t written_until_ = 0;
 };
 
 }  // namespace zeroshard::detail

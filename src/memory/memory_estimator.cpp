@@ -7,6 +7,7 @@
 
 #include "config/config_values.h"
 #include "engine/shard_layout.h"
+#include "nvme_swapper.h"  // swap_record_bytes
 #include "zeroshard/error.h"
 
 namespace zeroshard {
@@ -75,6 +76,10 @@ MemoryTier tier_of(OffloadDevice device) {
   return MemoryTier::kDevice;
 }
 
+bool swaps_optimizer(const EstimateInput& in) {
+  return in.offload_optimizer == OffloadDevice::kNvme;
+}
+
 /// The quantities every rule is written in.
 struct Terms {
   const EstimateInput& in;
@@ -92,6 +97,18 @@ struct Terms {
   std::int64_t elements(int sharded_from) const { return stage >= sharded_from ? shard : padded; }
   /// Elements of the flat buffer this rank updates: all of it at stage 0, its shard otherwise.
   std::int64_t updated() const { return elements(1); }
+  /// offload_optimizer nvme: one record of a swap file whose slots hold `arrays` fp32 tiles of
+  /// one sub-group each (the master's file has 1, the states' file k).
+  std::int64_t swap_record(std::int64_t arrays) const {
+    const std::int64_t tile = std::max<std::int64_t>(1, std::min(in.sub_group_size, updated()));
+    return detail::swap_record_bytes(arrays * 4 * tile);
+  }
+  /// The swap file: two records (the current generation and the one being written) per slot.
+  std::int64_t swap_file(std::int64_t arrays) const {
+    const std::int64_t tile = std::max<std::int64_t>(1, std::min(in.sub_group_size, updated()));
+    const std::int64_t slots = std::max<std::int64_t>(1, (updated() + tile - 1) / tile);
+    return arrays == 0 ? 0 : 2 * slots * swap_record(arrays);
+  }
 };
 
 ActivationEstimate chain_activations(const EstimateInput& in) {
@@ -137,7 +154,7 @@ constexpr Rule kRules[] = {
      },
      on_device},
     {MemoryCategory::kGradients,
-     [](const Terms& t) { return t.optimizer_offloaded ? 4 * t.shard : 0; }, where_optimizer_lives},
+     [](const Terms& t) { return t.optimizer_offloaded ? 4 * t.shard : 0; }, where_update_runs},
     // 16-bit gradients are widened to fp32 one chunk at a time for the update: a bounded working
     // buffer, counted under communication so that the model states are the paper's figures.
     {MemoryCategory::kCommunication,
@@ -150,9 +167,15 @@ constexpr Rule kRules[] = {
     // fp32 master weights: needed beside 16-bit parameters, and as the copy an offloaded update
     // runs on; sharded from stage 1.
     {MemoryCategory::kMasterWeights,
-     [](const Terms& t) { return t.d != 4 || t.optimizer_offloaded ? 4 * t.updated() : 0; },
+     [](const Terms& t) -> std::int64_t {
+       if (swaps_optimizer(t.in)) return t.swap_file(1);
+       return t.d != 4 || t.optimizer_offloaded ? 4 * t.updated() : 0;
+     },
      where_optimizer_lives},
-    {MemoryCategory::kOptimizerStates, [](const Terms& t) { return 4 * t.k * t.updated(); },
+    {MemoryCategory::kOptimizerStates,
+     [](const Terms& t) {
+       return swaps_optimizer(t.in) ? t.swap_file(t.k) : 4 * t.k * t.updated();
+     },
      where_optimizer_lives},
     // Communication slots, at most two (one bucket reducing while the next fills): stage 0
     // all-reduces the gradients in place; from stage 1 each slot has a receive area for this
@@ -169,11 +192,16 @@ constexpr Rule kRules[] = {
        return 2 * (t.d * input + 4 * send + (widened ? 4 : t.d) * receive);
      },
      on_device},
-    // NVMe optimizer offload: pinned host swap buffers, one sub-group tile of fp32 each.
+    // NVMe optimizer offload: buffer_count pinned records of each swap file (master, states).
+    {MemoryCategory::kMasterWeights,
+     [](const Terms& t) -> std::int64_t {
+       return swaps_optimizer(t.in) ? t.in.optimizer_buffer_count * t.swap_record(1) : 0;
+     },
+     on_host},
     {MemoryCategory::kOptimizerStates,
      [](const Terms& t) -> std::int64_t {
-       if (t.in.offload_optimizer != OffloadDevice::kNvme) return 0;
-       return t.in.optimizer_buffer_count * 4 * std::min(t.in.sub_group_size, t.shard);
+       if (!swaps_optimizer(t.in) || t.k == 0) return 0;
+       return t.in.optimizer_buffer_count * t.swap_record(t.k);
      },
      on_host},
     // NVMe parameter offload: pinned host swap buffers of model-precision elements.
@@ -252,9 +280,6 @@ void check_input(const EstimateInput& in) {
 std::string offload_restriction(const EstimateInput& in) {
   if (in.offload_optimizer != OffloadDevice::kNone && in.stage == 0) {
     return "offload_optimizer needs ZeRO stage 1, 2 or 3";
-  }
-  if (in.offload_optimizer == OffloadDevice::kNvme && in.stage != 3) {
-    return "offload_optimizer to nvme needs ZeRO stage 3";
   }
   if (in.offload_param != OffloadDevice::kNone && in.stage != 3) {
     return "offload_param needs ZeRO stage 3";

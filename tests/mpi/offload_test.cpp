@@ -14,7 +14,7 @@
 namespace zeroshard::testing {
 namespace {
 
-enum class Offload { kOptimizer, kOptimizerAndParams };
+enum class Offload { kOptimizer, kOptimizerAndParams, kOptimizerOnNvme };
 
 using OffloadCase = std::tuple<int, DType, int, Offload>;  // stage, precision, rule, offload
 
@@ -80,6 +80,19 @@ TEST_P(OffloadEquivalence, TrainsBitForBitAsWithoutOffload) {
   if (offload == Offload::kOptimizerAndParams) {
     offloaded.zero_optimization.offload_param.device = OffloadDevice::kCpu;
   }
+  if (offload == Offload::kOptimizerOnNvme) {
+    OffloadConfig& nvme = offloaded.zero_optimization.offload_optimizer;
+    nvme.device = OffloadDevice::kNvme;
+    nvme.nvme_path = nvme_test_directory();
+    // Sub-groups of 24 elements cut the toy's tensors across swap records at every world size;
+    // the cases walk the pipeline's shapes: one buffer (no overlap) up to reads ahead and writes
+    // behind.
+    offloaded.zero_optimization.sub_group_size = 24;
+    nvme.buffer_count = 1 + rule % 4;
+    nvme.pipeline_read = rule % 2 == 0;
+    nvme.pipeline_write = stage != 2;
+    nvme.fast_init = dtype == DType::kFloat16;
+  }
   const Trained expected = train(resident, rule);
   const Trained actual = train(offloaded, rule);
   EXPECT_EQ(expected.updates, 4);
@@ -103,6 +116,7 @@ std::vector<OffloadCase> offload_cases() {
       for (int rule = 0; rule < static_cast<int>(rule_cases().size()); ++rule) {
         cases.emplace_back(stage, dtype, rule, Offload::kOptimizer);
         if (stage == 3) cases.emplace_back(stage, dtype, rule, Offload::kOptimizerAndParams);
+        cases.emplace_back(stage, dtype, rule, Offload::kOptimizerOnNvme);
       }
     }
   }
@@ -115,7 +129,9 @@ INSTANTIATE_TEST_SUITE_P(StagesPrecisionsRules, OffloadEquivalence,
                            return "stage" + std::to_string(std::get<0>(c)) + "_" +
                                   to_string(std::get<1>(c)) + "_" +
                                   rule_cases()[std::get<2>(c)].name +
-                                  (std::get<3>(c) == Offload::kOptimizerAndParams ? "_params" : "");
+                                  (std::get<3>(c) == Offload::kOptimizerAndParams ? "_params"
+                                   : std::get<3>(c) == Offload::kOptimizerOnNvme  ? "_nvme"
+                                                                                  : "");
                          });
 
 // Where the bytes go: the optimizer shard (master, states, fp32 gradient shard) is counted where

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
@@ -23,6 +24,17 @@ inline Device test_device() {
   const char* value = std::getenv("ZEROSHARD_TEST_DEVICE");
   return value != nullptr && std::string_view(value) == "cuda" ? Device::from_environment()
                                                                : Device::cpu();
+}
+
+/// A directory for swap files under the test's working directory (the build tree), one per world
+/// size so that the MPI tests of different sizes, which ctest runs side by side, never share a
+/// file (a rank's files are named by its rank); every rank of a run must name the same one.
+inline std::string nvme_test_directory() {
+  const char* world = std::getenv("OMPI_COMM_WORLD_SIZE");
+  const std::filesystem::path path =
+      std::filesystem::current_path() / ("nvme_swap_np" + std::string(world ? world : "1"));
+  std::filesystem::create_directories(path);
+  return path.string();
 }
 
 /// An engine on the test device, with the communicator that device needs.

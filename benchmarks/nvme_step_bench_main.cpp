@@ -1,0 +1,223 @@
+// zeroshard-nvme-step-bench: one optimizer step with the master weights and Adam states on NVMe,
+// split into what the update waited for reads, what it computed and what it waited for writes,
+// beside the same step with the states in host memory (the update alone) and with the pipeline
+// off (reads and writes alone), all in one run.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/engine_internals.h"
+#include "memory/memory_tracker.h"  // process_peak_rss_bytes
+#include "util/quantity.h"
+#include "zeroshard/zeroshard.h"
+
+namespace {
+
+using namespace zeroshard;
+
+constexpr const char* kUsage =
+    "usage: zeroshard-nvme-step-bench [--params P] [--sub-group S] [--buffers B] [--steps N]\n"
+    "                                 [--dir PATH] [--check]\n"
+    "  --params     trainable fp32 parameters, in 8 tensors (default 64M)\n"
+    "  --sub-group  sub_group_size: elements per swap record (default 4M)\n"
+    "  --buffers    offload_optimizer.buffer_count (default 4)\n"
+    "  --steps      timed steps per mode, after one untimed (default 3)\n"
+    "  --dir        nvme_path, created if missing (default ./nvme_step_bench_swap)\n"
+    "  --check      exit 1 unless every figure is positive and finite (for the test suite)\n";
+
+struct Options {
+  std::int64_t params = 64 << 20;
+  std::int64_t sub_group = 4 << 20;
+  std::int64_t buffers = 4;
+  int steps = 3;
+  std::string dir = "nvme_step_bench_swap";
+  bool check = false;
+};
+
+enum class Mode { kHost, kNvmeSync, kNvmePipelined };
+
+const char* name(Mode mode) {
+  switch (mode) {
+    case Mode::kHost:
+      return "states in host memory";
+    case Mode::kNvmeSync:
+      return "NVMe, pipeline off";
+    case Mode::kNvmePipelined:
+      return "NVMe, read ahead + write behind";
+  }
+  return "";
+}
+
+struct Measured {
+  double update = 0.0;  ///< seconds per step in the optimizer shard's update
+  double read_wait = 0.0;
+  double write_wait = 0.0;
+  double read_gbps = 0.0;
+  double write_gbps = 0.0;
+  std::int64_t host_state_bytes = 0;  ///< master + states in host memory, peak
+  std::int64_t nvme_bytes = 0;
+};
+
+Config config_for(const Options& options, Mode mode) {
+  Config config;
+  config.train_micro_batch_size_per_gpu = 1;
+  config.steps_per_print = 0;
+  config.gradient_clipping = 0.0;
+  config.zero_optimization.stage = 1;
+  config.zero_optimization.sub_group_size = options.sub_group;
+  OffloadConfig& offload = config.zero_optimization.offload_optimizer;
+  offload.device = mode == Mode::kHost ? OffloadDevice::kCpu : OffloadDevice::kNvme;
+  if (mode != Mode::kHost) {
+    offload.nvme_path = options.dir;
+    offload.buffer_count = options.buffers;
+    offload.pipeline_read = mode == Mode::kNvmePipelined;
+    offload.pipeline_write = mode == Mode::kNvmePipelined;
+  }
+  return config;
+}
+
+Measured measure(const Options& options, Mode mode) {
+  Engine engine(config_for(options, mode), Communicator::from_environment(), make_adamw());
+  const int tensors = 8;
+  std::vector<Parameter> params;
+  for (int t = 0; t < tensors; ++t) {
+    params.push_back(engine.register_parameter("layer" + std::to_string(t) + ".weight",
+                                               {options.params / tensors}));
+  }
+  engine.finalize();
+  detail::EngineState& state = detail::EngineInternals::state(engine);
+  const auto one_step = [&](int step) {
+    for (const Parameter& p : params) {
+      float* grad = p.grad();
+      const float g = 1e-3f * static_cast<float>(step + 1);
+      std::fill(grad, grad + p.numel(), g);
+      engine.grad_ready(p);
+    }
+    engine.step();
+  };
+  one_step(0);
+  state.times_ = {};
+  const detail::SwapTimes io_before = state.optimizer_->swap_times();
+  for (int s = 1; s <= options.steps; ++s) one_step(s);
+  const detail::SwapTimes io = state.optimizer_->swap_times();
+  Measured m;
+  const double steps = options.steps;
+  m.update = state.times_.update / steps;
+  m.read_wait = state.times_.swap_read_wait / steps;
+  m.write_wait = state.times_.swap_write_wait / steps;
+  const double read_bytes = static_cast<double>(io.bytes_read - io_before.bytes_read) / steps;
+  const double write_bytes =
+      static_cast<double>(io.bytes_written - io_before.bytes_written) / steps;
+  if (m.read_wait > 0) m.read_gbps = read_bytes / m.read_wait / 1e9;
+  if (m.write_wait > 0) m.write_gbps = write_bytes / m.write_wait / 1e9;
+  const MemoryReport report = engine.memory_report();
+  m.host_state_bytes = report.at(MemoryCategory::kMasterWeights).peak +
+                       report.at(MemoryCategory::kOptimizerStates).peak;
+  m.nvme_bytes = report.total_current(MemoryLocation::kNvme);
+  return m;
+}
+
+bool parse(int argc, char** argv, Options& options) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    const auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw UsageError(std::string(arg) + ": missing value");
+      return argv[++i];
+    };
+    if (arg == "--params") {
+      options.params = detail::parse_count(value(), "--params");
+    } else if (arg == "--sub-group") {
+      options.sub_group = detail::parse_count(value(), "--sub-group");
+    } else if (arg == "--buffers") {
+      options.buffers = detail::parse_count(value(), "--buffers");
+    } else if (arg == "--steps") {
+      options.steps = static_cast<int>(detail::parse_count(value(), "--steps"));
+    } else if (arg == "--dir") {
+      options.dir = value();
+    } else if (arg == "--check") {
+      options.check = true;
+    } else if (arg == "--help") {
+      std::fputs(kUsage, stdout);
+      return false;
+    } else {
+      throw UsageError("unknown option " + std::string(arg) + "\n" + kUsage);
+    }
+  }
+  if (options.params < 8 || options.sub_group < 1 || options.buffers < 1 || options.steps < 1) {
+    throw UsageError("--params must be at least 8, the others at least 1\n" + std::string(kUsage));
+  }
+  return true;
+}
+
+double mib(std::int64_t bytes) { return static_cast<double>(bytes) / 1048576.0; }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    Options options;
+    if (!parse(argc, argv, options)) return 0;
+    std::filesystem::create_directories(options.dir);
+    std::printf(
+        "zeroshard-nvme-step-bench: %s fp32 parameters, AdamW, stage 1 on 1 CPU rank, "
+        "sub_group_size %s, buffer_count %lld, nvme_path %s\n",
+        detail::format_count(options.params).c_str(),
+        detail::format_count(options.sub_group).c_str(), static_cast<long long>(options.buffers),
+        options.dir.c_str());
+    std::printf("%-34s %10s %10s %10s %9s %9s %12s %10s\n", "mode", "update s", "read wait",
+                "write wait", "read GB/s", "write GB/s", "host states", "NVMe");
+    Measured results[3];
+    for (const Mode mode : {Mode::kHost, Mode::kNvmeSync, Mode::kNvmePipelined}) {
+      const Measured m = measure(options, mode);
+      results[static_cast<int>(mode)] = m;
+      std::printf("%-34s %10.3f %10.3f %10.3f %9.2f %9.2f %8.1f MiB %6.1f MiB\n", name(mode),
+                  m.update, m.read_wait, m.write_wait, m.read_gbps, m.write_gbps,
+                  mib(m.host_state_bytes), mib(m.nvme_bytes));
+    }
+    const Measured& host = results[0];
+    const Measured& sync = results[1];
+    const Measured& piped = results[2];
+    // The parts each on their own: the update from the host run, the reads and writes from the
+    // run whose pipeline is off (there, every byte is waited for and nothing else runs).
+    const double compute = host.update;
+    const double reads = sync.read_wait;
+    const double writes = sync.write_wait;
+    const double bound = std::max({compute, reads, writes});
+    const double hidden = 1.0 - (piped.update - compute) / std::max(1e-12, reads + writes);
+    std::printf("\nparts alone: reads %.3f s, update %.3f s, writes %.3f s; sum %.3f s\n", reads,
+                compute, writes, reads + compute + writes);
+    std::printf(
+        "pipelined step / max(read, update, write) = %.3f / %.3f = %.2f (1.00 = every part "
+        "hidden behind the slowest)\n",
+        piped.update, bound, piped.update / bound);
+    std::printf("pipeline off / sum of parts = %.2f\n", sync.update / (reads + compute + writes));
+    std::printf("I/O hidden behind the update: %.0f%% (exposed I/O %.3f s of a %.3f s step)\n",
+                100.0 * std::clamp(hidden, 0.0, 1.0), std::max(0.0, piped.update - compute),
+                piped.update);
+    std::printf(
+        "host memory for master + states: %.1f MiB with NVMe vs %.1f MiB resident "
+        "(%.1f%%); process peak RSS %.1f MiB\n",
+        mib(piped.host_state_bytes), mib(host.host_state_bytes),
+        100.0 * static_cast<double>(piped.host_state_bytes) /
+            static_cast<double>(host.host_state_bytes),
+        mib(detail::process_peak_rss_bytes()));
+    if (options.check) {
+      for (const double v : {compute, reads, writes, piped.update, sync.update}) {
+        if (!(v > 0.0) || !std::isfinite(v)) {
+          std::fprintf(stderr, "zeroshard-nvme-step-bench: a figure is not positive and finite\n");
+          return 1;
+        }
+      }
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zeroshard-nvme-step-bench: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,318 @@
+// Optimizer states on NVMe: host memory holds buffer_count sub-groups whatever the model's size,
+// the files hold two records per sub-group, a fault in the middle of a step undoes the step on
+// every rank (and training goes on as if that window had been skipped), damage on disk and bad
+// paths give an IoError naming the file, and checkpoints round-trip through the swap files.
+// (Bit-for-bit equality with resident training, for every stage, precision, rule and pipeline
+// shape, is in offload_test.cpp.)
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "engine/engine_internals.h"
+#include "mpi/toy_model.h"
+#include "nvme_swapper.h"  // swap_record_bytes, swap_file_path
+
+namespace zeroshard::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr std::int64_t kSubGroup = 24;
+
+Config nvme_config(int stage, DType dtype = DType::kFloat32) {
+  Config config = toy_config(stage);
+  config.bf16.enabled = dtype == DType::kBFloat16;
+  config.zero_optimization.sub_group_size = kSubGroup;
+  OffloadConfig& offload = config.zero_optimization.offload_optimizer;
+  offload.device = OffloadDevice::kNvme;
+  offload.nvme_path = nvme_test_directory();
+  offload.buffer_count = 3;
+  offload.pipeline_read = true;
+  offload.pipeline_write = true;
+  return config;
+}
+
+struct Trainer {
+  Engine engine;
+  std::vector<ToyTensor> tensors = uneven_toy_tensors();
+  std::vector<Parameter> handles;
+  std::int64_t step = 0;
+
+  explicit Trainer(const Config& config) : engine(make_engine(config, make_adamw())) {
+    handles = register_toy(engine, tensors);
+  }
+  StepResult train_step() {
+    toy_micro_step_any_precision(engine, tensors, handles, step++);
+    return engine.step();
+  }
+  /// The window a failed step dropped: its batch is passed over.
+  void skip_step() { ++step; }
+  std::vector<char> model_bytes() {
+    std::vector<char> all;
+    for (std::size_t k = 0; k < tensors.size(); ++k) {
+      if (!tensors[k].trainable) continue;
+      auto guard = engine.gathered(handles[k].module());
+      const std::vector<char> bytes =
+          to_host(engine, handles[k].raw_data(), tensors[k].numel * size_of(engine.model_dtype()));
+      all.insert(all.end(), bytes.begin(), bytes.end());
+    }
+    return all;
+  }
+};
+
+std::string swap_path(const Trainer& run, const char* kind) {
+  return detail::swap_file_path(nvme_test_directory(), run.engine.rank(), kind);
+}
+
+TEST(NvmeOffloadMemory, HostHoldsBufferCountSubGroupsAndTheFilesTwoRecordsEach) {
+  const Config config = nvme_config(2, DType::kBFloat16);
+  Trainer run(config);
+  for (int s = 0; s < 3; ++s) run.train_step();
+  const MemoryReport report = run.engine.memory_report();
+  const std::int64_t owned = run.engine.shard_end() - run.engine.shard_begin();
+  const std::int64_t tile = std::min(kSubGroup, owned);
+  const std::int64_t tiles = (owned + tile - 1) / tile;
+  const std::int64_t master_record = detail::swap_record_bytes(4 * tile);
+  const std::int64_t states_record = detail::swap_record_bytes(2 * 4 * tile);
+  const MemoryLocation host = MemoryLocation::kHost;
+  const MemoryLocation nvme = MemoryLocation::kNvme;
+  // Host memory: buffer_count records of each file, and never more at any moment of the steps.
+  EXPECT_EQ(report.at(MemoryCategory::kMasterWeights, host).current, 3 * master_record);
+  EXPECT_EQ(report.at(MemoryCategory::kOptimizerStates, host).current, 3 * states_record);
+  EXPECT_EQ(report.at(MemoryCategory::kMasterWeights, host).peak, 3 * master_record);
+  EXPECT_EQ(report.at(MemoryCategory::kOptimizerStates, host).peak, 3 * states_record);
+  EXPECT_EQ(report.at(MemoryCategory::kMasterWeights, nvme).current, 2 * tiles * master_record);
+  EXPECT_EQ(report.at(MemoryCategory::kOptimizerStates, nvme).current, 2 * tiles * states_record);
+  // The fp32 gradient shard stays in host memory, beside the update.
+  EXPECT_EQ(report.at(MemoryCategory::kGradients, host).current,
+            4 * (run.engine.shard_end() - run.engine.shard_begin()));
+
+  // The estimator says the same, byte for byte, for every category the optimizer shard owns.
+  EstimateInput in = estimate_input_from_config(config, 0, run.engine.world_size());
+  for (const ToyTensor& t : run.tensors) {
+    if (t.trainable) in.tensors.push_back(t.numel);
+  }
+  in.frozen_params = 15;
+  const MemoryEstimate estimate = zeroshard::estimate(in);
+  ASSERT_TRUE(estimate.valid) << estimate.reason;
+  for (MemoryCategory category : {MemoryCategory::kMasterWeights, MemoryCategory::kOptimizerStates,
+                                  MemoryCategory::kGradients}) {
+    EXPECT_EQ(estimate.at(category, MemoryTier::kHost), report.at(category, host).current)
+        << to_string(category);
+    EXPECT_EQ(estimate.at(category, MemoryTier::kNvme), report.at(category, nvme).current)
+        << to_string(category);
+  }
+}
+
+TEST(NvmeOffloadMemory, FastInitOffLeavesEveryRecordWrittenBeforeTheFirstStep) {
+  Config config = nvme_config(1);
+  config.zero_optimization.offload_optimizer.fast_init = false;
+  Trainer eager(config);
+  // Registration wrote the records: the files hold generation-1 headers from the first page on.
+  const std::string master = swap_path(eager, "optimizer_master");
+  std::vector<char> head(8);
+  const int fd = ::open(master.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0) << master;
+  ASSERT_EQ(::pread(fd, head.data(), head.size(), 0), 8);
+  ::close(fd);
+  EXPECT_EQ(std::string(head.data(), 6), "ZSSWAP");
+}
+
+// An I/O error part-way through one rank's update: every rank throws, every rank is back at the
+// step's start, and training goes on exactly as a run that dropped that window's gradients.
+TEST(NvmeOffloadFaults, AnEioMidStepUndoesTheStepOnEveryRank) {
+  for (const int array : {0, 1}) {
+    for (const std::int64_t at : {std::int64_t{1}, std::int64_t{4}}) {
+      Config config = nvme_config(2);
+      Trainer nvme(config);
+      Config resident_config = toy_config(2);
+      Trainer resident(resident_config);
+      for (int s = 0; s < 2; ++s) {
+        nvme.train_step();
+        resident.train_step();
+      }
+      const std::vector<float> before = nvme.engine.consolidated_parameters();
+      const std::vector<char> model_before = nvme.model_bytes();
+      const int faulty_rank = nvme.engine.world_size() - 1;
+      if (nvme.engine.rank() == faulty_rank) {
+        detail::EngineInternals::state(nvme.engine)
+            .optimizer_->inject_swap_fault(array, {detail::IoFaultKind::kEio, at, 1});
+      }
+      try {
+        nvme.train_step();
+        ADD_FAILURE() << "a step whose swap I/O failed on rank " << faulty_rank << " succeeded";
+      } catch (const IoError& error) {
+        EXPECT_THAT(error.what(), HasSubstr("failed on rank " + std::to_string(faulty_rank)));
+        EXPECT_THAT(error.what(), HasSubstr("not applied on any rank"));
+        EXPECT_THAT(error.what(), HasSubstr(".swp"));
+      }
+      EXPECT_EQ(nvme.engine.global_step(), 2);
+      EXPECT_EQ(nvme.engine.consolidated_parameters(), before) << "array " << array << " at " << at;
+      EXPECT_EQ(nvme.model_bytes(), model_before);
+      resident.skip_step();
+      for (int s = 0; s < 2; ++s) {
+        nvme.train_step();
+        resident.train_step();
+      }
+      EXPECT_EQ(nvme.engine.consolidated_parameters(), resident.engine.consolidated_parameters())
+          << "array " << array << " at completion " << at;
+      EXPECT_EQ(nvme.model_bytes(), resident.model_bytes());
+    }
+  }
+}
+
+// Short transfers and EAGAIN are re-queued by the swapper: the step goes through unchanged.
+TEST(NvmeOffloadFaults, ShortTransfersAndEagainAreCompletedTransparently) {
+  for (const auto kind : {detail::IoFaultKind::kShortTransfer, detail::IoFaultKind::kEagain}) {
+    Trainer nvme(nvme_config(3, DType::kBFloat16));
+    Config resident_config = toy_config(3);
+    resident_config.bf16.enabled = true;
+    resident_config.grad_accum_dtype = "fp32";  // the offloaded gradient shard is fp32
+    Trainer resident(resident_config);
+    nvme.train_step();
+    resident.train_step();
+    detail::EngineInternals::state(nvme.engine).optimizer_->inject_swap_fault(1, {kind, 2, 3});
+    for (int s = 0; s < 2; ++s) {
+      EXPECT_TRUE(nvme.train_step().updated);
+      resident.train_step();
+    }
+    EXPECT_EQ(nvme.engine.consolidated_parameters(), resident.engine.consolidated_parameters());
+    EXPECT_EQ(nvme.model_bytes(), resident.model_bytes());
+  }
+}
+
+void damage_first_rank(Trainer& run, const char* kind, bool truncate) {
+  if (run.engine.rank() != 0) return;
+  const std::string path = swap_path(run, kind);
+  const int fd = ::open(path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0) << path;
+  if (truncate) {
+    ASSERT_EQ(::ftruncate(fd, 4096), 0);
+  } else {
+    // One byte of slot 0's payload, in both of its records: whichever is current is damaged.
+    const std::int64_t record = detail::swap_record_bytes(4 * kSubGroup);
+    for (const std::int64_t offset : {std::int64_t{4096 + 17}, record + 4096 + 17}) {
+      char byte = 0;
+      ASSERT_EQ(::pread(fd, &byte, 1, offset), 1);
+      byte = static_cast<char>(byte ^ 0x5a);
+      ASSERT_EQ(::pwrite(fd, &byte, 1, offset), 1);
+    }
+    ASSERT_EQ(::fsync(fd), 0);
+  }
+  ::close(fd);
+}
+
+TEST(NvmeOffloadFaults, AFlippedByteIsCaughtByTheChecksumOnEveryRank) {
+  Trainer run(nvme_config(1));
+  run.train_step();
+  damage_first_rank(run, "optimizer_master", false);
+  try {
+    run.train_step();
+    ADD_FAILURE() << "a damaged swap record was read as good data";
+  } catch (const IoError& error) {
+    EXPECT_THAT(error.what(), HasSubstr("rank 0"));
+    EXPECT_THAT(error.what(), HasSubstr("optimizer_master.swp"));
+    EXPECT_THAT(error.what(), HasSubstr("checksum"));
+  }
+}
+
+TEST(NvmeOffloadFaults, ATruncatedSwapFileIsNamed) {
+  Trainer run(nvme_config(2));
+  run.train_step();
+  damage_first_rank(run, "optimizer_states", true);
+  try {
+    run.train_step();
+    ADD_FAILURE() << "a truncated swap file was read";
+  } catch (const IoError& error) {
+    EXPECT_THAT(error.what(), HasSubstr("optimizer_states.swp"));
+    EXPECT_THAT(error.what(), HasSubstr("truncated"));
+  }
+}
+
+TEST(NvmeOffloadFaults, ATmpfsPathIsRefusedAtFinalize) {
+  if (!std::filesystem::is_directory("/dev/shm")) GTEST_SKIP() << "no /dev/shm here";
+  Config config = nvme_config(1);
+  // Every rank names the same folder (the ranks must agree on nvme_path).
+  const std::string shm = "/dev/shm/zeroshard_nvme_test_" +
+                          std::filesystem::path(nvme_test_directory()).filename().string();
+  std::filesystem::create_directories(shm);
+  config.zero_optimization.offload_optimizer.nvme_path = shm;
+  try {
+    Trainer run(config);
+    ADD_FAILURE() << "swap files on tmpfs were accepted";
+  } catch (const IoError& error) {
+    EXPECT_THAT(error.what(), HasSubstr("tmpfs"));
+    EXPECT_THAT(error.what(), HasSubstr(shm));
+  }
+  // Removed once every rank has tried it.
+  const std::unique_ptr<Communicator> world = Communicator::from_environment();
+  world->barrier();
+  if (world->rank() == 0) std::filesystem::remove_all(shm);
+}
+
+TEST(NvmeOffloadFaults, AFileSizeLimitGivesEfbigNamingTheFile) {
+  rlimit saved{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &saved), 0);
+  // Beyond the limit the kernel sends SIGXFSZ, whose default action ends the process; ignored,
+  // the call fails with EFBIG instead, which is what the library must report.
+  const auto previous = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit small = saved;
+  small.rlim_cur = 8192;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  try {
+    Trainer run(nvme_config(1));
+    ADD_FAILURE() << "swap files larger than RLIMIT_FSIZE were accepted";
+  } catch (const IoError& error) {
+    EXPECT_THAT(error.what(), HasSubstr("file-size limit"));
+    EXPECT_THAT(error.what(), HasSubstr(".swp"));
+  }
+  ::setrlimit(RLIMIT_FSIZE, &saved);
+  std::signal(SIGXFSZ, previous);
+}
+
+TEST(NvmeOffloadFaults, TwoEnginesOnOnePathAreRefused) {
+  Trainer first(nvme_config(1));
+  try {
+    Trainer second(nvme_config(1));
+    ADD_FAILURE() << "two engines shared one rank's swap files";
+  } catch (const IoError& error) {
+    EXPECT_THAT(error.what(), HasSubstr("already in use"));
+  }
+  EXPECT_TRUE(first.train_step().updated);
+}
+
+// A checkpoint reads the master and states out of the swap files and a load writes them back:
+// training resumed from it continues bit for bit.
+TEST(NvmeOffloadCheckpoint, ResumesBitForBit) {
+  // Every rank writes into one folder; runs at other world sizes may run beside this one.
+  const Trainer probe(toy_config(1));
+  const std::string dir =
+      (std::filesystem::current_path() /
+       ("nvme_offload_checkpoints_np" + std::to_string(probe.engine.world_size())))
+          .string();
+  // The other ranks cannot reach save_checkpoint before rank 0 joins the engine's collectives.
+  if (probe.engine.rank() == 0) std::filesystem::remove_all(dir);
+  std::vector<float> expected;
+  {
+    Trainer run(nvme_config(2, DType::kBFloat16));
+    for (int s = 0; s < 2; ++s) run.train_step();
+    run.engine.save_checkpoint(dir, "step2");
+    for (int s = 0; s < 2; ++s) run.train_step();
+    expected = run.engine.consolidated_parameters();
+  }
+  Trainer resumed(nvme_config(2, DType::kBFloat16));
+  resumed.engine.load_checkpoint(dir, "step2");
+  resumed.step = 2;
+  for (int s = 0; s < 2; ++s) resumed.train_step();
+  EXPECT_EQ(resumed.engine.consolidated_parameters(), expected);
+}
+
+}  // namespace
+}  // namespace zeroshard::testing
