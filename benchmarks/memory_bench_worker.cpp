@@ -61,13 +61,20 @@ Record measure(const BenchOptions& options, const Configuration& configuration, 
       1000.0 * (model->recompute_seconds() - recompute_before) / options.timed_steps;
 
   const MemoryReport report = engine.memory_report();
+  // Memory is host and device; swap files on NVMe are checked on their own, below.
+  const auto in_memory = [](int location) {
+    return location != static_cast<int>(MemoryLocation::kNvme);
+  };
   for (int c = 0; c < kMemoryCategoryCount; ++c) {
     for (int l = 0; l < kMemoryLocationCount; ++l) {
+      if (!in_memory(l)) continue;
       record.measured[c].current += report.usage[l][c].current;
       record.measured[c].peak += report.usage[l][c].peak;
     }
   }
-  for (std::int64_t peak : report.total_peak) record.measured_total_peak += peak;
+  for (int l = 0; l < kMemoryLocationCount; ++l) {
+    if (in_memory(l)) record.measured_total_peak += report.total_peak[l];
+  }
   record.process_peak_rss = report.process_peak_rss;
   record.params = engine.trainable_numel();
   record.padded_params = engine.padded_numel();
@@ -100,6 +107,11 @@ Record measure(const BenchOptions& options, const Configuration& configuration, 
   if (!estimate.valid) {
     record.status =
         "failed: the engine ran a configuration the estimator rejects: " + estimate.reason;
+  } else if (const std::int64_t on_disk = report.total_current(MemoryLocation::kNvme);
+             on_disk != estimate.total(MemoryTier::kNvme)) {
+    record.status = "failed: the swap files hold " + std::to_string(on_disk) +
+                    " bytes, the estimator says " +
+                    std::to_string(estimate.total(MemoryTier::kNvme));
   }
   return record;
 }
