@@ -2,12 +2,15 @@
 // split into what the update waited for reads, what it computed and what it waited for writes,
 // beside the same step with the states in host memory (the update alone) and with the pipeline
 // off (reads and writes alone), all in one run.
+#include <malloc.h>  // malloc_trim
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -58,10 +61,12 @@ struct Measured {
   double update = 0.0;  ///< seconds per step in the optimizer shard's update
   double read_wait = 0.0;
   double write_wait = 0.0;
+  double write_start = 0.0;  ///< checksumming and queueing the writes
   double read_gbps = 0.0;
   double write_gbps = 0.0;
   std::int64_t host_state_bytes = 0;  ///< master + states in host memory, peak
   std::int64_t nvme_bytes = 0;
+  std::int64_t peak_rss = 0;  ///< the process's, during this mode only
 };
 
 Config config_for(const Options& options, Mode mode) {
@@ -83,6 +88,9 @@ Config config_for(const Options& options, Mode mode) {
 }
 
 Measured measure(const Options& options, Mode mode) {
+  // The kernel's peak RSS counter restarts here, so each mode's peak is its own.
+  malloc_trim(0);
+  std::ofstream("/proc/self/clear_refs") << "5";
   Engine engine(config_for(options, mode), Communicator::from_environment(), make_adamw());
   const int tensors = 8;
   std::vector<Parameter> params;
@@ -111,6 +119,7 @@ Measured measure(const Options& options, Mode mode) {
   m.update = state.times_.update / steps;
   m.read_wait = state.times_.swap_read_wait / steps;
   m.write_wait = state.times_.swap_write_wait / steps;
+  m.write_start = (io.write_start - io_before.write_start) / steps;
   const double read_bytes = static_cast<double>(io.bytes_read - io_before.bytes_read) / steps;
   const double write_bytes =
       static_cast<double>(io.bytes_written - io_before.bytes_written) / steps;
@@ -120,6 +129,7 @@ Measured measure(const Options& options, Mode mode) {
   m.host_state_bytes = report.at(MemoryCategory::kMasterWeights).peak +
                        report.at(MemoryCategory::kOptimizerStates).peak;
   m.nvme_bytes = report.total_current(MemoryLocation::kNvme);
+  m.peak_rss = detail::process_peak_rss_bytes();
   return m;
 }
 
@@ -170,24 +180,26 @@ int main(int argc, char** argv) {
         detail::format_count(options.params).c_str(),
         detail::format_count(options.sub_group).c_str(), static_cast<long long>(options.buffers),
         options.dir.c_str());
-    std::printf("%-34s %10s %10s %10s %9s %9s %12s %10s\n", "mode", "update s", "read wait",
-                "write wait", "read GB/s", "write GB/s", "host states", "NVMe");
+    std::printf("%-32s %8s %9s %10s %11s %9s %10s %12s %10s %10s\n", "mode", "update s",
+                "read wait", "write wait", "write start", "read GB/s", "write GB/s", "host states",
+                "NVMe", "peak RSS");
     Measured results[3];
     for (const Mode mode : {Mode::kHost, Mode::kNvmeSync, Mode::kNvmePipelined}) {
       const Measured m = measure(options, mode);
       results[static_cast<int>(mode)] = m;
-      std::printf("%-34s %10.3f %10.3f %10.3f %9.2f %9.2f %8.1f MiB %6.1f MiB\n", name(mode),
-                  m.update, m.read_wait, m.write_wait, m.read_gbps, m.write_gbps,
-                  mib(m.host_state_bytes), mib(m.nvme_bytes));
+      std::printf("%-32s %8.3f %9.3f %10.3f %11.3f %9.2f %10.2f %8.1f MiB %6.0f MiB %6.0f MiB\n",
+                  name(mode), m.update, m.read_wait, m.write_wait, m.write_start, m.read_gbps,
+                  m.write_gbps, mib(m.host_state_bytes), mib(m.nvme_bytes), mib(m.peak_rss));
     }
     const Measured& host = results[0];
     const Measured& sync = results[1];
     const Measured& piped = results[2];
     // The parts each on their own: the update from the host run, the reads and writes from the
-    // run whose pipeline is off (there, every byte is waited for and nothing else runs).
+    // run whose pipeline is off (there, every byte is waited for and nothing else runs; a read
+    // includes checking its checksum, a write computing it).
     const double compute = host.update;
     const double reads = sync.read_wait;
-    const double writes = sync.write_wait;
+    const double writes = sync.write_wait + sync.write_start;
     const double bound = std::max({compute, reads, writes});
     const double hidden = 1.0 - (piped.update - compute) / std::max(1e-12, reads + writes);
     std::printf("\nparts alone: reads %.3f s, update %.3f s, writes %.3f s; sum %.3f s\n", reads,
@@ -197,16 +209,19 @@ int main(int argc, char** argv) {
         "hidden behind the slowest)\n",
         piped.update, bound, piped.update / bound);
     std::printf("pipeline off / sum of parts = %.2f\n", sync.update / (reads + compute + writes));
-    std::printf("I/O hidden behind the update: %.0f%% (exposed I/O %.3f s of a %.3f s step)\n",
-                100.0 * std::clamp(hidden, 0.0, 1.0), std::max(0.0, piped.update - compute),
-                piped.update);
+    std::printf(
+        "I/O overlapped (with the update or with other I/O): %.0f%%; exposed: %.3f s of "
+        "a %.3f s step, of which %.3f s read waits, %.3f s write waits, %.3f s starting "
+        "writes\n",
+        100.0 * std::clamp(hidden, 0.0, 1.0), std::max(0.0, piped.update - compute), piped.update,
+        piped.read_wait, piped.write_wait, piped.write_start);
     std::printf(
         "host memory for master + states: %.1f MiB with NVMe vs %.1f MiB resident "
-        "(%.1f%%); process peak RSS %.1f MiB\n",
+        "(%.1f%%); peak RSS %.0f MiB vs %.0f MiB\n",
         mib(piped.host_state_bytes), mib(host.host_state_bytes),
         100.0 * static_cast<double>(piped.host_state_bytes) /
             static_cast<double>(host.host_state_bytes),
-        mib(detail::process_peak_rss_bytes()));
+        mib(piped.peak_rss), mib(host.peak_rss));
     if (options.check) {
       for (const double v : {compute, reads, writes, piped.update, sync.update}) {
         if (!(v > 0.0) || !std::isfinite(v)) {

@@ -176,7 +176,9 @@ void SwappedArrays::poll() {
 }
 
 void SwappedArrays::release(std::int64_t tile) {
+  const auto start = std::chrono::steady_clock::now();
   start_write(tile);
+  times_.write_start += seconds_between(start);
   if (!pipeline_write_) wait_write(writes_[static_cast<std::size_t>(buffer_of(tile))]);
 }
 

@@ -38,8 +38,9 @@ struct SwappedArraysOptions {
 
 /// Where a pass's time went: waiting for reads and for writes (what the update did not hide).
 struct SwapTimes {
-  double read_wait = 0.0;
+  double read_wait = 0.0;  ///< includes checking each record's checksum
   double write_wait = 0.0;
+  double write_start = 0.0;  ///< starting writes: mostly each record's checksum
   std::int64_t bytes_read = 0;
   std::int64_t bytes_written = 0;
 };
