@@ -3,6 +3,7 @@
 // so that sums over ranks are exact and sharded runs can be compared with one unsharded rank.
 #pragma once
 
+#include <cerrno>  // program_invocation_short_name
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -26,13 +27,14 @@ inline Device test_device() {
                                                                : Device::cpu();
 }
 
-/// A directory for swap files under the test's working directory (the build tree), one per world
-/// size so that the MPI tests of different sizes, which ctest runs side by side, never share a
-/// file (a rank's files are named by its rank); every rank of a run must name the same one.
+/// A directory for swap files under the test's working directory (the build tree), one per test
+/// program and world size so that the MPI tests ctest runs side by side never share a file (a
+/// rank's files are named by its rank); every rank of a run names the same one.
 inline std::string nvme_test_directory() {
   const char* world = std::getenv("OMPI_COMM_WORLD_SIZE");
   const std::filesystem::path path =
-      std::filesystem::current_path() / ("nvme_swap_np" + std::string(world ? world : "1"));
+      std::filesystem::current_path() / ("nvme_swap_" + std::string(program_invocation_short_name) +
+                                         "_np" + std::string(world ? world : "1"));
   std::filesystem::create_directories(path);
   return path.string();
 }
