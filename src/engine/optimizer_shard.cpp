@@ -41,7 +41,9 @@ OptimizerShard::OptimizerShard(const EngineContext& context, const UpdateRule& r
   if (!master_aliases_params_) {
     master_ = context_.allocate(tier, MemoryCategory::kMasterWeights, owned * sizeof(float));
   }
-  if (context_.stage >= 2 || offloaded()) {
+  // With whole gradients (stages 0-1, or handed over at the end of backward) the shard is read
+  // where the bucketer reduced it.
+  if (full_grads_ == nullptr || offloaded()) {
     grad_shard_ = context_.allocate(tier, MemoryCategory::kGradients,
                                     context_.layout.shard_size() * size_of(grad_shard_dtype_));
   }
