@@ -651,8 +651,8 @@ void Engine::release(ModuleId module) { state_->release(module); }
 void Engine::set_grad_handover(GradHandover handover) {
   ZEROSHARD_CHECK_USAGE(!state_->laid_out_,
                         "set_grad_handover() after the engine was finalized: the gradient buffers "
-                        "depend on it, so call it before the first data(), grad(), gather() or "
-                        "step()");
+                        "depend on it, so call it before the first data(), grad(), gather(), "
+                        "flat_offset(), padded_numel() or step()");
   state_->grad_handover_ = handover;
 }
 GradHandover Engine::grad_handover() const { return state_->grad_handover_; }
