@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <vector>
+
 #include <nlohmann/json.hpp>
 
 namespace zeroshard::detail {
@@ -54,6 +56,43 @@ TEST(MemoryReport, JsonAndTableCarryTheSameNumbers) {
   EXPECT_NE(table.find("optimizer_states"), std::string::npos);
   EXPECT_NE(table.find("4096"), std::string::npos);
   EXPECT_NE(table.find("rank 2/4"), std::string::npos);
+}
+
+TEST(MemoryTracker, ResetPeaksStartsThemOverFromTheCurrentBytes) {
+  MemoryTracker tracker;
+  TrackedBuffer kept(tracker, MemoryCategory::kGradients, 100);
+  { TrackedBuffer gone(tracker, MemoryCategory::kCommunication, 1000); }
+  tracker.reset_peaks();
+  const MemoryReport report = tracker.report(0, 1);
+  EXPECT_EQ(report.at(MemoryCategory::kCommunication).peak, 0);
+  EXPECT_EQ(report.at(MemoryCategory::kGradients).peak, 100);
+  EXPECT_EQ(report.total_peak[0], 100);
+}
+
+TEST(MemoryReport, AdoptedMemoryIsCountedListedAndNeverFreed) {
+  MemoryTracker tracker;
+  std::vector<float> model(256, 1.5f);
+  {
+    TrackedBuffer own(tracker, MemoryCategory::kParameters, 512);
+    TrackedBuffer adopted =
+        TrackedBuffer::adopt(tracker, MemoryCategory::kParameters, model.size() * sizeof(float),
+                             host_memory(), model.data());
+    EXPECT_EQ(adopted.as<float>(), model.data());
+    EXPECT_EQ(adopted.as<float>()[7], 1.5f) << "adopting must not zero the model's values";
+    const MemoryReport report = tracker.report(0, 1);
+    EXPECT_EQ(report.at(MemoryCategory::kParameters).current, 512 + 1024);
+    EXPECT_EQ(report.adopted[0][static_cast<int>(MemoryCategory::kParameters)], 1024);
+    const auto json = nlohmann::json::parse(report.to_json());
+    EXPECT_EQ(json["host"]["parameters"]["adopted"], 1024);
+    EXPECT_NE(report.to_table().find("of which the model's own parameters: 1024 B"),
+              std::string::npos);
+    TrackedBuffer moved = std::move(adopted);
+    EXPECT_EQ(moved.data(), model.data());
+  }
+  const MemoryReport after = tracker.report(0, 1);
+  EXPECT_EQ(after.at(MemoryCategory::kParameters).current, 0);
+  EXPECT_EQ(after.adopted[0][static_cast<int>(MemoryCategory::kParameters)], 0);
+  EXPECT_EQ(model[255], 1.5f);
 }
 
 }  // namespace

@@ -67,6 +67,9 @@ class MlpMath {
   virtual void copy(void* destination, const void* source, std::size_t bytes) = 0;
   /// Copies `bytes` of host memory (a batch of samples) into this processor's memory.
   virtual void upload(void* destination, const void* host, std::size_t bytes) = 0;
+  /// `bytes` zeroed bytes of this processor's memory, 64-byte aligned and owned by the caller:
+  /// the model's own parameter and gradient blocks when it lends them to the engine.
+  virtual std::shared_ptr<void> allocate(std::size_t bytes) = 0;
 };
 
 /// The math for `device`. Throws UsageError for a CUDA device when the example was built

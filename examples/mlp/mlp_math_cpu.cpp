@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 
 #include "mlp_math.h"
 #include "zeroshard/error.h"
@@ -92,6 +94,16 @@ class CpuMlpMath final : public MlpMath {
 
   void upload(void* destination, const void* host, std::size_t bytes) override {
     if (bytes > 0) std::memcpy(destination, host, bytes);
+  }
+
+  std::shared_ptr<void> allocate(std::size_t bytes) override {
+    constexpr std::size_t kAlignment = 64;
+    const std::size_t rounded =
+        std::max(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment);
+    void* data = std::aligned_alloc(kAlignment, rounded);
+    if (data == nullptr) throw std::bad_alloc();
+    std::memset(data, 0, rounded);
+    return std::shared_ptr<void>(data, std::free);
   }
 };
 

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -244,6 +245,15 @@ class CudaMlpMath final : public MlpMath {
                "cudaMemcpyAsync (upload)");
     // The host batch is refilled as soon as this returns.
     check_cuda(cudaStreamSynchronize(stream_.get()), "cudaStreamSynchronize (upload)");
+  }
+
+  std::shared_ptr<void> allocate(std::size_t bytes) override {
+    void* data = nullptr;
+    // cudaMalloc returns at least 256-byte aligned memory.
+    check_cuda(cudaMalloc(&data, std::max<std::size_t>(bytes, 1)), "cudaMalloc (model memory)");
+    std::shared_ptr<void> owned(data, [](void* p) { cudaFree(p); });
+    check_cuda(cudaMemset(data, 0, bytes), "cudaMemset (model memory)");
+    return owned;
   }
 
  private:

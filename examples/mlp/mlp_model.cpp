@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "zeroshard/error.h"
 
@@ -70,6 +71,7 @@ MlpModel::MlpModel(Engine& engine, const MlpShape& shape, int max_batch,
   }
 
   engine.set_compute_stream(math_->stream());
+  engine.set_grad_handover(training.grad_handover);
   const std::size_t batch = static_cast<std::size_t>(max_batch);
   if (training.checkpoint_every > 0) {
     checkpointer_ = std::make_unique<ActivationCheckpointer>(engine);
@@ -91,6 +93,13 @@ MlpModel::MlpModel(Engine& engine, const MlpShape& shape, int max_batch,
     layer.module = engine.module(name);
     if (!checkpointer_)
       layer.output = engine.allocate_activations(batch * layer.out * sizeof(float));
+  }
+  if (training.adopt_memory) {
+    const std::size_t bytes =
+        static_cast<std::size_t>(engine.padded_numel()) * size_of(engine.model_dtype());
+    own_parameters_ = math_->allocate(bytes);
+    own_gradients_ = math_->allocate(bytes);
+    engine.adopt_memory({.parameters = own_parameters_.get(), .gradients = own_gradients_.get()});
   }
   const std::size_t widest = static_cast<std::size_t>(std::max(shape.width, shape.classes));
   grad_a_ = engine.allocate_activations(batch * widest * sizeof(float));
@@ -117,9 +126,36 @@ void MlpModel::initialize(std::uint64_t seed) {
     std::vector<float> bias(static_cast<std::size_t>(layer.bias.numel()));
     fill_uniform(weight, bound, state);
     fill_uniform(bias, bound, state);
-    layer.weight.copy_from(weight);
-    layer.bias.copy_from(bias);
+    if (!own_parameters_) {
+      layer.weight.copy_from(weight);
+      layer.bias.copy_from(bias);
+      continue;
+    }
+    // The model writes its own memory, as a trainer that reads its checkpoint into it does.
+    for (const auto& [parameter, values] :
+         {std::pair{&layer.weight, &weight}, {&layer.bias, &bias}}) {
+      const DType dtype = engine_.model_dtype();
+      std::vector<std::byte> raw(values->size() * size_of(dtype));
+      convert(values->data(), DType::kFloat32, raw.data(), dtype,
+              static_cast<std::int64_t>(values->size()));
+      math_->upload(own(own_parameters_, *parameter), raw.data(), raw.size());
+    }
   }
+  // The engine takes the initial values (its master weights, stage 3's shards) from there.
+  if (own_parameters_) engine_.finalize();
+}
+
+void* MlpModel::own(const std::shared_ptr<void>& block, const Parameter& parameter) const {
+  return static_cast<char*>(block.get()) +
+         engine_.flat_offset(parameter) * static_cast<std::int64_t>(size_of(engine_.model_dtype()));
+}
+
+void* MlpModel::data_of(const Parameter& parameter) const {
+  return own_parameters_ ? own(own_parameters_, parameter) : parameter.raw_data();
+}
+
+void* MlpModel::grad_of(const Parameter& parameter) const {
+  return own_gradients_ ? own(own_gradients_, parameter) : parameter.raw_grad();
 }
 
 std::int64_t MlpModel::fixed_activation_bytes() const noexcept {
@@ -195,6 +231,7 @@ float MlpModel::forward_backward(int batch) {
     backward_layer(layer, input, output_grad, input_grad, batch);
     output_grad = input_grad;
   }
+  if (training_.grad_handover == GradHandover::kAtEnd) engine_.all_grads_ready();
   return loss;
 }
 
@@ -242,6 +279,7 @@ float MlpModel::forward_backward_checkpointed(int batch) {
       }
     });
   }
+  if (training_.grad_handover == GradHandover::kAtEnd) engine_.all_grads_ready();
   return loss;
 }
 
@@ -249,22 +287,22 @@ float MlpModel::forward_backward_checkpointed(int batch) {
 // the engine's buffers are 16-bit: the layer math runs on fp32 working copies, so the matrix
 // products stay fp32 whatever the precision.
 const float* MlpModel::values_of(const Parameter& parameter, const ActivationBuffer& work) {
-  if (parameter.dtype() == DType::kFloat32) return parameter.data();
-  math_->convert(parameter.raw_data(), parameter.dtype(), work.data(), DType::kFloat32,
+  if (parameter.dtype() == DType::kFloat32) return static_cast<const float*>(data_of(parameter));
+  math_->convert(data_of(parameter), parameter.dtype(), work.data(), DType::kFloat32,
                  parameter.numel());
   return work.data();
 }
 
 float* MlpModel::begin_grad(const Parameter& parameter, const ActivationBuffer& work) {
-  if (parameter.dtype() == DType::kFloat32) return parameter.grad();
-  math_->convert(parameter.raw_grad(), parameter.dtype(), work.data(), DType::kFloat32,
+  if (parameter.dtype() == DType::kFloat32) return static_cast<float*>(grad_of(parameter));
+  math_->convert(grad_of(parameter), parameter.dtype(), work.data(), DType::kFloat32,
                  parameter.numel());
   return work.data();
 }
 
 void MlpModel::end_grad(const Parameter& parameter, const ActivationBuffer& work) {
   if (parameter.dtype() == DType::kFloat32) return;
-  math_->convert(work.data(), DType::kFloat32, parameter.raw_grad(), parameter.dtype(),
+  math_->convert(work.data(), DType::kFloat32, grad_of(parameter), parameter.dtype(),
                  parameter.numel());
 }
 
@@ -294,8 +332,10 @@ void MlpModel::backward_layer(const Layer& layer, const float* input, float* out
                       layer.in, layer.out);
   }
   // Marked while the module is still gathered, so stage 3 can reduce-scatter straight from it.
-  engine_.grad_ready(layer.weight);
-  engine_.grad_ready(layer.bias);
+  if (training_.grad_handover == GradHandover::kPerParameter) {
+    engine_.grad_ready(layer.weight);
+    engine_.grad_ready(layer.bias);
+  }
 }
 
 }  // namespace zeroshard::examples

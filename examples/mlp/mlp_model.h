@@ -33,6 +33,12 @@ struct MlpTraining {
   /// offset the checkpointer saves and restores.
   float dropout = 0.0f;
   std::uint64_t dropout_seed = 0x5eed;
+  /// kPerParameter: each layer hands its gradients over as its backward ends; kAtEnd: all at
+  /// once after the whole backward, as a model with weights stacked over layers must.
+  GradHandover grad_handover = GradHandover::kPerParameter;
+  /// The model allocates its parameters and gradients itself, one flat block each, reads and
+  /// writes them there, and lends them to the engine (Engine::adopt_memory).
+  bool adopt_memory = false;
 };
 
 /// Registers "fc{i}.weight" [out, in] and "fc{i}.bias" [out] (module "fc{i}", i = 0..layers-1)
@@ -51,12 +57,13 @@ class MlpModel {
 
   /// Sets every parameter as torch.nn.Linear does (Kaiming-uniform weights and uniform biases,
   /// both in +-1/sqrt(fan_in)) from `seed`, identically on every rank. Collective at stage 3.
+  /// With adopt_memory the values go into the model's own block, which the engine then takes.
   void initialize(std::uint64_t seed);
 
   /// One micro-step: forward over `batch` samples (x is [batch, inputs] row-major, labels in
   /// [0, classes)), softmax cross-entropy, backward that adds the gradients into the engine's
-  /// buffers and marks each parameter ready. Returns this rank's mean loss over the batch. The
-  /// caller calls Engine::step() afterwards.
+  /// buffers and hands them over (per layer, or all at the end). Returns this rank's mean loss over
+  /// the batch. The caller calls Engine::step() afterwards.
   float train_micro_step(const float* x, const int* labels, int batch);
 
   const MlpShape& shape() const noexcept { return shape_; }
@@ -92,6 +99,10 @@ class MlpModel {
     std::uint64_t* offset_;
   };
 
+  /// Where `parameter` lives in one of the model's own blocks (adopt_memory).
+  void* own(const std::shared_ptr<void>& block, const Parameter& parameter) const;
+  void* data_of(const Parameter& parameter) const;
+  void* grad_of(const Parameter& parameter) const;
   const float* values_of(const Parameter& parameter, const ActivationBuffer& work);
   float* begin_grad(const Parameter& parameter, const ActivationBuffer& work);
   void end_grad(const Parameter& parameter, const ActivationBuffer& work);
@@ -113,6 +124,9 @@ class MlpModel {
   int max_batch_ = 0;
   std::unique_ptr<MlpMath> math_;
   std::vector<Layer> layers_;
+  /// adopt_memory: the model's own flat parameter and gradient blocks, in the engine's layout.
+  std::shared_ptr<void> own_parameters_;
+  std::shared_ptr<void> own_gradients_;
   /// The micro-batch on the engine's device: samples [max_batch, inputs], labels, and the
   /// per-sample losses the loss is summed from.
   ActivationBuffer input_;

@@ -34,7 +34,8 @@ constexpr const char* kUsage =
     "                           [--classes C] [--seed S] [--precision P] [--device D]\n"
     "                           [--checkpoint-every K] [--dropout P] [--report-json FILE]\n"
     "                           [--save-dir DIR [--save-every K]] [--resume DIR]\n"
-    "                           [--init-from FILE.safetensors]\n"
+    "                           [--init-from FILE.safetensors] [--grad-handover H]\n"
+    "                           [--adopt-memory]\n"
     "  --config FILE       DeepSpeed-style JSON config (zero_optimization.stage picks the stage)\n"
     "  --steps N           optimizer steps to run, each over one global batch\n"
     "  --layers L          linear layers (default 4)\n"
@@ -55,6 +56,11 @@ constexpr const char* kUsage =
     "  --resume DIR        continue from DIR's latest checkpoint, data position included; --steps\n"
     "                      stays the total, so the run ends where an uninterrupted one does\n"
     "  --init-from FILE    start from the weights of a safetensors file (zeroshard-consolidate)\n"
+    "  --grad-handover H   layer (default): each layer hands its gradients over as its backward\n"
+    "                      ends; end: all at once after the whole backward, as a model with\n"
+    "                      weights stacked over layers must (GradHandover::kAtEnd)\n"
+    "  --adopt-memory      the model allocates its parameters and gradients itself and lends\n"
+    "                      them to the engine (Engine::adopt_memory)\n"
     "Run under mpirun for several ranks, e.g.\n"
     "  mpirun -np 4 zeroshard-train-mlp --config examples/configs/zero3.json --steps 30\n";
 
@@ -84,6 +90,10 @@ std::optional<std::string> parse_options(int argc, char** argv, Options& options
   bool has_steps = false;
   for (int i = 1; i < argc; ++i) {
     const std::string_view flag = argv[i];
+    if (flag == "--adopt-memory") {
+      options.training.adopt_memory = true;
+      continue;
+    }
     if (i + 1 >= argc) return "missing value after " + std::string(flag);
     const std::string_view value = argv[++i];
     auto positive = [&](int& target) -> std::optional<std::string> {
@@ -142,6 +152,12 @@ std::optional<std::string> parse_options(int argc, char** argv, Options& options
       options.resume_dir = value;
     } else if (flag == "--init-from") {
       options.init_from = value;
+    } else if (flag == "--grad-handover") {
+      if (value != "layer" && value != "end") {
+        problem = "--grad-handover: expected layer or end, got '" + std::string(value) + "'";
+      }
+      options.training.grad_handover =
+          value == "end" ? zeroshard::GradHandover::kAtEnd : zeroshard::GradHandover::kPerParameter;
     } else {
       return "unknown flag " + std::string(flag);
     }
@@ -246,6 +262,8 @@ int train(const Options& options, Communicator* communicator, Progress& progress
     }
   }
   const Checksum initial = checksum(engine.consolidated_parameters());
+  // The report's peaks cover the training steps, not the set-up and the checksums' gathers.
+  engine.reset_memory_peaks();
   int last_saved = -1;
   const auto save = [&](int next_step) {
     engine.save_checkpoint(options.save_dir, "step" + std::to_string(next_step),
@@ -307,10 +325,10 @@ int train(const Options& options, Communicator* communicator, Progress& progress
   }
   if (!options.save_dir.empty() && last_saved != options.steps) save(options.steps);
 
+  const zeroshard::MemoryReport report = engine.memory_report();
   const Checksum final_checksum = checksum(engine.consolidated_parameters());
   const double sum = final_checksum.sum;
   const double abs_sum = final_checksum.abs_sum;
-  const zeroshard::MemoryReport report = engine.memory_report();
   const std::vector<std::string> tables = communicator->all_gather_text(report.to_table());
   const std::vector<std::string> reports = communicator->all_gather_text(report.to_json());
   if (rank != 0) return 0;
@@ -334,6 +352,10 @@ int train(const Options& options, Communicator* communicator, Progress& progress
     out["padded_parameters"] = engine.padded_numel();
     out["checkpoint_every"] = options.training.checkpoint_every;
     out["dropout"] = options.training.dropout;
+    out["grad_handover"] =
+        options.training.grad_handover == zeroshard::GradHandover::kAtEnd ? "end" : "layer";
+    out["reduce_bucket_size"] = config.zero_optimization.reduce_bucket_size;
+    out["adopt_memory"] = options.training.adopt_memory;
     if (const zeroshard::ActivationCheckpointer* checkpointer = model.checkpointer()) {
       const zeroshard::CheckpointProfile profile = checkpointer->profile();
       out["checkpointing"] = {

@@ -44,6 +44,29 @@ struct ParamOptions {
   std::string module;
 };
 
+/// When the model's backward completes its gradients (Engine::set_grad_handover).
+enum class GradHandover {
+  /// One by one, each with Engine::grad_ready() as soon as it is complete (the default): at
+  /// stages 2-3 a bucket's reduction starts while backward goes on.
+  kPerParameter,
+  /// All at once after backward, with Engine::all_grads_ready(): for a backward that completes
+  /// its gradients only at its end (weights stacked over layers, a tied embedding). The engine
+  /// keeps one whole gradient buffer at every stage and reduces it once per accumulation window
+  /// through at most two bucket-sized communication buffers, so stage 2 holds what stage 1 does,
+  /// never more than stage 0.
+  kAtEnd,
+};
+
+/// Memory the model already owns for every trainable parameter and its gradient, which
+/// Engine::adopt_memory makes the engine work in instead of buffers of its own.
+struct ModelMemory {
+  /// Engine::padded_numel() elements of Engine::model_dtype() on the engine's device, parameter p
+  /// at Engine::flat_offset(p); the values there are the initial ones, the same on every rank.
+  void* parameters = nullptr;
+  /// The gradients, laid out alike; null keeps the engine's own gradient buffers.
+  void* gradients = nullptr;
+};
+
 /// A parameter group's overrides of the update rule's learning rate and weight decay. With a
 /// scheduler, a group's lr scales with the schedule (lr_group = schedule * group.lr / base lr).
 struct ParamGroupOptions {
@@ -73,7 +96,8 @@ class Parameter {
   /// Where the model's backward adds (+=) this parameter's gradient; zero at the start of every
   /// accumulation window. Call Engine::grad_ready(*this) once it is complete. At stages 2-3 the
   /// buffer is a slot of a gradient bucket: valid from this call until grad_ready(), so fetch it
-  /// again in every micro-step. Frozen parameters have none (UsageError).
+  /// again in every micro-step; with GradHandover::kAtEnd it stays put, as at stages 0-1. Frozen
+  /// parameters have none (UsageError).
   float* grad() const;
   void* raw_grad() const;
 
@@ -87,6 +111,14 @@ class Parameter {
   Parameter(detail::EngineState* state, int index) : state_(state), index_(index) {}
   detail::EngineState* state_ = nullptr;
   int index_ = -1;
+};
+
+/// Elements [begin, end) of a registered trainable parameter's row-major values: layer l of a
+/// weight stacked over layers, each n elements, is the slice [l * n, (l + 1) * n).
+struct ParamSlice {
+  Parameter parameter;
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
 };
 
 /// Memory on the engine's device for the model's activations, charged to the memory report's
@@ -133,6 +165,8 @@ struct CheckpointInfo {
 class Engine {
  public:
   /// Computes on the CPU. `rule` may be null: the config's `optimizer` section then chooses it.
+  /// With a rule, the config must have no `optimizer` section: ConfigError naming its keys, which
+  /// the rule would not read.
   Engine(Config config, std::unique_ptr<Communicator> communicator,
          std::unique_ptr<UpdateRule> rule = nullptr);
   /// Computes on `device`: every buffer the engine hands out lives there. The communicator must
@@ -154,6 +188,18 @@ class Engine {
   /// Lays out and allocates every buffer. Called implicitly by the first use of a buffer.
   void finalize();
 
+  /// Where a trainable parameter starts in the flat layout of padded_numel() elements that
+  /// ModelMemory follows. The first call ends registration (collective: the ranks must agree).
+  std::int64_t flat_offset(Parameter parameter) const;
+  /// Before finalize(): the engine works in the model's own memory. Stages 0-2 update the
+  /// parameters in place (no copy; a 16-bit model's fp32 master stays the engine's); stage 3
+  /// keeps this rank's shard and gathers modules into `parameters`, so the model keeps its full
+  /// size there. With `gradients` the model writes them there at every stage and they are reduced
+  /// from there once per accumulation window (as under GradHandover::kAtEnd). Every address stays
+  /// put for the engine's lifetime. The memory report counts these bytes and lists them as
+  /// adopted.
+  void adopt_memory(const ModelMemory& memory);
+
   std::vector<Parameter> parameters() const;
   Parameter parameter(std::string_view name) const;
   /// The module with this name; throws UsageError listing the known modules when there is none.
@@ -165,6 +211,21 @@ class Engine {
   /// Stage 3: the module's gathered copy may be freed (kept while its next use is within
   /// stage3_max_reuse_distance). Stages 0-2: a no-op.
   void release(ModuleId module);
+
+  /// Declares module `name` made of slices of registered parameters, before finalize(): stage 3
+  /// gathers and releases exactly those elements, so one layer of a model whose weights are
+  /// stacked over layers is gathered without splitting its tensors. The slices are gathered into
+  /// the model's own memory where they sit in the whole tensors, so at stage 3 the model adopts
+  /// its parameter memory (adopt_memory()) and reads them there; stages 0-2 gather nothing. A
+  /// module may be gathered again within a step (a tied embedding).
+  ModuleId add_module(const std::string& name, const std::vector<ParamSlice>& slices);
+  /// Gathers every module of whole parameters, the whole model at once (stage 3; a no-op
+  /// otherwise), for a model that cannot be split; stage3_max_live_parameters still applies.
+  void gather_model();
+  void release_model();
+  /// Stage 3: the most parameter bytes held gathered at once since construction, gathered
+  /// modules (prefetched ones included) and persistent tensors; 0 at stages 0-2.
+  std::int64_t peak_gathered_bytes() const;
 
   /// Keeps a module gathered for the guard's lifetime.
   class GatheredModule {
@@ -187,8 +248,33 @@ class Engine {
   };
   GatheredModule gathered(ModuleId module) { return GatheredModule(*this, module); }
 
+  /// Keeps the whole model gathered for the guard's lifetime (gather_model()).
+  class GatheredModel {
+   public:
+    explicit GatheredModel(Engine& engine) : engine_(&engine) { engine.gather_model(); }
+    GatheredModel(GatheredModel&& other) noexcept
+        : engine_(std::exchange(other.engine_, nullptr)) {}
+    GatheredModel& operator=(GatheredModel&&) = delete;
+    GatheredModel(const GatheredModel&) = delete;
+    GatheredModel& operator=(const GatheredModel&) = delete;
+    ~GatheredModel() {
+      if (engine_ != nullptr) engine_->release_model();
+    }
+
+   private:
+    Engine* engine_;
+  };
+  GatheredModel gathered_model() { return GatheredModel(*this); }
+
+  /// How gradients will be handed over; before finalize(), the same on every rank.
+  void set_grad_handover(GradHandover handover);
+  GradHandover grad_handover() const;
   /// The parameter's gradient is complete for this micro-step; its bucket's reduction may start.
   void grad_ready(Parameter parameter);
+  /// Every trainable gradient not yet handed over in this micro-step is complete. Under
+  /// GradHandover::kPerParameter at stages 2-3 each bucket written so far holds a communication
+  /// buffer until this call: declare GradHandover::kAtEnd for a backward that ends this way.
+  void all_grads_ready();
   /// Ends a micro-step. At a gradient-accumulation boundary it finishes the reductions, unscales,
   /// checks for overflow, clips, runs the update rule on this rank's shard and redistributes the
   /// parameters; in between it only reduces (stages 2-3). Gradients are zeroed afterwards.
@@ -237,6 +323,9 @@ class Engine {
   /// Memory on the engine's device for activations, counted in the memory report.
   ActivationBuffer allocate_activations(std::size_t bytes);
   MemoryReport memory_report() const;
+  /// Starts the report's peaks over from the bytes held now, e.g. after set-up, so that they
+  /// cover the training steps only.
+  void reset_memory_peaks();
   /// Where the report counts the engine's buffers: the device location on a GPU, else the host.
   MemoryLocation memory_location() const;
 

@@ -42,6 +42,9 @@ struct MemoryReport {
   int rank = 0;
   int world_size = 1;
   std::array<std::array<MemoryUsage, kMemoryCategoryCount>, kMemoryLocationCount> usage{};
+  /// Of `usage`, the current bytes that are the model's own memory the engine works in
+  /// (Engine::adopt_memory) rather than buffers it allocated.
+  std::array<std::array<std::int64_t, kMemoryCategoryCount>, kMemoryLocationCount> adopted{};
   /// Peak of the sum over categories at one location (not the sum of the per-category peaks).
   std::array<std::int64_t, kMemoryLocationCount> total_peak{};
   /// Peak resident set size of the whole process (VmHWM), as the kernel reports it.
@@ -57,7 +60,7 @@ struct MemoryReport {
 
   /// A fixed-width table, one row per category, with current and peak in bytes and MiB.
   std::string to_table() const;
-  /// {"rank":0,"world_size":4,"host":{"parameters":{"current":..,"peak":..},...},...}
+  /// {"rank":0,"world_size":4,"host":{"parameters":{"current":..,"peak":..,"adopted":..},...},...}
   std::string to_json() const;
 };
 

@@ -9,6 +9,7 @@
 #include "comm/host_staged_communicator.h"
 #include "engine/engine_state.h"
 #include "engine/shape.h"
+#include "precision/half_conversion.h"
 #include "util/check.h"
 
 namespace zeroshard {
@@ -19,6 +20,27 @@ namespace {
 std::string default_module_name(const std::string& name) {
   const auto dot = name.rfind('.');
   return dot == std::string::npos ? name : name.substr(0, dot);
+}
+
+// A rule the program builds reads nothing from the config, so the config's optimizer section
+// would be ignored: an error naming each key, never silence.
+void reject_config_optimizer(const Config& config, const UpdateRule& rule) {
+  const OptimizerConfig& optimizer = config.optimizer;
+  if (optimizer.type.empty()) return;
+  std::vector<std::string> keys;
+  for (const auto& [name, value] : optimizer.params) keys.push_back("optimizer.params." + name);
+  for (const auto& [name, values] : optimizer.array_params) {
+    keys.push_back("optimizer.params." + name);
+  }
+  std::sort(keys.begin(), keys.end());
+  std::ostringstream os;
+  os << "the engine was given its own update rule ('" << rule.name()
+     << "'), which reads nothing from the config, so optimizer.type ('" << optimizer.type << "')";
+  for (const std::string& key : keys) os << ", " << key;
+  os << (keys.empty() ? " would be" : " would all be")
+     << " ignored. Remove the config's optimizer section and set these on the rule, or pass no "
+        "rule and let the config choose it";
+  throw ConfigError(keys.empty() ? "optimizer.type" : keys.front(), os.str());
 }
 
 }  // namespace
@@ -42,7 +64,11 @@ EngineState::EngineState(Config config, Device device, std::unique_ptr<Communica
   if (auto* staged = dynamic_cast<HostStagedCommunicator*>(comm_.get())) {
     staged->charge_staging_to(tracker_);
   }
-  if (!rule_) rule_ = make_update_rule(config_);
+  if (rule_) {
+    reject_config_optimizer(config_, *rule_);
+  } else {
+    rule_ = make_update_rule(config_);
+  }
   backend_ = make_compute_backend(device_, *rule_, tracker_);
   scheduler_ = make_lr_scheduler(config_.scheduler, rule_->default_lr(), rule_->beta1());
   rank_ = comm_->rank();
@@ -102,8 +128,8 @@ void EngineState::resolve_gradient_dtypes() {
   grad_shard_dtype_ = DType::kFloat32;
 }
 
-void EngineState::finalize() {
-  if (finalized_) return;
+void EngineState::lay_out() {
+  if (laid_out_) return;
   if (backend_->memory().location() != MemoryLocation::kHost) {
     reduction_scalars_ = allocate(MemoryCategory::kCommunication, 2 * sizeof(float));
   }
@@ -158,6 +184,54 @@ void EngineState::finalize() {
       any_trainable = true;
       if (stage_ == 3 && !p.persistent) m.sharded = true;
     }
+    if (any_trainable) m.ranges.push_back({m.flat_begin, m.flat_end});
+  }
+  for (ModuleInfo& m : modules_) {
+    if (m.slices.empty()) continue;
+    // Persistent parameters are whole on every rank already: only the others' slices travel.
+    m.ranges.clear();
+    for (const ParamSliceInfo& slice : m.slices) {
+      const ParamInfo& p = params_[slice.param];
+      if (p.persistent) continue;
+      const std::int64_t offset = layout_.offset(p.tensor);
+      m.ranges.push_back({offset + slice.begin, offset + slice.end});
+    }
+    std::sort(m.ranges.begin(), m.ranges.end(),
+              [](const FlatRange& a, const FlatRange& b) { return a.begin < b.begin; });
+    m.sharded = stage_ == 3 && !m.ranges.empty();
+    if (!m.ranges.empty()) {
+      m.flat_begin = m.ranges.front().begin;
+      m.flat_end = m.ranges.back().end;
+    }
+  }
+  laid_out_ = true;
+}
+
+void EngineState::finalize() {
+  if (finalized_) return;
+  lay_out();
+  const ZeroConfig& zero = config_.zero_optimization;
+  if (stage_ == 3 && adopted_.parameters == nullptr) {
+    for (const ModuleInfo& m : modules_) {
+      // A gathered slice lands where it sits in the whole tensor, which only the model's own
+      // full-size memory has room for.
+      ZEROSHARD_CHECK_USAGE(m.slices.empty(),
+                            "module '" << m.name
+                                       << "' is made of slices, which stage 3 gathers into the "
+                                          "model's own parameter memory: call "
+                                          "Engine::adopt_memory() before finalize()");
+    }
+  }
+  if (world_ > 1) {
+    // Adopted gradients change when reductions run: every rank must adopt alike.
+    float adopted[2] = {adopted_.parameters ? 1.0f : 0.0f, adopted_.gradients ? 1.0f : 0.0f};
+    float negated[2] = {-adopted[0], -adopted[1]};
+    all_reduce_host(adopted, 2, ReduceOp::kMax);
+    all_reduce_host(negated, 2, ReduceOp::kMax);
+    ZEROSHARD_CHECK_USAGE(adopted[0] == -negated[0] && adopted[1] == -negated[1],
+                          "ranks disagree on Engine::adopt_memory(): some adopt the model's "
+                          "parameter or gradient memory and others do not; every rank must make "
+                          "the same call");
   }
 
   context_ = std::make_unique<EngineContext>(EngineContext{.config = config_,
@@ -193,12 +267,45 @@ void EngineState::finalize() {
                             "add ranks, or remove the key");
     }
   }
-  params_store_ = std::make_unique<ParamCoordinator>(*context_, shard_tier);
-  bucketer_ = std::make_unique<GradBucketer>(*context_, comm_dtype_);
+  params_store_ = std::make_unique<ParamCoordinator>(*context_, shard_tier, adopted_.parameters);
+  // Gradients handed over at the end of backward are all complete at once: the whole buffer is
+  // held anyway, so stages 2-3 reduce it once per window as stage 1 does, through bounded slots,
+  // and keep no separate gradient shard.
+  const bool whole_gradients =
+      stage_ <= 1 || grad_handover_ == GradHandover::kAtEnd || adopted_.gradients != nullptr;
+  if (whole_gradients && grad_shard_dtype_ != dtype_) {
+    throw ConfigError("data_types.grad_accum_dtype",
+                      "got fp32 with " + std::string(to_string(dtype_)) +
+                          " parameters and GradHandover::kAtEnd; gradients handed over at the "
+                          "end of backward accumulate in the whole " +
+                          to_string(dtype_) +
+                          " buffer the model writes. Leave the key unset or hand gradients over "
+                          "per parameter into the engine's buffers");
+  }
+  bucketer_ =
+      std::make_unique<GradBucketer>(*context_, comm_dtype_, whole_gradients, adopted_.gradients);
   optimizer_ = std::make_unique<OptimizerShard>(*context_, *rule_, *params_store_,
                                                 bucketer_->full_grads(), grad_shard_dtype_);
   bucketer_->deliver_to(*optimizer_);
   finalized_ = true;
+  if (adopted_.parameters != nullptr) take_adopted_values();
+}
+
+void EngineState::take_adopted_values() {
+  // Bounded chunks through host memory: this runs once, and the master may live anywhere.
+  constexpr std::int64_t kChunk = std::int64_t{1} << 20;
+  const std::int64_t end = context_->update_end();
+  std::vector<char> raw;
+  std::vector<float> values;
+  for (std::int64_t begin = context_->update_begin(); begin < end; begin += kChunk) {
+    const std::int64_t count = std::min(kChunk, end - begin);
+    raw.resize(static_cast<std::size_t>(count) * dsize_);
+    values.resize(static_cast<std::size_t>(count));
+    context_->transfer(raw.data(), MemoryLocation::kHost, params_store_->owned_at(begin),
+                       params_store_->owned_location(), raw.size());
+    convert_to_float(raw.data(), dtype_, values.data(), count);
+    optimizer_->load_master(begin, values.data(), count);
+  }
 }
 
 void* EngineState::param_data(int index) {
@@ -214,6 +321,15 @@ void* EngineState::param_grad(int index) {
 void EngineState::mark_grad_ready(int index) {
   require_finalized();
   bucketer_->mark_ready(index, micro_step_);
+  params_store_->poll();
+}
+
+void EngineState::mark_all_grads_ready() {
+  require_finalized();
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const ParamInfo& p = params_[i];
+    if (p.trainable && !p.grad_ready) bucketer_->mark_ready(static_cast<int>(i), micro_step_);
+  }
   params_store_->poll();
 }
 
@@ -357,9 +473,9 @@ Engine& Engine::operator=(Engine&&) noexcept = default;
 Engine::~Engine() = default;
 
 int Engine::add_param_group(const ParamGroupOptions& options) {
-  ZEROSHARD_CHECK_USAGE(!state_->finalized_, "add_param_group('" << options.name
-                                                                 << "') after the engine was "
-                                                                    "finalized");
+  ZEROSHARD_CHECK_USAGE(!state_->laid_out_, "add_param_group('" << options.name
+                                                                << "') after the engine was "
+                                                                   "finalized");
   if (options.lr) {
     ZEROSHARD_CHECK_USAGE(
         std::isfinite(*options.lr) && *options.lr >= 0.0,
@@ -377,11 +493,11 @@ int Engine::add_param_group(const ParamGroupOptions& options) {
 Parameter Engine::register_parameter(const std::string& name, std::vector<std::int64_t> shape,
                                      const ParamOptions& options) {
   auto& s = *state_;
-  ZEROSHARD_CHECK_USAGE(!s.finalized_, "register_parameter('"
-                                           << name
-                                           << "') after the engine was finalized (the first "
-                                              "data(), grad(), gather() or step() finalizes it): "
-                                              "register every parameter first");
+  ZEROSHARD_CHECK_USAGE(!s.laid_out_, "register_parameter('"
+                                          << name
+                                          << "') after the engine was finalized (the first "
+                                             "data(), grad(), gather(), flat_offset() or step() "
+                                             "finalizes it): register every parameter first");
   ZEROSHARD_CHECK_USAGE(!name.empty(), "a parameter needs a name");
   for (const auto& p : s.params_) {
     ZEROSHARD_CHECK_USAGE(p.name != name, "parameter '" << name << "' is registered twice");
@@ -403,6 +519,10 @@ Parameter Engine::register_parameter(const std::string& name, std::vector<std::i
   for (std::size_t m = 0; m < s.modules_.size(); ++m) {
     if (s.modules_[m].name == module_name) module = static_cast<ModuleId>(m);
   }
+  ZEROSHARD_CHECK_USAGE(module < 0 || s.modules_[module].slices.empty(),
+                        "parameter '" << name << "' joins module '" << module_name
+                                      << "', which add_module() made of slices; register whole "
+                                         "parameters into modules of their own");
   if (module < 0) {
     detail::ModuleInfo info;
     info.name = module_name;
@@ -430,6 +550,82 @@ Parameter Engine::register_parameter(const std::string& name, std::vector<std::i
 
 void Engine::finalize() { state_->finalize(); }
 
+std::int64_t Engine::flat_offset(Parameter parameter) const {
+  ZEROSHARD_CHECK_USAGE(parameter.state_ == state_.get(),
+                        "flat_offset() with a parameter of another engine");
+  state_->lay_out();
+  const detail::ParamInfo& p = state_->params_[parameter.index_];
+  ZEROSHARD_CHECK_USAGE(p.trainable, "flat_offset('" << p.name
+                                                     << "'): the parameter is frozen and has no "
+                                                        "place in the flat layout");
+  return state_->layout_.offset(p.tensor);
+}
+
+ModuleId Engine::add_module(const std::string& name, const std::vector<ParamSlice>& slices) {
+  auto& s = *state_;
+  ZEROSHARD_CHECK_USAGE(!s.laid_out_, "add_module('"
+                                          << name
+                                          << "') after the engine was finalized: "
+                                             "declare modules before the first data(), "
+                                             "grad(), gather(), flat_offset() or step()");
+  ZEROSHARD_CHECK_USAGE(!slices.empty(), "add_module('" << name << "') without slices");
+  for (const detail::ModuleInfo& m : s.modules_) {
+    ZEROSHARD_CHECK_USAGE(m.name != name, "add_module('" << name
+                                                         << "'): a module of that name "
+                                                            "exists already");
+  }
+  detail::ModuleInfo info;
+  info.name = name;
+  for (const ParamSlice& slice : slices) {
+    ZEROSHARD_CHECK_USAGE(slice.parameter.state_ == state_.get(),
+                          "add_module('" << name << "') with a parameter of another engine");
+    const detail::ParamInfo& p = s.params_[slice.parameter.index_];
+    ZEROSHARD_CHECK_USAGE(p.trainable, "add_module('" << name << "'): parameter '" << p.name
+                                                      << "' is frozen, and frozen parameters "
+                                                         "are whole on every rank");
+    ZEROSHARD_CHECK_USAGE(0 <= slice.begin && slice.begin < slice.end && slice.end <= p.numel,
+                          "add_module('" << name << "'): slice [" << slice.begin << ", "
+                                         << slice.end << ") of '" << p.name << "' is not inside "
+                                         << "its " << p.numel << " elements");
+    for (const detail::ParamSliceInfo& other : info.slices) {
+      ZEROSHARD_CHECK_USAGE(
+          other.param != slice.parameter.index_ || other.end <= slice.begin ||
+              slice.end <= other.begin,
+          "add_module('" << name << "'): two slices of '" << p.name << "' overlap");
+    }
+    info.slices.push_back({slice.parameter.index_, slice.begin, slice.end});
+  }
+  s.modules_.push_back(std::move(info));
+  return static_cast<ModuleId>(s.modules_.size()) - 1;
+}
+
+void Engine::gather_model() {
+  for (std::size_t m = 0; m < state_->modules_.size(); ++m) {
+    if (state_->modules_[m].slices.empty()) gather(static_cast<ModuleId>(m));
+  }
+}
+
+void Engine::release_model() {
+  for (std::size_t m = state_->modules_.size(); m-- > 0;) {
+    if (state_->modules_[m].slices.empty()) release(static_cast<ModuleId>(m));
+  }
+}
+
+std::int64_t Engine::peak_gathered_bytes() const {
+  if (state_->stage_ != 3 || !state_->finalized_) return 0;
+  return state_->params_store_->peak_gathered_elements() *
+         static_cast<std::int64_t>(state_->dsize_);
+}
+
+void Engine::adopt_memory(const ModelMemory& memory) {
+  ZEROSHARD_CHECK_USAGE(!state_->finalized_,
+                        "adopt_memory() after the engine was finalized: call it before the first "
+                        "data(), grad(), gather() or step()");
+  ZEROSHARD_CHECK_USAGE(memory.parameters != nullptr || memory.gradients != nullptr,
+                        "adopt_memory() with neither parameter nor gradient memory");
+  state_->adopted_ = memory;
+}
+
 std::vector<Parameter> Engine::parameters() const {
   std::vector<Parameter> result;
   for (std::size_t i = 0; i < state_->params_.size(); ++i) {
@@ -456,6 +652,17 @@ ModuleId Engine::module(std::string_view name) const {
 
 void Engine::gather(ModuleId module) { state_->gather(module); }
 void Engine::release(ModuleId module) { state_->release(module); }
+
+void Engine::set_grad_handover(GradHandover handover) {
+  ZEROSHARD_CHECK_USAGE(!state_->laid_out_,
+                        "set_grad_handover() after the engine was finalized: the gradient buffers "
+                        "depend on it, so call it before the first data(), grad(), gather(), "
+                        "flat_offset(), padded_numel() or step()");
+  state_->grad_handover_ = handover;
+}
+GradHandover Engine::grad_handover() const { return state_->grad_handover_; }
+
+void Engine::all_grads_ready() { state_->mark_all_grads_ready(); }
 
 void Engine::grad_ready(Parameter parameter) {
   ZEROSHARD_CHECK_USAGE(parameter.state_ == state_.get(),
@@ -495,7 +702,7 @@ std::int64_t Engine::trainable_numel() const {
   return state_->layout_.unpadded_total();
 }
 std::int64_t Engine::padded_numel() const {
-  state_->require_finalized();
+  state_->lay_out();
   return state_->layout_.padded_total();
 }
 std::int64_t Engine::shard_begin() const {
@@ -517,6 +724,8 @@ ActivationBuffer Engine::allocate_activations(std::size_t bytes) {
 MemoryReport Engine::memory_report() const {
   return state_->tracker_.report(state_->rank_, state_->world_);
 }
+
+void Engine::reset_memory_peaks() { state_->tracker_.reset_peaks(); }
 
 MemoryLocation Engine::memory_location() const { return state_->backend_->memory().location(); }
 

@@ -455,6 +455,8 @@ bool EngineState::save_16bit_model(const std::string& path) {
   // Module by module, so that stage 3 holds one gathered module at a time; every rank gathers.
   std::vector<char> raw;
   for (std::size_t m = 0; m < modules_.size(); ++m) {
+    // Slices of parameters are written with the modules of whole parameters that hold them.
+    if (!modules_[m].slices.empty()) continue;
     gather(static_cast<ModuleId>(m));
     for (int index : modules_[m].params) {
       if (rank_ != 0 || failure) continue;

@@ -37,12 +37,29 @@ struct GroupInfo {
   ParamGroupOptions options;
 };
 
+/// Elements [begin, end) of the flat buffer.
+struct FlatRange {
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
+};
+
+/// Elements [begin, end) of parameter `param`'s values (Engine::add_module).
+struct ParamSliceInfo {
+  int param = -1;
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
+};
+
 struct ModuleInfo {
   std::string name;
   std::vector<int> params;
   std::int64_t flat_begin = 0;  ///< trainable range the module spans (empty if all frozen)
   std::int64_t flat_end = 0;
   bool sharded = false;  ///< stage 3 and holds a non-persistent trainable parameter
+  /// A module made of slices of parameters; empty for a module of whole parameters.
+  std::vector<ParamSliceInfo> slices;
+  /// What stage 3 gathers: [flat_begin, flat_end), or one range per slice of a sharded parameter.
+  std::vector<FlatRange> ranges;
 };
 
 /// Where a buffer lives. On a CPU engine the device is host memory too, and pinned host memory is

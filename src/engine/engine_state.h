@@ -42,7 +42,11 @@ class EngineState {
   // --- engine.cpp: registration, layout, components, accessors ---
   /// Checks communication_data_type and data_types.grad_accum_dtype against the model's type.
   void resolve_gradient_dtypes();
+  /// Ends registration: checks that the ranks agree (collective) and lays the parameters out.
+  void lay_out();
   void finalize();
+  /// The model's initial values in adopted parameter memory become the master weights.
+  void take_adopted_values();
   void require_finalized() {
     if (!finalized_) finalize();
   }
@@ -52,6 +56,7 @@ class EngineState {
   void gather(ModuleId module);
   void release(ModuleId module);
   void mark_grad_ready(int index);
+  void mark_all_grads_ready();
   /// A buffer of `bytes` in the device's memory, charged to `category`.
   TrackedBuffer allocate(MemoryCategory category, std::size_t bytes);
   /// Sums (or maxes) a few host floats over the ranks through engine memory, which is where the
@@ -112,6 +117,9 @@ class EngineState {
   std::vector<ParamInfo> params_;
   std::vector<GroupInfo> groups_;
   std::vector<ModuleInfo> modules_;
+  GradHandover grad_handover_ = GradHandover::kPerParameter;
+  ModelMemory adopted_;
+  bool laid_out_ = false;
   bool finalized_ = false;
 
   // Layout and the components that own every model-state buffer (built by finalize()).

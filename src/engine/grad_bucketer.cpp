@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "util/check.h"
+#include "util/log.h"
 
 namespace zeroshard::detail {
 
@@ -16,13 +17,23 @@ constexpr std::size_t kMaxInFlight = 2;
 
 }  // namespace
 
-GradBucketer::GradBucketer(const EngineContext& context, DType comm_dtype)
+GradBucketer::GradBucketer(const EngineContext& context, DType comm_dtype, bool whole_gradients,
+                           void* adopted)
     : context_(context),
       comm_dtype_(comm_dtype),
+      whole_(whole_gradients),
       scatter_(context.stage >= 1 && context.config.zero_optimization.reduce_scatter) {
-  if (context_.stage <= 1) {
-    grads_full_ = context_.allocate(Tier::kDevice, MemoryCategory::kGradients,
-                                    context_.layout.padded_total() * context_.dsize);
+  // On one rank a reduce-scatter only copies into a receive area as large as the bucket; stages
+  // 2-3 with whole gradients reduce in place instead, so that they never hold more than stage 0.
+  if (whole_ && context_.stage >= 2 && context_.world == 1) scatter_ = false;
+  const std::size_t full_bytes = context_.layout.padded_total() * context_.dsize;
+  if (adopted != nullptr) {
+    grads_full_ = TrackedBuffer::adopt(context_.tracker, MemoryCategory::kGradients, full_bytes,
+                                       context_.resource(Tier::kDevice), adopted);
+    // Gradients are zero at the start of every accumulation window, the padding always.
+    zero_full_grads();
+  } else if (whole_) {
+    grads_full_ = context_.allocate(Tier::kDevice, MemoryCategory::kGradients, full_bytes);
   }
   plan();
 }
@@ -70,7 +81,7 @@ void GradBucketer::plan() {
     const auto counts = layout.rank_counts(buckets_[b].begin, buckets_[b].end);
     widest_recv = std::max(widest_recv, counts[context_.rank]);
   }
-  if (context_.stage >= 2) slot_input_elements_ = widest;
+  if (!whole_) slot_input_elements_ = widest;
   if (comm_dtype_ != context_.dtype) slot_send_elements_ = widest;
   if (scatter_) slot_recv_elements_ = widest_recv;
 }
@@ -99,6 +110,15 @@ int GradBucketer::acquire_slot() {
     if (in_flight_.empty()) break;
     complete_oldest();
   }
+  if (!warned_slot_growth_ && slots_.size() >= 2 * kMaxInFlight) {
+    warned_slot_growth_ = true;
+    ZEROSHARD_LOG(kWarning, "rank " << context_.rank << ": " << slots_.size() + 1
+                                    << " gradient buckets are being written before any of them "
+                                       "could be reduced, each in a communication buffer of its "
+                                       "own. A backward that completes its gradients only at its "
+                                       "end should call "
+                                       "Engine::set_grad_handover(GradHandover::kAtEnd)");
+  }
   const std::int64_t bytes = slot_input_elements_ * static_cast<std::int64_t>(context_.dsize) +
                              slot_send_elements_ * static_cast<std::int64_t>(sizeof(float)) +
                              slot_recv_elements_ * static_cast<std::int64_t>(size_of(comm_dtype_));
@@ -117,7 +137,7 @@ void* GradBucketer::grad(int index) {
                                               "this micro-step; write it before calling it");
   const std::int64_t offset = context_.layout.offset(p.tensor);
   const auto dsize = static_cast<std::int64_t>(context_.dsize);
-  if (context_.stage <= 1) return grads_full_.as<char>() + offset * dsize;
+  if (whole_) return grads_full_.as<char>() + offset * dsize;
   Bucket& bucket = buckets_[p.bucket];
   if (bucket.slot < 0) bucket.slot = acquire_slot();
   return slots_[bucket.slot].buffer.as<char>() + (offset - bucket.begin) * dsize;
@@ -139,8 +159,8 @@ void GradBucketer::poll() {
 }
 
 void GradBucketer::launch_ready(std::int64_t micro_step) {
-  // Stages 0-1 keep whole gradients and reduce once per accumulation window, at its boundary.
-  if (context_.stage <= 1 && !context_.gradient_accumulation_boundary(micro_step)) return;
+  // Whole gradients are reduced once per accumulation window, at its boundary.
+  if (whole_ && !context_.gradient_accumulation_boundary(micro_step)) return;
   while (next_launch_ < buckets_.size()) {
     Bucket& bucket = buckets_[next_launch_];
     if (bucket.ready < static_cast<int>(bucket.params.size())) return;
@@ -149,10 +169,15 @@ void GradBucketer::launch_ready(std::int64_t micro_step) {
 }
 
 void GradBucketer::finish(std::int64_t micro_step) {
-  if (context_.stage >= 2 || context_.gradient_accumulation_boundary(micro_step)) {
+  if (!whole_ || context_.gradient_accumulation_boundary(micro_step)) {
     while (next_launch_ < buckets_.size()) launch(static_cast<int>(next_launch_++));
   }
   while (!in_flight_.empty()) complete_oldest();
+  // Slots beyond what the reductions in flight need were held by buckets written out of order:
+  // the pool shrinks back so that the next step starts from the bound.
+  if (slots_.size() > kMaxInFlight) {
+    slots_.erase(slots_.begin() + static_cast<std::ptrdiff_t>(kMaxInFlight), slots_.end());
+  }
   for (ParamInfo& p : context_.params) p.grad_ready = false;
   for (Bucket& b : buckets_) b.ready = 0;
   next_launch_ = 0;
@@ -160,11 +185,15 @@ void GradBucketer::finish(std::int64_t micro_step) {
 
 void GradBucketer::launch(int b) {
   Bucket& bucket = buckets_[b];
-  while (in_flight_.size() >= kMaxInFlight) complete_oldest();
+  // Whole gradients are reduced after backward, with no compute left to overlap: one reduction
+  // at a time keeps the receive area at one bucket's share of this rank's shard, so that smaller
+  // buckets never need more than larger ones.
+  const std::size_t max_in_flight = whole_ ? 1 : kMaxInFlight;
+  while (in_flight_.size() >= max_in_flight) complete_oldest();
   const auto start = std::chrono::steady_clock::now();
   const std::int64_t length = bucket.end - bucket.begin;
   void* input = nullptr;
-  if (context_.stage <= 1) {
+  if (whole_) {
     input = grads_full_.as<char>() + bucket.begin * static_cast<std::int64_t>(context_.dsize);
   } else {
     if (bucket.slot < 0) bucket.slot = acquire_slot();
@@ -223,13 +252,13 @@ void GradBucketer::complete_oldest() {
       reduced = slot_recv(bucket.slot);
     } else if (widened) {
       reduced = slot_send(bucket.slot) + (lo - bucket.begin) * sizeof(float);
-    } else if (stage == 1) {
+    } else if (whole_) {
       reduced = grads_full_.as<char>() + lo * dsize;
     } else {
       reduced = slots_[bucket.slot].buffer.as<char>() + (lo - bucket.begin) * dsize;
     }
-    if (stage == 1) {
-      // Stage 1 keeps the reduced shard in the whole gradient buffer, in the model's type.
+    if (whole_) {
+      // Stages 1-3 with whole gradients keep the reduced shard there, in the model's type.
       char* dst = grads_full_.as<char>() + lo * dsize;
       if (widened) {
         context_.backend.narrow(reinterpret_cast<const float*>(reduced), dst, dtype, hi - lo);

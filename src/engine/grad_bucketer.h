@@ -1,7 +1,9 @@
 // Gradient buckets: contiguous ranges of the flat gradient buffer, reduced in a fixed order (last
 // registered parameters first, as backward produces them) so that every rank issues the same
 // collectives in the same order whatever order its gradients arrive in. Each reduced part of
-// this rank's shard is handed to a sink (the optimizer shard) as its bucket completes.
+// this rank's shard is handed to a sink (the optimizer shard) as its bucket completes. The model
+// writes either one whole gradient buffer (stages 0-1, or gradients handed over at the end of
+// backward) or, at stages 2-3, a slot per bucket that is reduced as soon as it is complete.
 #pragma once
 
 #include <cstdint>
@@ -22,8 +24,10 @@ class ReducedGradientSink {
 
 class GradBucketer {
  public:
-  /// Plans the buckets and, at stages 0-1, allocates the whole gradient buffer the model writes.
-  GradBucketer(const EngineContext& context, DType comm_dtype);
+  /// Plans the buckets and, with `whole_gradients` (always at stages 0-1), allocates the whole
+  /// gradient buffer the model writes, reduced once per accumulation window; `adopted`, when not
+  /// null, is the model's own flat gradient memory used as that buffer instead.
+  GradBucketer(const EngineContext& context, DType comm_dtype, bool whole_gradients, void* adopted);
   /// Waits for every reduction in flight before the buffers it writes are freed.
   ~GradBucketer();
   GradBucketer(const GradBucketer&) = delete;
@@ -41,7 +45,7 @@ class GradBucketer {
   /// inside MPI calls): called at every grad_ready() and gather(), so that a reduction proceeds
   /// while the model computes instead of all at once when it is waited for.
   void poll();
-  /// Stages 0-1: the whole gradients (model dtype), reduced in place at the boundary.
+  /// The whole gradients (model dtype), reduced at the boundary; null without whole_gradients.
   char* full_grads() const { return grads_full_.as<char>(); }
   void zero_full_grads();
 
@@ -76,6 +80,7 @@ class GradBucketer {
 
   const EngineContext& context_;
   DType comm_dtype_;
+  bool whole_ = false;    ///< the model writes grads_full_, not slots
   bool scatter_ = false;  ///< stages 1-3 with reduce_scatter: each rank receives its part only
   ReducedGradientSink* sink_ = nullptr;
   TrackedBuffer grads_full_;
@@ -86,6 +91,7 @@ class GradBucketer {
   std::vector<Slot> slots_;
   std::deque<int> in_flight_;
   std::size_t next_launch_ = 0;
+  bool warned_slot_growth_ = false;
 };
 
 }  // namespace zeroshard::detail

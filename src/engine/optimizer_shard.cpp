@@ -41,7 +41,9 @@ OptimizerShard::OptimizerShard(const EngineContext& context, const UpdateRule& r
   }
   const std::int64_t owned = context_.update_end() - owned_begin_;
   master_aliases_params_ = !offloaded() && context_.dtype == DType::kFloat32;
-  if (context_.stage >= 2 || offloaded()) {
+  // With whole gradients (stages 0-1, or handed over at the end of backward) the shard is read
+  // where the bucketer reduced it.
+  if (full_grads_ == nullptr || offloaded()) {
     grad_shard_ = context_.allocate(tier, MemoryCategory::kGradients,
                                     context_.layout.shard_size() * size_of(grad_shard_dtype_));
   }

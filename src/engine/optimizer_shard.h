@@ -20,7 +20,7 @@ using GroupContexts = std::vector<StepContext>;
 
 class OptimizerShard final : public ReducedGradientSink {
  public:
-  /// `full_grads` is the bucketer's whole gradient buffer at stages 0-1 (null otherwise);
+  /// `full_grads` is the bucketer's whole gradient buffer (null when the model writes slots);
   /// `grad_shard_dtype` is the type of the stage 2-3 gradient shard on the device.
   OptimizerShard(const EngineContext& context, const UpdateRule& rule, ParamCoordinator& params,
                  const char* full_grads, DType grad_shard_dtype);

@@ -8,23 +8,41 @@
 
 namespace zeroshard::detail {
 
-ParamCoordinator::ParamCoordinator(const EngineContext& context, Tier shard_tier)
+ParamCoordinator::ParamCoordinator(const EngineContext& context, Tier shard_tier, void* adopted)
     : context_(context), modules_(context.modules.size()) {
   const std::size_t dsize = context_.dsize;
+  const std::size_t full_bytes = context_.layout.padded_total() * dsize;
+  TrackedBuffer model_memory;
+  if (adopted != nullptr) {
+    model_memory = TrackedBuffer::adopt(context_.tracker, MemoryCategory::kParameters, full_bytes,
+                                        context_.resource(Tier::kDevice), adopted);
+  }
   if (context_.stage == 3) {
     param_shard_ = context_.allocate(shard_tier, MemoryCategory::kParameters,
                                      context_.layout.shard_size() * dsize);
     persistent_copies_.resize(context_.params.size());
+    if (!model_memory.empty()) {
+      // The model's initial values: this rank keeps its shard of them.
+      adopted_full_ = std::move(model_memory);
+      const std::int64_t begin = context_.layout.shard_begin(context_.rank);
+      context_.transfer(param_shard_.data(), param_shard_.location(),
+                        adopted_full_.as<char>() + begin * static_cast<std::int64_t>(dsize),
+                        adopted_full_.location(), param_shard_.bytes());
+    }
     for (std::size_t i = 0; i < context_.params.size(); ++i) {
       const ParamInfo& p = context_.params[i];
-      if (p.persistent) {
+      if (p.persistent && adopted_full_.empty()) {
         persistent_copies_[i] =
             context_.allocate(Tier::kDevice, MemoryCategory::kParameters, p.numel * dsize);
       }
     }
+  } else if (!model_memory.empty()) {
+    params_full_ = std::move(model_memory);
   } else {
-    params_full_ = context_.allocate(Tier::kDevice, MemoryCategory::kParameters,
-                                     context_.layout.padded_total() * dsize);
+    params_full_ = context_.allocate(Tier::kDevice, MemoryCategory::kParameters, full_bytes);
+  }
+  for (const ParamInfo& p : context_.params) {
+    if (p.persistent) persistent_elements_ += p.numel;
   }
   std::int64_t frozen_total = 0;
   for (const ParamInfo& p : context_.params) {
@@ -34,7 +52,7 @@ ParamCoordinator::ParamCoordinator(const EngineContext& context, Tier shard_tier
 }
 
 ParamCoordinator::~ParamCoordinator() {
-  for (ModuleState& module : modules_) module.pending = Request();
+  for (ModuleState& module : modules_) module.pending.clear();
 }
 
 MemoryLocation ParamCoordinator::owned_location() const noexcept {
@@ -55,7 +73,7 @@ void* ParamCoordinator::data(int index) {
   if (!p.trainable) return frozen_.as<char>() + p.frozen_offset * dsize;
   const std::int64_t offset = context_.layout.offset(p.tensor);
   if (context_.stage != 3) return params_full_.as<char>() + offset * dsize;
-  if (p.persistent) return persistent_copies_[index].data();
+  if (p.persistent) return persistent_base(index);
   const ModuleInfo& info = context_.modules[p.module];
   ModuleState& m = modules_[p.module];
   ZEROSHARD_CHECK_USAGE(m.users > 0 && m.residency == Residency::kAvailable,
@@ -63,7 +81,19 @@ void* ParamCoordinator::data(int index) {
                                       << "' is not gathered: at ZeRO stage 3 call "
                                          "engine.gather(module) (or hold a GatheredModule) "
                                          "before reading or writing it");
-  return m.gathered.as<char>() + (offset - info.flat_begin) * dsize;
+  return gathered_base(p.module) + (offset - info.flat_begin) * dsize;
+}
+
+char* ParamCoordinator::gathered_base(ModuleId module) {
+  if (adopted_full_.empty()) return modules_[module].gathered.as<char>();
+  return adopted_full_.as<char>() +
+         context_.modules[module].flat_begin * static_cast<std::int64_t>(context_.dsize);
+}
+
+char* ParamCoordinator::persistent_base(int index) {
+  if (adopted_full_.empty()) return persistent_copies_[index].as<char>();
+  return adopted_full_.as<char>() + context_.layout.offset(context_.params[index].tensor) *
+                                        static_cast<std::int64_t>(context_.dsize);
 }
 
 void ParamCoordinator::store(int index, const float* values) {
@@ -84,6 +114,11 @@ void ParamCoordinator::store(int index, const float* values) {
   const std::int64_t a = std::max(lo, context_.layout.shard_begin(context_.rank));
   const std::int64_t b = std::min(hi, context_.layout.shard_end(context_.rank));
   if (b > a) context_.store_host_values(values + (a - lo), owned_at(a), owned_location(), b - a);
+  if (!adopted_full_.empty()) {
+    // The model's whole copy takes the values whether its module is gathered or not.
+    context_.store_host_values(values, adopted_full_.as<char>() + lo * dsize, device, p.numel);
+    return;
+  }
   if (p.persistent) {
     context_.store_host_values(values, persistent_copies_[index].data(), device, p.numel);
   }
@@ -96,8 +131,9 @@ void ParamCoordinator::store(int index, const float* values) {
 }
 
 std::int64_t ParamCoordinator::module_size(ModuleId module) const {
-  const ModuleInfo& info = context_.modules[module];
-  return info.flat_end - info.flat_begin;
+  std::int64_t size = 0;
+  for (const FlatRange& range : context_.modules[module].ranges) size += range.end - range.begin;
+  return size;
 }
 
 void ParamCoordinator::gather(ModuleId module) {
@@ -144,33 +180,45 @@ void ParamCoordinator::start_gather(ModuleId module) {
   ModuleState& m = modules_[module];
   const auto start = std::chrono::steady_clock::now();
   const auto dsize = static_cast<std::int64_t>(context_.dsize);
-  m.gathered =
-      context_.allocate(Tier::kDevice, MemoryCategory::kParameters, module_size(module) * dsize);
-  const std::int64_t lo = std::max(info.flat_begin, context_.layout.shard_begin(context_.rank));
-  const std::int64_t hi = std::min(info.flat_end, context_.layout.shard_end(context_.rank));
-  if (hi > lo) {
-    // Under offload_param the shard is host memory: this copy brings it in.
-    context_.transfer(m.gathered.as<char>() + (lo - info.flat_begin) * dsize, m.gathered.location(),
-                      owned_at(lo), owned_location(), (hi - lo) * dsize);
+  if (adopted_full_.empty()) {
+    m.gathered =
+        context_.allocate(Tier::kDevice, MemoryCategory::kParameters, module_size(module) * dsize);
   }
-  const auto counts = context_.layout.rank_counts(info.flat_begin, info.flat_end);
-  m.pending = context_.comm.all_gather_async(m.gathered.data(), counts, context_.dtype);
+  char* gathered = gathered_base(module);
+  const MemoryLocation gathered_location = context_.backend.memory().location();
+  // One range for a module of whole parameters; one per slice otherwise (those land in the
+  // adopted memory where they sit in the whole tensors).
+  for (const FlatRange& range : info.ranges) {
+    char* target = gathered + (range.begin - info.flat_begin) * dsize;
+    const std::int64_t lo = std::max(range.begin, context_.layout.shard_begin(context_.rank));
+    const std::int64_t hi = std::min(range.end, context_.layout.shard_end(context_.rank));
+    if (hi > lo) {
+      // Under offload_param the shard is host memory: this copy brings it in.
+      context_.transfer(target + (lo - range.begin) * dsize, gathered_location, owned_at(lo),
+                        owned_location(), (hi - lo) * dsize);
+    }
+    const auto counts = context_.layout.rank_counts(range.begin, range.end);
+    m.pending.push_back(context_.comm.all_gather_async(target, counts, context_.dtype));
+  }
   m.residency = Residency::kInFlight;
   live_elements_ += module_size(module);
+  peak_live_elements_ = std::max(peak_live_elements_, live_elements_);
   context_.times.gather += seconds_since(start);
 }
 
 void ParamCoordinator::finish_gather(ModuleId module) {
   ModuleState& m = modules_[module];
   const auto start = std::chrono::steady_clock::now();
-  m.pending.wait();
+  for (Request& request : m.pending) request.wait();
+  m.pending.clear();
   m.residency = Residency::kAvailable;
   context_.times.gather += seconds_since(start);
 }
 
 void ParamCoordinator::free_module(ModuleId module) {
   ModuleState& m = modules_[module];
-  if (m.residency == Residency::kInFlight) m.pending.wait();
+  for (Request& request : m.pending) request.wait();
+  m.pending.clear();
   m.gathered.reset();
   m.residency = Residency::kReleased;
   live_elements_ -= module_size(module);
@@ -237,7 +285,7 @@ void ParamCoordinator::release_all_after_step(const char* caller) {
 
 void ParamCoordinator::poll() {
   for (ModuleState& m : modules_) {
-    if (m.residency == Residency::kInFlight) m.pending.test();
+    for (Request& request : m.pending) request.test();
   }
 }
 
@@ -288,17 +336,18 @@ void ParamCoordinator::refresh_persistent_params() {
   for (std::size_t i = 0; i < context_.params.size(); ++i) {
     const ParamInfo& p = context_.params[i];
     if (!p.persistent) continue;
-    TrackedBuffer& copy = persistent_copies_[i];
+    char* copy = persistent_base(static_cast<int>(i));
+    const MemoryLocation copy_location = context_.backend.memory().location();
     const std::int64_t lo = layout.offset(p.tensor);
     const std::int64_t hi = lo + p.numel;
     const std::int64_t a = std::max(lo, layout.shard_begin(context_.rank));
     const std::int64_t b = std::min(hi, layout.shard_end(context_.rank));
     if (b > a) {
-      context_.transfer(copy.as<char>() + (a - lo) * dsize, copy.location(), owned_at(a),
-                        owned_location(), (b - a) * dsize);
+      context_.transfer(copy + (a - lo) * dsize, copy_location, owned_at(a), owned_location(),
+                        (b - a) * dsize);
     }
     requests.push_back(
-        context_.comm.all_gather_async(copy.data(), layout.rank_counts(lo, hi), context_.dtype));
+        context_.comm.all_gather_async(copy, layout.rank_counts(lo, hi), context_.dtype));
   }
   for (Request& r : requests) r.wait();
 }

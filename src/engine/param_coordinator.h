@@ -15,7 +15,9 @@ class ParamCoordinator {
  public:
   /// Allocates the whole flat buffer (stages 0-2) or this rank's shard in `shard_tier` (stage 3;
   /// host memory under offload_param), the persistent copies and the frozen parameters.
-  ParamCoordinator(const EngineContext& context, Tier shard_tier);
+  /// `adopted`, when not null, is the model's own flat parameter memory: stages 0-2 work in it
+  /// instead of a buffer of their own, stage 3 takes its shard from it and gathers into it.
+  ParamCoordinator(const EngineContext& context, Tier shard_tier, void* adopted);
   /// Waits for every gather in flight before the buffers it writes are freed.
   ~ParamCoordinator();
   ParamCoordinator(const ParamCoordinator&) = delete;
@@ -38,6 +40,11 @@ class ParamCoordinator {
   void after_update();
   /// Lets the transport advance the gathers in flight.
   void poll();
+  /// The most elements held gathered at once (modules, prefetched ones included, and the
+  /// persistent parameters).
+  std::int64_t peak_gathered_elements() const noexcept {
+    return peak_live_elements_ + persistent_elements_;
+  }
 
  private:
   enum class Residency { kReleased, kInFlight, kAvailable };
@@ -45,7 +52,7 @@ class ParamCoordinator {
     Residency residency = Residency::kReleased;
     int users = 0;  ///< gather() calls not yet matched by release()
     TrackedBuffer gathered;
-    Request pending;
+    std::vector<Request> pending;  ///< one all-gather per range
   };
 
   std::int64_t module_size(ModuleId module) const;
@@ -54,12 +61,17 @@ class ParamCoordinator {
   void free_module(ModuleId module);
   void prefetch_after(std::size_t trace_index);
   bool reused_soon(ModuleId module) const;
+  /// Stage 3: where module `module`'s gathered copy starts, and parameter `index`'s persistent
+  /// copy: buffers of their own, or their place in the adopted memory.
+  char* gathered_base(ModuleId module);
+  char* persistent_base(int index);
   void all_gather_parameters();
   void refresh_persistent_params();
 
   const EngineContext& context_;
-  TrackedBuffer params_full_;  ///< stages 0-2: every trainable parameter, model dtype
-  TrackedBuffer param_shard_;  ///< stage 3: this rank's shard, model dtype
+  TrackedBuffer params_full_;   ///< stages 0-2: every trainable parameter, model dtype
+  TrackedBuffer param_shard_;   ///< stage 3: this rank's shard, model dtype
+  TrackedBuffer adopted_full_;  ///< stage 3: the model's own memory that gathers fill
   TrackedBuffer frozen_;
   std::vector<TrackedBuffer> persistent_copies_;  ///< stage 3: by parameter index, or empty
   std::vector<ModuleState> modules_;
@@ -69,6 +81,8 @@ class ParamCoordinator {
   bool trace_valid_ = false;
   std::size_t trace_position_ = 0;
   std::int64_t live_elements_ = 0;
+  std::int64_t peak_live_elements_ = 0;
+  std::int64_t persistent_elements_ = 0;
 };
 
 }  // namespace zeroshard::detail

@@ -113,6 +113,8 @@ std::string EngineState::agreement_description() const {
        << rule_->default_weight_decay() << ", " << rule_->state_count() << " state arrays";
   if (const auto beta1 = rule_->beta1()) rule << ", beta1 " << *beta1;
   entries.push_back({false, "the update rule", rule.str()});
+  entries.push_back({false, "the gradient handover",
+                     grad_handover_ == GradHandover::kAtEnd ? "at the end" : "per parameter"});
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     const ParamGroupOptions& options = groups_[g].options;
     std::ostringstream os;

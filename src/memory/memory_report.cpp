@@ -90,6 +90,13 @@ std::string MemoryReport::to_table() const {
                   static_cast<long long>(total), mib(total).c_str(),
                   static_cast<long long>(total_peak[l]), mib(total_peak[l]).c_str());
     os << line;
+    for (int c = 0; c < kMemoryCategoryCount; ++c) {
+      if (adopted[l][c] == 0) continue;
+      std::snprintf(line, sizeof line, "  of which the model's own %s: %lld B (%s MiB)\n",
+                    to_string(static_cast<MemoryCategory>(c)),
+                    static_cast<long long>(adopted[l][c]), mib(adopted[l][c]).c_str());
+      os << line;
+    }
   }
   std::snprintf(line, sizeof line, "  process peak RSS   %16lld %12s\n",
                 static_cast<long long>(process_peak_rss), mib(process_peak_rss).c_str());
@@ -105,7 +112,8 @@ std::string MemoryReport::to_json() const {
     for (int c = 0; c < kMemoryCategoryCount; ++c) {
       const MemoryUsage& u = usage[l][c];
       os << (c ? "," : "") << "\"" << to_string(static_cast<MemoryCategory>(c))
-         << "\":{\"current\":" << u.current << ",\"peak\":" << u.peak << "}";
+         << "\":{\"current\":" << u.current << ",\"peak\":" << u.peak
+         << ",\"adopted\":" << adopted[l][c] << "}";
     }
     os << ",\"total_peak\":" << total_peak[l] << "}";
   }

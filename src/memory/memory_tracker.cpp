@@ -14,9 +14,11 @@
 
 namespace zeroshard::detail {
 
-void MemoryTracker::add(MemoryLocation location, MemoryCategory category, std::int64_t bytes) {
+void MemoryTracker::add(MemoryLocation location, MemoryCategory category, std::int64_t bytes,
+                        bool adopted) {
   std::lock_guard lock(mutex_);
   const int l = static_cast<int>(location);
+  if (adopted) adopted_[l][static_cast<int>(category)] += bytes;
   MemoryUsage& usage = usage_[l][static_cast<int>(category)];
   usage.current += bytes;
   if (usage.current > usage.peak) usage.peak = usage.current;
@@ -24,9 +26,11 @@ void MemoryTracker::add(MemoryLocation location, MemoryCategory category, std::i
   if (total_current_[l] > total_peak_[l]) total_peak_[l] = total_current_[l];
 }
 
-void MemoryTracker::remove(MemoryLocation location, MemoryCategory category, std::int64_t bytes) {
+void MemoryTracker::remove(MemoryLocation location, MemoryCategory category, std::int64_t bytes,
+                           bool adopted) {
   std::lock_guard lock(mutex_);
   const int l = static_cast<int>(location);
+  if (adopted) adopted_[l][static_cast<int>(category)] -= bytes;
   usage_[l][static_cast<int>(category)].current -= bytes;
   total_current_[l] -= bytes;
 }
@@ -36,11 +40,20 @@ std::int64_t MemoryTracker::current(MemoryCategory category, MemoryLocation loca
   return usage_[static_cast<int>(location)][static_cast<int>(category)].current;
 }
 
+void MemoryTracker::reset_peaks() {
+  std::lock_guard lock(mutex_);
+  for (auto& location : usage_) {
+    for (MemoryUsage& usage : location) usage.peak = usage.current;
+  }
+  total_peak_ = total_current_;
+}
+
 MemoryReport MemoryTracker::report(int rank, int world_size) const {
   MemoryReport report;
   {
     std::lock_guard lock(mutex_);
     report.usage = usage_;
+    report.adopted = adopted_;
     report.total_peak = total_peak_;
   }
   report.rank = rank;
@@ -86,12 +99,27 @@ TrackedBuffer::TrackedBuffer(MemoryTracker& tracker, MemoryCategory category, st
   tracker_->add(resource.location(), category_, static_cast<std::int64_t>(bytes_));
 }
 
+TrackedBuffer TrackedBuffer::adopt(MemoryTracker& tracker, MemoryCategory category,
+                                   std::size_t bytes, MemoryResource& resource, void* data) {
+  TrackedBuffer buffer;
+  if (bytes == 0) return buffer;
+  buffer.tracker_ = &tracker;
+  buffer.resource_ = &resource;
+  buffer.category_ = category;
+  buffer.data_ = data;
+  buffer.bytes_ = bytes;
+  buffer.adopted_ = true;
+  tracker.add(resource.location(), category, static_cast<std::int64_t>(bytes), true);
+  return buffer;
+}
+
 TrackedBuffer::TrackedBuffer(TrackedBuffer&& other) noexcept
     : tracker_(other.tracker_),
       resource_(other.resource_),
       category_(other.category_),
       data_(std::exchange(other.data_, nullptr)),
-      bytes_(std::exchange(other.bytes_, 0)) {}
+      bytes_(std::exchange(other.bytes_, 0)),
+      adopted_(std::exchange(other.adopted_, false)) {}
 
 TrackedBuffer& TrackedBuffer::operator=(TrackedBuffer&& other) noexcept {
   if (this != &other) {
@@ -101,6 +129,7 @@ TrackedBuffer& TrackedBuffer::operator=(TrackedBuffer&& other) noexcept {
     category_ = other.category_;
     data_ = std::exchange(other.data_, nullptr);
     bytes_ = std::exchange(other.bytes_, 0);
+    adopted_ = std::exchange(other.adopted_, false);
   }
   return *this;
 }
@@ -109,11 +138,12 @@ TrackedBuffer::~TrackedBuffer() { reset(); }
 
 void TrackedBuffer::reset() noexcept {
   if (data_ != nullptr) {
-    resource_->deallocate(data_);
-    tracker_->remove(resource_->location(), category_, static_cast<std::int64_t>(bytes_));
+    if (!adopted_) resource_->deallocate(data_);
+    tracker_->remove(resource_->location(), category_, static_cast<std::int64_t>(bytes_), adopted_);
   }
   data_ = nullptr;
   bytes_ = 0;
+  adopted_ = false;
 }
 
 std::int64_t process_peak_rss_bytes() {

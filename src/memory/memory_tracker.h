@@ -14,15 +14,21 @@ namespace zeroshard::detail {
 /// Counts bytes per (location, category), current and peak. One per engine; thread-safe.
 class MemoryTracker {
  public:
-  void add(MemoryLocation location, MemoryCategory category, std::int64_t bytes);
-  void remove(MemoryLocation location, MemoryCategory category, std::int64_t bytes);
+  /// `adopted`: the bytes are the model's own memory, counted and also listed as adopted.
+  void add(MemoryLocation location, MemoryCategory category, std::int64_t bytes,
+           bool adopted = false);
+  void remove(MemoryLocation location, MemoryCategory category, std::int64_t bytes,
+              bool adopted = false);
   MemoryReport report(int rank, int world_size) const;
+  /// Every peak becomes the current value.
+  void reset_peaks();
   std::int64_t current(MemoryCategory category,
                        MemoryLocation location = MemoryLocation::kHost) const;
 
  private:
   mutable std::mutex mutex_;
   std::array<std::array<MemoryUsage, kMemoryCategoryCount>, kMemoryLocationCount> usage_{};
+  std::array<std::array<std::int64_t, kMemoryCategoryCount>, kMemoryLocationCount> adopted_{};
   std::array<std::int64_t, kMemoryLocationCount> total_current_{};
   std::array<std::int64_t, kMemoryLocationCount> total_peak_{};
 };
@@ -51,6 +57,10 @@ class TrackedBuffer {
   TrackedBuffer() = default;
   TrackedBuffer(MemoryTracker& tracker, MemoryCategory category, std::size_t bytes,
                 MemoryResource& resource = host_memory());
+  /// Memory the model owns (Engine::adopt_memory), charged to `category` at `resource`'s
+  /// location and listed as adopted; never freed, nor zeroed.
+  static TrackedBuffer adopt(MemoryTracker& tracker, MemoryCategory category, std::size_t bytes,
+                             MemoryResource& resource, void* data);
   TrackedBuffer(TrackedBuffer&& other) noexcept;
   TrackedBuffer& operator=(TrackedBuffer&& other) noexcept;
   TrackedBuffer(const TrackedBuffer&) = delete;
@@ -67,7 +77,7 @@ class TrackedBuffer {
   MemoryLocation location() const noexcept {
     return resource_ ? resource_->location() : MemoryLocation::kHost;
   }
-  /// Frees the memory now; the buffer becomes empty.
+  /// Frees the memory now (adopted memory is only no longer counted); the buffer becomes empty.
   void reset() noexcept;
 
  private:
@@ -76,6 +86,7 @@ class TrackedBuffer {
   MemoryCategory category_ = MemoryCategory::kParameters;
   void* data_ = nullptr;
   std::size_t bytes_ = 0;
+  bool adopted_ = false;
 };
 
 /// Peak resident set size of this process in bytes (VmHWM from /proc/self/status), 0 if unknown.

@@ -62,6 +62,31 @@ TEST(EngineShapes, ParametersTotallingMoreThanTheEngineAddressesAreRefusedAtFina
   EXPECT_THAT(message, HasSubstr("2^56"));
 }
 
+TEST(EngineUserRule, AConfigOptimizerSectionBesideItIsAConfigErrorNamingEveryKey) {
+  const Config config = Config::from_json_string(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "optimizer": {"type": "AdamW", "params": {"weight_decay": 0.1, "betas": [0.9, 0.95]}}})",
+      Communicator::from_environment()->size());
+  const Device device = test_device();
+  try {
+    Engine engine(config, device, Communicator::from_environment(device), make_sgd({.lr = 0.1}));
+    FAIL() << "the config's optimizer section was ignored without a word";
+  } catch (const ConfigError& error) {
+    EXPECT_EQ(error.key_path(), "optimizer.params.betas");
+    const std::string what = error.what();
+    EXPECT_THAT(what, HasSubstr("'sgd'"));
+    EXPECT_THAT(what, HasSubstr("optimizer.type ('adamw')"));
+    EXPECT_THAT(what, HasSubstr("optimizer.params.weight_decay"));
+  }
+}
+
+TEST(EngineUserRule, AConfigWithoutAnOptimizerSectionTakesIt) {
+  Config config;
+  const Device device = test_device();
+  Engine engine(config, device, Communicator::from_environment(device), make_sgd({.lr = 0.1}));
+  EXPECT_EQ(engine.update_rule().name(), "sgd");
+}
+
 TEST(EngineLearningRate, NonFiniteValuesAreRefused) {
   Engine engine = toy_engine();
   const double inf = std::numeric_limits<double>::infinity();
