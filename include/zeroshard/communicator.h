@@ -13,6 +13,10 @@
 #include "zeroshard/device.h"
 #include "zeroshard/dtype.h"
 
+/// NCCL's communicator (nccl.h: typedef struct ncclComm* ncclComm_t), declared here so that this
+/// header needs no nccl.h.
+struct ncclComm;
+
 namespace zeroshard {
 
 namespace detail {
@@ -122,6 +126,23 @@ class Communicator {
   /// MPI with host staging ("mpi+staging") when ranks share a GPU, which NCCL refuses.
   /// ZEROSHARD_COMM_BACKEND=nccl or mpi overrides the choice.
   static std::unique_ptr<Communicator> from_environment(const Device& device);
+
+  /// MPI over the program's own communicator `comm` (an MPI_Comm), duplicated so that the
+  /// engine's messages never match the program's: the data-parallel group of a run that also
+  /// splits its ranks for tensor or pipeline parallelism (MPI_Comm_split). Collective over
+  /// `comm`. Defined in zeroshard/communicator_mpi.h, the one public header that includes
+  /// <mpi.h>; a program that does not call it needs no MPI headers.
+  template <typename MpiComm>
+  static std::unique_ptr<Communicator> from_mpi(MpiComm comm);
+  /// NCCL over the program's own communicator `comm` (an ncclComm_t), on the current CUDA device:
+  /// a new communicator split from it with every rank in the same order (ncclCommSplit), so that
+  /// the engine's collectives are never mixed with the program's. Collective over `comm`; the
+  /// program keeps and destroys `comm`. Throws UsageError in a build without CUDA.
+  static std::unique_ptr<Communicator> from_nccl(ncclComm* comm);
+  /// A data-parallel group split from the program's NCCL communicator `parent`: the ranks that
+  /// pass the same `color` (>= 0) form one communicator, ranked by `key` (ncclCommSplit).
+  /// Collective over `parent`.
+  static std::unique_ptr<Communicator> from_nccl(ncclComm* parent, int color, int key);
 
   virtual int rank() const noexcept = 0;
   virtual int size() const noexcept = 0;

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <exception>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -15,6 +16,7 @@
 #include "config/config_values.h"
 #include "util/check.h"
 #include "util/log.h"
+#include "zeroshard/communicator_mpi.h"
 
 namespace zeroshard {
 namespace {
@@ -219,6 +221,36 @@ std::unique_ptr<Communicator> Communicator::from_environment() {
   detail::set_rank_for_messages(communicator->rank());
   return communicator;
 }
+
+std::unique_ptr<Communicator> Communicator::from_nccl(ncclComm* comm) {
+#if ZEROSHARD_WITH_CUDA
+  return detail::make_split_nccl_communicator(comm, 0, std::nullopt);
+#else
+  (void)comm;
+  throw UsageError("Communicator::from_nccl: zeroshard was built without CUDA");
+#endif
+}
+
+std::unique_ptr<Communicator> Communicator::from_nccl(ncclComm* parent, int color, int key) {
+#if ZEROSHARD_WITH_CUDA
+  return detail::make_split_nccl_communicator(parent, color, key);
+#else
+  (void)parent;
+  (void)color;
+  (void)key;
+  throw UsageError("Communicator::from_nccl: zeroshard was built without CUDA");
+#endif
+}
+
+namespace detail {
+
+std::unique_ptr<Communicator> communicator_from_mpi_handle(int fortran_handle) {
+  return make_mpi_communicator({.timeout = collective_timeout_from_environment(),
+                                .reduce_scatter = reduce_scatter_algorithm_from_environment()},
+                               fortran_handle);
+}
+
+}  // namespace detail
 
 std::vector<std::string> Communicator::all_gather_text(const std::string& text) {
   return detail::gather_text(text, rank(), size(),
