@@ -111,9 +111,10 @@ TEST(Config, ResolvedDumpShowsEveryTableDefault) {
   for (const detail::KeySpec& spec : detail::key_specs()) {
     if (spec.status == detail::KeyStatus::kAlias ||
         spec.status == detail::KeyStatus::kDeprecatedAlias ||
-        spec.status == detail::KeyStatus::kNoEffect || spec.kind == detail::ValueKind::kSection ||
-        spec.path.starts_with("optimizer") || spec.path.starts_with("scheduler") ||
-        spec.path.starts_with("train_") || spec.path.starts_with("gradient_accumulation") ||
+        spec.status == detail::KeyStatus::kNoEffect || spec.status == detail::KeyStatus::kRemoved ||
+        spec.kind == detail::ValueKind::kSection || spec.path.starts_with("optimizer") ||
+        spec.path.starts_with("scheduler") || spec.path.starts_with("train_") ||
+        spec.path.starts_with("gradient_accumulation") ||
         spec.path == "zero_optimization.overlap_comm") {
       continue;
     }
@@ -123,22 +124,6 @@ TEST(Config, ResolvedDumpShowsEveryTableDefault) {
     EXPECT_EQ(dump[nlohmann::json::json_pointer(pointer)], nlohmann::json::parse(spec.default_json))
         << spec.path;
   }
-}
-
-TEST(Config, AutoFallsBackToTheDefault) {
-  Config config = Config::from_json_string(R"({
-    "train_batch_size": "auto", "train_micro_batch_size_per_gpu": 2,
-    "gradient_clipping": "auto",
-    "zero_optimization": {"stage": 2, "reduce_bucket_size": "auto", "overlap_comm": "auto"},
-    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": 0.1}},
-    "fp16": {"enabled": "auto"}})");
-  EXPECT_EQ(config.train_batch_size, 2);
-  EXPECT_EQ(config.gradient_clipping, 1.0);
-  EXPECT_EQ(config.zero_optimization.reduce_bucket_size, 500000000);
-  EXPECT_FALSE(config.zero_optimization.overlap_comm);
-  EXPECT_FALSE(config.fp16.enabled);
-  EXPECT_FALSE(config.optimizer.params.contains("lr"));
-  EXPECT_EQ(config.optimizer.params.at("weight_decay"), 0.1);
 }
 
 TEST(Config, AcceptsScientificNotationForIntegerKeys) {
@@ -258,8 +243,11 @@ TEST(Config, AcceptsPythonSideIntegrationsWithANotice) {
 
 TEST(Config, AcceptsRefusedKeysAtTheirDefaults) {
   Config config = Config::from_json_string(R"({"train_batch_size": 8,
-    "sparse_gradients": false, "zero_optimization": {"zero_hpz_partition_size": 1,
-    "zero_quantized_weights": false, "zero_quantized_gradients": false, "mics_shard_size": 0},
+    "gradient_allreduce_op": "MEAN", "torch_autocast": {"enabled": false, "dtype": "bfloat16"},
+    "data_types": {"param_dtype": null},
+    "zero_optimization": {"zero_hpz_partition_size": 1, "zero_quantized_weights": false,
+    "zero_quantized_gradients": false, "compute_grad_norm": true, "parameter_alignment": 16,
+    "enable_sanity_checks": false},
     "activation_checkpointing": {"partition_activations": false, "number_checkpoints": null},
     "checkpoint": {"tag_validation": "WARN"}})");
   EXPECT_EQ(config.zero_optimization.stage, 0);
@@ -321,9 +309,9 @@ TEST(ConfigValidation, OffloadOptimizerHasNoBufferSize) {
 
 TEST(ConfigValidation, WrongJsonTypeSaysWhatWasFound) {
   ConfigError error =
-      config_error(R"({"train_batch_size": 8, "zero_optimization": {"stage": "3"}})");
+      config_error(R"({"train_batch_size": 8, "zero_optimization": {"stage": "three"}})");
   EXPECT_EQ(error.key_path(), "zero_optimization.stage");
-  EXPECT_THAT(error.what(), HasSubstr("got string \"3\", expected an integer"));
+  EXPECT_THAT(error.what(), HasSubstr("got string \"three\", expected an integer"));
 }
 
 TEST(ConfigValidation, BooleanIsNotANumber) {
@@ -352,10 +340,10 @@ TEST(ConfigValidation, NegativeBucketSize) {
   EXPECT_THAT(error.what(), HasSubstr("got -5, expected > 0"));
 }
 
-TEST(ConfigValidation, ZeroBucketSize) {
+TEST(ConfigValidation, ZeroReduceBucketSize) {
   ConfigError error =
-      config_error(R"({"train_batch_size": 8, "zero_optimization": {"allgather_bucket_size": 0}})");
-  EXPECT_EQ(error.key_path(), "zero_optimization.allgather_bucket_size");
+      config_error(R"({"train_batch_size": 8, "zero_optimization": {"reduce_bucket_size": 0}})");
+  EXPECT_EQ(error.key_path(), "zero_optimization.reduce_bucket_size");
   EXPECT_THAT(error.what(), HasSubstr("got 0, expected > 0"));
 }
 
@@ -569,7 +557,7 @@ TEST(ConfigValidation, DeprecatedAndNewNameTogether) {
 TEST(ConfigValidation, ZeroPlusPlusAndMicsAreRefused) {
   for (const char* setting :
        {R"("zero_quantized_weights": true)", R"("zero_quantized_gradients": true)",
-        R"("zero_hpz_partition_size": 8)", R"("mics_shard_size": 4)"}) {
+        R"("zero_hpz_partition_size": 8)"}) {
     ConfigError error =
         config_error(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, )" +
                      std::string(setting) + "}}");
@@ -579,14 +567,135 @@ TEST(ConfigValidation, ZeroPlusPlusAndMicsAreRefused) {
 }
 
 TEST(ConfigValidation, UnimplementedPrecisionFlagsAreRefused) {
-  for (const char* text : {R"({"sparse_gradients": true})", R"({"fp16": {"auto_cast": true}})",
-                           R"({"fp16": {"fp16_master_weights_and_grads": true}})",
-                           R"({"bf16": {"immediate_grad_update": true}})"}) {
+  for (const char* text :
+       {R"({"fp16": {"auto_cast": true}})", R"({"fp16": {"fp16_master_weights_and_grads": true}})",
+        R"({"bf16": {"immediate_grad_update": true}})"}) {
     auto document = nlohmann::json::parse(text);
     document["train_batch_size"] = 8;
     ConfigError error = config_error(document.dump());
     EXPECT_THAT(error.what(), HasSubstr("not implemented in zeroshard")) << text;
   }
+}
+
+// --- parity with DeepSpeed 0.19.8's parser ---------------------------------------------------
+
+TEST(DeepSpeedParity, NewerKeysAreRefusedByNameWhenTheyAskForSomethingElse) {
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"zero_optimization": {"compute_grad_norm": false}})",
+       "zero_optimization.compute_grad_norm"},
+      {R"({"zero_optimization": {"parameter_alignment": 64}})",
+       "zero_optimization.parameter_alignment"},
+      {R"({"zero_optimization": {"enable_sanity_checks": true}})",
+       "zero_optimization.enable_sanity_checks"},
+      {R"({"data_types": {"param_dtype": "bf16"}})", "data_types.param_dtype"},
+      {R"({"torch_autocast": {"enabled": true, "dtype": "bfloat16"}})", "torch_autocast.enabled"},
+      {R"({"gradient_allreduce_op": "sum"})", "gradient_allreduce_op"},
+  };
+  for (const auto& [text, key_path] : cases) {
+    auto document = nlohmann::json::parse(text);
+    document["train_batch_size"] = 8;
+    ConfigError error = config_error(document.dump());
+    EXPECT_EQ(error.key_path(), key_path) << text;
+    EXPECT_THAT(error.what(), HasSubstr("not implemented in zeroshard")) << text;
+  }
+}
+
+TEST(DeepSpeedParity, AlignmentsThatDivideThirtyTwoBytesHold) {
+  for (int bytes : {0, 1, 2, 4, 8, 16, 32}) {
+    const Config config = Config::from_json_string(
+        R"({"train_batch_size": 8, "zero_optimization": {"parameter_alignment": )" +
+        std::to_string(bytes) + "}}");
+    EXPECT_EQ(config.zero_optimization.stage, 0) << bytes;
+  }
+}
+
+TEST(DeepSpeedParity, CoercesValuesAsPydanticDoes) {
+  const Config config = Config::from_json_string(R"({"train_batch_size": 8,
+    "zero_optimization": {"stage": "2", "reduce_bucket_size": "500000000", "overlap_comm": 1,
+      "contiguous_gradients": "true", "allgather_partitions": "Yes", "reduce_scatter": 0.0},
+    "fp16": {"enabled": "true", "loss_scale_window": " 500 ", "loss_scale": "1e3"}})");
+  EXPECT_EQ(config.zero_optimization.stage, 2);
+  EXPECT_EQ(config.zero_optimization.reduce_bucket_size, 500000000);
+  EXPECT_TRUE(config.zero_optimization.overlap_comm);
+  EXPECT_TRUE(config.zero_optimization.contiguous_gradients);
+  EXPECT_TRUE(config.zero_optimization.allgather_partitions);
+  EXPECT_FALSE(config.zero_optimization.reduce_scatter);
+  EXPECT_TRUE(config.fp16.enabled);
+  EXPECT_EQ(config.fp16.loss_scale_window, 500);
+  EXPECT_EQ(config.fp16.loss_scale, 1000.0);
+  const Config bf16 =
+      Config::from_json_string(R"({"train_batch_size": 8, "bf16": {"enabled": "on"}})");
+  EXPECT_TRUE(bf16.bf16.enabled);
+}
+
+TEST(DeepSpeedParity, CoercionStopsWherePydanticStops) {
+  // Pydantic takes 0 and 1 for a boolean, not 2; an integer string, not a fraction.
+  ConfigError two =
+      config_error(R"({"train_batch_size": 8, "zero_optimization": {"overlap_comm": 2}})");
+  EXPECT_EQ(two.key_path(), "zero_optimization.overlap_comm");
+  EXPECT_THAT(two.what(), HasSubstr("got 2, expected a boolean"));
+  ConfigError fraction =
+      config_error(R"({"train_batch_size": 8, "zero_optimization": {"stage": "2.5"}})");
+  EXPECT_EQ(fraction.key_path(), "zero_optimization.stage");
+  // Top-level keys are read with get_scalar_param in DeepSpeed: no coercion.
+  ConfigError top = config_error(R"({"train_batch_size": "8"})");
+  EXPECT_EQ(top.key_path(), "train_batch_size");
+}
+
+TEST(DeepSpeedParity, ReadsTheOldBooleanZeroSwitch) {
+  const Config on = Config::from_json_string(
+      R"({"train_batch_size": 8, "zero_optimization": true, "allgather_size": 2e8})");
+  EXPECT_EQ(on.zero_optimization.stage, 1);
+  EXPECT_EQ(on.zero_optimization.allgather_bucket_size, 200000000);
+  ASSERT_EQ(on.notices().size(), 1u);
+  EXPECT_THAT(on.notices()[0], HasSubstr("deprecated boolean form"));
+  const Config off =
+      Config::from_json_string(R"({"train_batch_size": 8, "zero_optimization": false})");
+  EXPECT_EQ(off.zero_optimization.stage, 0);
+  ConfigError stray = config_error(R"({"train_batch_size": 8, "allgather_size": 2e8})");
+  EXPECT_EQ(stray.key_path(), "allgather_size");
+}
+
+TEST(DeepSpeedParity, AcceptsDeepSpeedsRangesWithItsMeaning) {
+  const Config config = Config::from_json_string(R"({"train_batch_size": 8,
+    "gradient_clipping": -1, "steps_per_print": 0,
+    "zero_optimization": {"allgather_bucket_size": 0}, "fp16": {"hysteresis": 0}})");
+  EXPECT_EQ(config.gradient_clipping, -1.0);
+  EXPECT_EQ(config.steps_per_print, 0);
+  EXPECT_EQ(config.zero_optimization.allgather_bucket_size, 0);
+  EXPECT_EQ(config.fp16.hysteresis, 0);
+}
+
+TEST(DeepSpeedParity, KeysRemovedInTheNewestDeepSpeedAreRejectedAtAnyValue) {
+  for (const auto& [text, key_path] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"sparse_gradients": false})", "sparse_gradients"},
+           {R"({"zero_optimization": {"mics_shard_size": -1}})",
+            "zero_optimization.mics_shard_size"},
+           {R"({"zero_optimization": {"mics_hierarchical_params_gather": false}})",
+            "zero_optimization.mics_hierarchical_params_gather"},
+           {R"({"zero_optimization": {"zeropp_loco_param": {"err_beta": 0.8}}})",
+            "zero_optimization.zeropp_loco_param"}}) {
+    auto document = nlohmann::json::parse(text);
+    document["train_batch_size"] = 8;
+    ConfigError error = config_error(document.dump());
+    EXPECT_EQ(error.key_path(), key_path);
+    EXPECT_THAT(error.what(), HasSubstr("removed in DeepSpeed 0.19.8"));
+  }
+}
+
+TEST(DeepSpeedParity, MinLossScaleIsAnInteger) {
+  ConfigError error = config_error(R"({"train_batch_size": 8, "fp16": {"min_loss_scale": 0.5}})");
+  EXPECT_EQ(error.key_path(), "fp16.min_loss_scale");
+  EXPECT_THAT(error.what(), HasSubstr("got 0.5, expected an integer"));
+}
+
+TEST(DeepSpeedParity, FlopsProfilerTurnsOnTheWallClockBreakdown) {
+  const Config on = Config::from_json_string(
+      R"({"train_batch_size": 8, "flops_profiler": {"enabled": true, "profile_step": 1}})");
+  EXPECT_TRUE(on.wall_clock_breakdown);
+  const Config off =
+      Config::from_json_string(R"({"train_batch_size": 8, "flops_profiler": {"enabled": false}})");
+  EXPECT_FALSE(off.wall_clock_breakdown);
 }
 
 TEST(Config, ActivationCheckpointingKeysAreRead) {
@@ -626,7 +735,7 @@ TEST(ConfigValidation, ActivationCheckpointingTypesAreCheckedFirst) {
 
 TEST(ConfigValidation, MistakesAreReportedBeforeRefusals) {
   ConfigError error = config_error(
-      R"({"train_batch_size": 8, "sparse_gradients": true, "zero_optimization": {"stage": 9}})");
+      R"({"train_batch_size": 8, "dump_state": true, "zero_optimization": {"stage": 9}})");
   EXPECT_EQ(error.key_path(), "zero_optimization.stage");
 }
 
@@ -920,6 +1029,30 @@ TEST(ExampleConfigs, AllFourStagesParse) {
     EXPECT_EQ(config.zero_optimization.prefetch_bucket_size, 50000);
     EXPECT_TRUE(config.notices().empty()) << path;
   }
+}
+
+TEST_F(ConfigTool, FillsAutoValuesFromFlags) {
+  if (source_dir().empty()) GTEST_SKIP() << "ZEROSHARD_SOURCE_DIR is not set (run via ctest)";
+  const std::string file =
+      "'" + (source_dir() / "tests" / "configs" / "hf_zero3_auto.json").string() + "'";
+  ASSERT_EQ(run(file + " --world-size 2 --per-device-train-batch-size 4 "
+                       "--gradient-accumulation-steps=2 --max-grad-norm 1 --learning-rate 3e-4 "
+                       "--adam-beta1 0.9 --adam-beta2 0.95 --adam-epsilon 1e-8 --weight-decay 0 "
+                       "--num-training-steps 1000 --warmup-steps 10 --fp16 false --bf16 true "
+                       "--hidden-size 1024"),
+            0)
+      << err_;
+  auto resolved = nlohmann::json::parse(out_);
+  EXPECT_EQ(resolved["train_batch_size"], 16);
+  EXPECT_EQ(resolved["zero_optimization"]["stage3_prefetch_bucket_size"], 943718);
+  EXPECT_EQ(resolved["optimizer"]["params"]["lr"], 3e-4);
+
+  EXPECT_EQ(run(file), 1);
+  EXPECT_THAT(err_, HasSubstr("train_micro_batch_size_per_gpu: \"auto\" needs the program's "
+                              "value: pass ConfigOverrides::per_device_train_batch_size "
+                              "(--per-device-train-batch-size)"));
+  EXPECT_EQ(run(file + " --learning-rate fast"), 2);
+  EXPECT_THAT(err_, HasSubstr("--learning-rate: got 'fast', expected a finite number"));
 }
 
 TEST(ConfigReference, DocsHoldTheGeneratedKeyReference) {

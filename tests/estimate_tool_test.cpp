@@ -69,6 +69,20 @@ TEST(EstimateTool, ReadsADeepSpeedConfig) {
   EXPECT_NE(line_with(out, "model states (ZeRO paper)").find(" 3.8 GB"), std::string::npos) << out;
 }
 
+TEST(EstimateTool, FillsAutoValuesFromTheOverrideFlags) {
+  const std::string path = ::testing::TempDir() + "estimate_tool_test_auto_config.json";
+  std::ofstream(path) << R"({"train_micro_batch_size_per_gpu": "auto", "bf16": {"enabled": "auto"},
+                             "zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"}})";
+  const std::string out =
+      run(tool() + " --config " + path +
+          " --params 1B --ranks 8 --per-device-train-batch-size 4 --bf16 true --hidden-size=1000");
+  EXPECT_NE(out.find("bf16 parameters"), std::string::npos) << out;
+  EXPECT_NE(out.find("reduce_bucket_size: 1000000"), std::string::npos) << out;
+  const std::string missing = run(tool() + " --config " + path + " --params 1B 2>&1");
+  EXPECT_NE(missing.find("train_micro_batch_size_per_gpu"), std::string::npos) << missing;
+  EXPECT_NE(missing.find("--per-device-train-batch-size"), std::string::npos) << missing;
+}
+
 TEST(EstimateTool, NamesTheConfigKeyThatIsWrong) {
   const std::string path = ::testing::TempDir() + "estimate_tool_test_bad_config.json";
   std::ofstream(path) << R"({"train_micro_batch_size_per_gpu": 4,

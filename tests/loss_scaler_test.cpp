@@ -52,6 +52,18 @@ TEST(LossScaler, StartsAtDeepSpeedsDefaultOfTwoToTheSixteen) {
   EXPECT_EQ(state.overflows, 0);
 }
 
+TEST(LossScaler, HysteresisZeroNeverLowersTheScaleAsInDeepSpeed) {
+  // DeepSpeed halves when delayed_shift == 1 or cur_hysteresis == 1; from 0 its counter only
+  // runs down, so every overflow skips the step and the scale stays.
+  LossScaler scaler(dynamic_config(4, /*window=*/100, /*hysteresis=*/0));
+  EXPECT_EQ(scales_after(scaler, std::vector<bool>(5, kOverflow)),
+            (std::vector<double>{16, 16, 16, 16, 16}));
+  EXPECT_EQ(scaler.state().overflows, 5);
+  LossScaler restored(dynamic_config(4, 100, 0));
+  restored.restore(scaler.state());
+  EXPECT_EQ(restored.scale(), 16);
+}
+
 TEST(LossScaler, DoublesOnTheCleanStepAfterAFullWindow) {
   // DeepSpeed grows when (cur_iter - last_overflow_iter - 1) is a positive multiple of the
   // window: from the start that is at cur_iter 4, 8, ..., i.e. after the 5th and 9th clean step.
@@ -240,7 +252,7 @@ TEST(LossScaler, RejectsAStateNoScalerCanReach) {
   EXPECT_THROW(scaler.restore(with([](auto& s) { s.iteration = -1; })), UsageError);
   EXPECT_THROW(scaler.restore(with([](auto& s) { s.iterations_since_overflow = 0; })), UsageError);
   EXPECT_THROW(scaler.restore(with([](auto& s) { s.iterations_since_overflow = 7; })), UsageError);
-  EXPECT_THROW(scaler.restore(with([](auto& s) { s.hysteresis_left = 0; })), UsageError);
+  EXPECT_THROW(scaler.restore(with([](auto& s) { s.hysteresis_left = -1; })), UsageError);
   EXPECT_THROW(scaler.restore(with([](auto& s) { s.overflows = 6; })), UsageError);
   EXPECT_EQ(scaler.scale(), 1024.0) << "a rejected state leaves the last good one";
 }
@@ -266,7 +278,7 @@ TEST(LossScaler, RejectsSettingsDeepSpeedRejects) {
       with([](auto& c) { c.loss_scale = std::numeric_limits<double>::quiet_NaN(); }),
       "fp16.loss_scale");
   expect_config_error(with([](auto& c) { c.loss_scale_window = 0; }), "fp16.loss_scale_window");
-  expect_config_error(with([](auto& c) { c.hysteresis = 0; }), "fp16.hysteresis");
+  expect_config_error(with([](auto& c) { c.hysteresis = -1; }), "fp16.hysteresis");
   expect_config_error(with([](auto& c) { c.min_loss_scale = 0; }), "fp16.min_loss_scale");
   expect_config_error(
       with([](auto& c) { c.min_loss_scale = std::numeric_limits<double>::infinity(); }),

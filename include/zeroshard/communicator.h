@@ -13,6 +13,10 @@
 #include "zeroshard/device.h"
 #include "zeroshard/dtype.h"
 
+/// NCCL's communicator (nccl.h: typedef struct ncclComm* ncclComm_t), declared here so that this
+/// header needs no nccl.h.
+struct ncclComm;
+
 namespace zeroshard {
 
 namespace detail {
@@ -123,6 +127,23 @@ class Communicator {
   /// ZEROSHARD_COMM_BACKEND=nccl or mpi overrides the choice.
   static std::unique_ptr<Communicator> from_environment(const Device& device);
 
+  /// MPI over the program's own communicator `comm` (an MPI_Comm), duplicated so that the
+  /// engine's messages never match the program's: the data-parallel group of a run that also
+  /// splits its ranks for tensor or pipeline parallelism (MPI_Comm_split). Collective over
+  /// `comm`. Defined in zeroshard/communicator_mpi.h, the one public header that includes
+  /// <mpi.h>; a program that does not call it needs no MPI headers.
+  template <typename MpiComm>
+  static std::unique_ptr<Communicator> from_mpi(MpiComm comm);
+  /// NCCL over the program's own communicator `comm` (an ncclComm_t), on the current CUDA device:
+  /// a new communicator split from it with every rank in the same order (ncclCommSplit), so that
+  /// the engine's collectives are never mixed with the program's. Collective over `comm`; the
+  /// program keeps and destroys `comm`. Throws UsageError in a build without CUDA.
+  static std::unique_ptr<Communicator> from_nccl(ncclComm* comm);
+  /// A data-parallel group split from the program's NCCL communicator `parent`: the ranks that
+  /// pass the same `color` (>= 0) form one communicator, ranked by `key` (ncclCommSplit).
+  /// Collective over `parent`.
+  static std::unique_ptr<Communicator> from_nccl(ncclComm* parent, int color, int key);
+
   virtual int rank() const noexcept = 0;
   virtual int size() const noexcept = 0;
   /// "mpi", "nccl", "mpi+staging" or "self".
@@ -173,6 +194,28 @@ class Communicator {
   void broadcast(void* data, std::int64_t count, DType dtype, int root) {
     broadcast_async(data, count, dtype, root).wait();
   }
+
+  /// Typed overloads for fp32: the element type gives the DType, so a buffer of another type does
+  /// not compile, and the span's size is checked against the counts (UsageError naming the
+  /// collective and both sizes). 16-bit buffers use the overloads above.
+  Request all_reduce_async(std::span<float> data, ReduceOp op = ReduceOp::kSum);
+  void all_reduce(std::span<float> data, ReduceOp op = ReduceOp::kSum) {
+    all_reduce_async(data, op).wait();
+  }
+  /// `input` holds sum(counts) elements; `output` holds counts[rank()].
+  Request reduce_scatter_async(std::span<const float> input, std::span<float> output,
+                               std::span<const std::int64_t> counts, ReduceOp op = ReduceOp::kSum);
+  void reduce_scatter(std::span<const float> input, std::span<float> output,
+                      std::span<const std::int64_t> counts, ReduceOp op = ReduceOp::kSum) {
+    reduce_scatter_async(input, output, counts, op).wait();
+  }
+  /// `data` holds sum(counts) elements.
+  Request all_gather_async(std::span<float> data, std::span<const std::int64_t> counts);
+  void all_gather(std::span<float> data, std::span<const std::int64_t> counts) {
+    all_gather_async(data, counts).wait();
+  }
+  Request broadcast_async(std::span<float> data, int root);
+  void broadcast(std::span<float> data, int root) { broadcast_async(data, root).wait(); }
 
   /// Counters of what this rank has sent since construction or the last reset.
   const TrafficCounters& traffic() const noexcept { return traffic_; }

@@ -111,17 +111,43 @@ struct AioConfig {
   bool use_gds = false;
 };
 
+/// What the program knows that a Hugging Face style config leaves as "auto". The names are those
+/// of the Trainer's arguments; each fills the keys the Trainer fills from it
+/// (transformers' HfTrainerDeepSpeedConfig), and a key given as a number must equal it.
+struct ConfigOverrides {
+  /// train_micro_batch_size_per_gpu; with gradient_accumulation_steps, also train_batch_size.
+  std::optional<std::int64_t> per_device_train_batch_size;
+  std::optional<std::int64_t> gradient_accumulation_steps;
+  std::optional<double> max_grad_norm;  ///< gradient_clipping
+  std::optional<double> learning_rate;  ///< optimizer.params.lr, scheduler.params.warmup_max_lr
+  std::optional<double> adam_beta1;     ///< optimizer.params.betas[0]
+  std::optional<double> adam_beta2;     ///< optimizer.params.betas[1]
+  std::optional<double> adam_epsilon;   ///< optimizer.params.eps
+  std::optional<double> weight_decay;   ///< optimizer.params.weight_decay
+  std::optional<std::int64_t> num_training_steps;  ///< scheduler.params.total_num_steps
+  std::optional<std::int64_t> warmup_steps;        ///< scheduler.params.warmup_num_steps
+  std::optional<bool> fp16;                        ///< fp16.enabled
+  std::optional<bool> bf16;                        ///< bf16.enabled
+  /// The model's hidden size h: reduce_bucket_size = h*h; at stage 3 also
+  /// stage3_prefetch_bucket_size = 0.9*h*h and stage3_param_persistence_threshold = 10*h.
+  std::optional<std::int64_t> hidden_size;
+};
+
 /// The whole configuration. Construct it from JSON; every field has DeepSpeed's default.
 class Config {
  public:
   /// Parses and validates a JSON file; throws ConfigError naming the key path on any problem and
-  /// IoError when the file cannot be read. `world_size` resolves the batch-size identity
-  /// (train_batch_size = micro batch x gradient_accumulation_steps x world size).
-  static Config from_json_file(const std::string& path, int world_size = 1);
-  static Config from_json_string(const std::string& text, int world_size = 1);
+  /// IoError when the file cannot be read. `world_size` (the data-parallel ranks) resolves the
+  /// batch-size identity (train_batch_size = micro batch x gradient_accumulation_steps x world
+  /// size). `overrides` fill "auto" values; an "auto" they do not fill is a ConfigError naming
+  /// the key and the override that would.
+  static Config from_json_file(const std::string& path, int world_size = 1,
+                               const ConfigOverrides& overrides = {});
+  static Config from_json_string(const std::string& text, int world_size = 1,
+                                 const ConfigOverrides& overrides = {});
 
   /// Every key with its effective value, as JSON text (what `zeroshard-config FILE` prints):
-  /// aliases resolved, "auto" replaced by the default, batch sizes and overlap_comm derived.
+  /// aliases resolved, "auto" replaced by the overrides, batch sizes and overlap_comm derived.
   /// Parsing it again with the same world size gives the same Config.
   std::string resolved_json(int indent = 2) const;
 

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <exception>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -15,6 +16,7 @@
 #include "config/config_values.h"
 #include "util/check.h"
 #include "util/log.h"
+#include "zeroshard/communicator_mpi.h"
 
 namespace zeroshard {
 namespace {
@@ -219,6 +221,79 @@ std::unique_ptr<Communicator> Communicator::from_environment() {
   detail::set_rank_for_messages(communicator->rank());
   return communicator;
 }
+
+namespace {
+
+// The typed overloads' contract: the span holds exactly the elements the collective reads or
+// writes, since an MPI or NCCL call would otherwise run past its end.
+void check_span(Collective collective, const char* which, std::size_t got, std::int64_t expected) {
+  if (static_cast<std::int64_t>(got) != expected) {
+    throw UsageError(std::string(to_string(collective)) + ": " + which + " holds " +
+                     std::to_string(got) + " elements, but the counts need " +
+                     std::to_string(expected));
+  }
+}
+
+}  // namespace
+
+Request Communicator::all_reduce_async(std::span<float> data, ReduceOp op) {
+  return all_reduce_async(data.data(), static_cast<std::int64_t>(data.size()), DType::kFloat32, op);
+}
+
+Request Communicator::reduce_scatter_async(std::span<const float> input, std::span<float> output,
+                                           std::span<const std::int64_t> counts, ReduceOp op) {
+  ZEROSHARD_CHECK_USAGE(
+      static_cast<int>(counts.size()) == size(),
+      "reduce-scatter: got " << counts.size() << " counts for " << size() << " ranks");
+  check_span(Collective::kReduceScatter, "input", input.size(), sum_of(counts));
+  check_span(Collective::kReduceScatter, "output", output.size(),
+             counts[static_cast<std::size_t>(rank())]);
+  return reduce_scatter_async(input.data(), output.data(), counts, DType::kFloat32, op);
+}
+
+Request Communicator::all_gather_async(std::span<float> data,
+                                       std::span<const std::int64_t> counts) {
+  ZEROSHARD_CHECK_USAGE(
+      static_cast<int>(counts.size()) == size(),
+      "all-gather: got " << counts.size() << " counts for " << size() << " ranks");
+  check_span(Collective::kAllGather, "data", data.size(), sum_of(counts));
+  return all_gather_async(data.data(), counts, DType::kFloat32);
+}
+
+Request Communicator::broadcast_async(std::span<float> data, int root) {
+  return broadcast_async(data.data(), static_cast<std::int64_t>(data.size()), DType::kFloat32,
+                         root);
+}
+
+std::unique_ptr<Communicator> Communicator::from_nccl(ncclComm* comm) {
+#if ZEROSHARD_WITH_CUDA
+  return detail::make_split_nccl_communicator(comm, 0, std::nullopt);
+#else
+  (void)comm;
+  throw UsageError("Communicator::from_nccl: zeroshard was built without CUDA");
+#endif
+}
+
+std::unique_ptr<Communicator> Communicator::from_nccl(ncclComm* parent, int color, int key) {
+#if ZEROSHARD_WITH_CUDA
+  return detail::make_split_nccl_communicator(parent, color, key);
+#else
+  (void)parent;
+  (void)color;
+  (void)key;
+  throw UsageError("Communicator::from_nccl: zeroshard was built without CUDA");
+#endif
+}
+
+namespace detail {
+
+std::unique_ptr<Communicator> communicator_from_mpi_handle(int fortran_handle) {
+  return make_mpi_communicator({.timeout = collective_timeout_from_environment(),
+                                .reduce_scatter = reduce_scatter_algorithm_from_environment()},
+                               fortran_handle);
+}
+
+}  // namespace detail
 
 std::vector<std::string> Communicator::all_gather_text(const std::string& text) {
   return detail::gather_text(text, rank(), size(),

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 
 #include "zeroshard/communicator.h"
 #include "zeroshard/device.h"
@@ -25,6 +26,10 @@ GpuTransport gpu_transport_from_environment();
 /// launcher started the process.
 std::unique_ptr<Communicator> make_gpu_communicator(const Device& device, GpuTransport transport,
                                                     bool launched_by_mpi);
+/// Communicator::from_nccl: split from `parent` by `color`, ranked by `key` (nullopt: the rank in
+/// `parent`, which makes color 0 a duplicate).
+std::unique_ptr<Communicator> make_split_nccl_communicator(ncclComm* parent, int color,
+                                                           std::optional<int> key);
 #endif
 
 }  // namespace zeroshard::detail

@@ -239,15 +239,15 @@ void throw_if_failed(int rc, const char* call, const std::string& context) {
 }
 
 // MPI_Comm_idup rather than MPI_Comm_dup so that creating a communicator with a dead peer times
-// out like any collective.
-OwnedComm duplicate_world(Seconds timeout) {
+// out like any collective. `parent` is MPI_COMM_WORLD or the program's own communicator;
+// `what` names its duplication in messages.
+OwnedComm duplicate(MPI_Comm parent, const char* what, Seconds timeout) {
   int rank = -1;
   int size = 0;
-  throw_if_failed(MPI_Comm_rank(MPI_COMM_WORLD, &rank), "MPI_Comm_rank", "on MPI_COMM_WORLD");
-  throw_if_failed(MPI_Comm_size(MPI_COMM_WORLD, &size), "MPI_Comm_size", "on MPI_COMM_WORLD");
-  MpiRequest dup({.name = "duplication of MPI_COMM_WORLD", .rank = rank, .size = size}, timeout);
-  dup.check_started(MPI_Comm_idup(MPI_COMM_WORLD, &dup.in_flight().new_comm, &dup.add()),
-                    "MPI_Comm_idup");
+  throw_if_failed(MPI_Comm_rank(parent, &rank), "MPI_Comm_rank", std::string("before ") + what);
+  throw_if_failed(MPI_Comm_size(parent, &size), "MPI_Comm_size", std::string("before ") + what);
+  MpiRequest dup({.name = what, .rank = rank, .size = size}, timeout);
+  dup.check_started(MPI_Comm_idup(parent, &dup.in_flight().new_comm, &dup.add()), "MPI_Comm_idup");
   dup.wait();
   OwnedComm comm(dup.in_flight().new_comm);
   // Our calls check every return code, so MPI must return errors instead of aborting the job.
@@ -272,17 +272,17 @@ std::vector<int> to_int(std::span<const std::int64_t> values) {
 
 class MpiCommunicator final : public Communicator {
  public:
-  explicit MpiCommunicator(const MpiCommunicatorOptions& options)
+  MpiCommunicator(const MpiCommunicatorOptions& options, MPI_Comm parent, const char* what)
       : runtime_(MpiRuntime::instance()),
         timeout_(options.timeout),
         max_elements_per_call_(options.max_elements_per_call),
         reduce_scatter_(options.reduce_scatter),
-        comm_(duplicate_world(options.timeout)) {
+        comm_(duplicate(parent, what, options.timeout)) {
     throw_if_failed(MPI_Comm_rank(comm_.get(), &rank_), "MPI_Comm_rank", "on a new communicator");
     throw_if_failed(MPI_Comm_size(comm_.get(), &size_), "MPI_Comm_size", "on a new communicator");
     // The side channel has a communicator of its own, so that its messages can never match the
     // collectives' and it still works when a collective is stuck.
-    OwnedComm side = duplicate_world(options.timeout);
+    OwnedComm side = duplicate(parent, what, options.timeout);
     channel_ = std::make_shared<MpiPeerChannel>(side.release(), tracker()->board());
     tracker()->set_peer_channel(channel_);
   }
@@ -478,7 +478,9 @@ ReduceScatterAlgorithm reduce_scatter_algorithm_from_environment() {
                     std::string("got '") + text + "', expected 'ring' or 'mpi'");
 }
 
-std::unique_ptr<Communicator> make_mpi_communicator(const MpiCommunicatorOptions& options) {
+namespace {
+
+MpiCommunicatorOptions checked_options(const MpiCommunicatorOptions& options) {
   ZEROSHARD_CHECK_USAGE(options.timeout.count() > 0, "MPI communicator: got timeout "
                                                          << options.timeout.count()
                                                          << " s, expected > 0");
@@ -488,7 +490,25 @@ std::unique_ptr<Communicator> make_mpi_communicator(const MpiCommunicatorOptions
                                                      << ", expected 1.." << INT_MAX);
   MpiCommunicatorOptions checked = options;
   checked.timeout = std::min(checked.timeout, Seconds(kLongestTimeoutSeconds));
-  return std::make_unique<MpiCommunicator>(checked);
+  return checked;
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_mpi_communicator(const MpiCommunicatorOptions& options) {
+  return std::make_unique<MpiCommunicator>(checked_options(options), MPI_COMM_WORLD,
+                                           "duplication of MPI_COMM_WORLD");
+}
+
+std::unique_ptr<Communicator> make_mpi_communicator(const MpiCommunicatorOptions& options,
+                                                    int fortran_handle) {
+  // The program made its communicator, so MPI is initialised and the handle converts.
+  const MPI_Comm parent = MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_handle));
+  ZEROSHARD_CHECK_USAGE(parent != MPI_COMM_NULL,
+                        "Communicator::from_mpi: got MPI_COMM_NULL, expected the communicator "
+                        "of the ranks to shard over");
+  return std::make_unique<MpiCommunicator>(checked_options(options), parent,
+                                           "duplication of the program's communicator");
 }
 
 }  // namespace zeroshard::detail

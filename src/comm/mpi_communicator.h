@@ -1,5 +1,6 @@
 // The MPI backend of Communicator: non-blocking MPI collectives on a duplicate of
-// MPI_COMM_WORLD, waited on with a deadline so that a dead peer becomes an error, not a hang.
+// MPI_COMM_WORLD or of the program's communicator, waited on with a deadline so that a dead peer
+// becomes an error, not a hang.
 #pragma once
 
 #include <chrono>
@@ -41,5 +42,11 @@ ReduceScatterAlgorithm reduce_scatter_algorithm_from_environment();
 /// A communicator over a new duplicate of MPI_COMM_WORLD, initialising MPI on first use. It is a
 /// collective call: every rank of the world must make it.
 std::unique_ptr<Communicator> make_mpi_communicator(const MpiCommunicatorOptions& options);
+
+/// A communicator over a new duplicate of the program's communicator, given as its Fortran handle
+/// (MPI_Comm_c2f), which is an int in every MPI, so that no MPI type crosses the library's
+/// interface. Collective over that communicator; MPI must be initialised.
+std::unique_ptr<Communicator> make_mpi_communicator(const MpiCommunicatorOptions& options,
+                                                    int fortran_handle);
 
 }  // namespace zeroshard::detail

@@ -50,7 +50,8 @@ ordered_json::json_pointer pointer_to(const std::string& dotted_path) {
 
 }  // namespace
 
-Config Config::from_json_file(const std::string& path, int world_size) {
+Config Config::from_json_file(const std::string& path, int world_size,
+                              const ConfigOverrides& overrides) {
   std::error_code error;
   if (std::filesystem::is_directory(path, error)) {
     throw IoError("cannot read config file '" + path + "': it is a directory");
@@ -60,11 +61,12 @@ Config Config::from_json_file(const std::string& path, int world_size) {
   std::ostringstream text;
   text << in.rdbuf();
   if (in.bad()) throw IoError("cannot read config file '" + path + "': " + std::strerror(errno));
-  return from_json_string(text.str(), world_size);
+  return from_json_string(text.str(), world_size, overrides);
 }
 
-Config Config::from_json_string(const std::string& text, int world_size) {
-  return ConfigParser(world_size).parse(text);
+Config Config::from_json_string(const std::string& text, int world_size,
+                                const ConfigOverrides& overrides) {
+  return ConfigParser(world_size, overrides).parse(text);
 }
 
 std::string Config::resolved_json(int indent) const {
@@ -73,7 +75,7 @@ std::string Config::resolved_json(int indent) const {
   ordered_json out = ordered_json::object();
   for (const KeySpec& spec : detail::key_specs()) {
     if (spec.status == KeyStatus::kAlias || spec.status == KeyStatus::kDeprecatedAlias ||
-        spec.status == KeyStatus::kNoEffect) {
+        spec.status == KeyStatus::kNoEffect || spec.status == KeyStatus::kRemoved) {
       continue;
     }
     if (in_absent_section(spec, view)) {

@@ -1,9 +1,12 @@
 // The config parser: from JSON text to a validated Config, in DeepSpeed's terms.
 #include "config/config_parser.h"
 
+#include <charconv>
 #include <climits>
+#include <cmath>
 #include <set>
 
+#include "config/auto_values.h"
 #include "config/batch_sizes.h"
 #include "config/config_values.h"
 #include "config/key_suggestion.h"
@@ -127,15 +130,54 @@ json read_json(const std::string& text) {
   return document;
 }
 
-// DeepSpeed removes every "auto" value before validation, so the default applies.
-void drop_auto(json& object) {
-  for (auto it = object.begin(); it != object.end();) {
-    if (it->is_string() && it->get<std::string>() == "auto") {
-      it = object.erase(it);
-      continue;
+// DeepSpeed's pydantic models validate in lax mode: "2" is read as 2, 1 and "yes" as true,
+// "5e-4" as 0.0005. Returns the value as the key's kind, or nullopt when pydantic refuses it too.
+std::optional<json> coerce_like_pydantic(ValueKind kind, const json& value) {
+  auto trimmed = [&value] {
+    std::string text = value.get<std::string>();
+    const auto begin = text.find_first_not_of(" \t\n\r");
+    if (begin == std::string::npos) return std::string();
+    return text.substr(begin, text.find_last_not_of(" \t\n\r") - begin + 1);
+  };
+  switch (kind) {
+    case ValueKind::kBool:
+      if (value.is_number()) {
+        const double number = value.get<double>();
+        if (number == 0.0 || number == 1.0) return json(number == 1.0);
+      } else if (value.is_string()) {
+        const std::string text = detail::ascii_lower(trimmed());
+        for (const char* word : {"1", "on", "t", "true", "y", "yes"}) {
+          if (text == word) return json(true);
+        }
+        for (const char* word : {"0", "off", "f", "false", "n", "no"}) {
+          if (text == word) return json(false);
+        }
+      }
+      return std::nullopt;
+    case ValueKind::kInteger: {
+      if (!value.is_string()) return std::nullopt;
+      const std::string text = trimmed();
+      std::int64_t number = 0;
+      const char* begin = text.data() + (text.starts_with('+') ? 1 : 0);
+      auto [end, error] = std::from_chars(begin, text.data() + text.size(), number);
+      if (error != std::errc() || end != text.data() + text.size() || begin == end) {
+        return std::nullopt;
+      }
+      return json(number);
     }
-    if (it->is_object()) drop_auto(*it);
-    ++it;
+    case ValueKind::kNumber: {
+      if (!value.is_string()) return std::nullopt;
+      const std::string text = trimmed();
+      double number = 0;
+      auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), number);
+      if (error != std::errc() || end != text.data() + text.size() || text.empty() ||
+          !std::isfinite(number)) {
+        return std::nullopt;
+      }
+      return json(number);
+    }
+    default:
+      return std::nullopt;
   }
 }
 
@@ -186,7 +228,7 @@ ConfigError unknown_key(const std::string& prefix, const std::string& key) {
   std::vector<std::string> listed;
   for (const KeySpec* child : detail::child_specs(prefix)) {
     names.push_back(child->name());
-    if (!is_alias(*child)) listed.push_back(child->name());
+    if (!is_alias(*child) && child->status != KeyStatus::kRemoved) listed.push_back(child->name());
   }
   std::string message = "unknown key" + (prefix.empty() ? "" : " in " + prefix);
   if (auto suggestion = detail::closest_match(key, names)) {
@@ -221,7 +263,8 @@ std::string scheduler_choices() {
 
 }  // namespace
 
-ConfigParser::ConfigParser(int world_size) : world_size_(world_size) {
+ConfigParser::ConfigParser(int world_size, const ConfigOverrides& overrides)
+    : world_size_(world_size), overrides_(overrides) {
   if (world_size < 1) {
     throw UsageError("world_size must be at least 1, got " + std::to_string(world_size));
   }
@@ -229,12 +272,36 @@ ConfigParser::ConfigParser(int world_size) : world_size_(world_size) {
 
 Config ConfigParser::parse(const std::string& text) {
   json document = read_json(text);
-  drop_auto(document);
+  read_deprecated_zero_switch(document);
   resolve_aliases(document);
+  detail::resolve_auto_values(document, overrides_, world_size_);
   read_section(document, "");
   check_combinations(document);
   config_.notices_ = std::move(notices_);
   return std::move(config_);
+}
+
+// DeepSpeed's read_zero_config_deprecated: "zero_optimization": true is stage 1 with the
+// top-level allgather_size (default 5e8) as allgather_bucket_size; false is stage 0.
+void ConfigParser::read_deprecated_zero_switch(json& document) {
+  auto zero = document.find("zero_optimization");
+  if (zero == document.end() || !zero->is_boolean()) {
+    if (document.contains("allgather_size")) {
+      throw ConfigError("allgather_size",
+                        "applies only to the old form \"zero_optimization\": true; give "
+                        "zero_optimization.allgather_bucket_size instead");
+    }
+    return;
+  }
+  const bool enabled = zero->get<bool>();
+  json section = {{"stage", enabled ? 1 : 0}};
+  if (auto size = document.find("allgather_size"); size != document.end()) {
+    if (enabled) section["allgather_bucket_size"] = *size;
+    document.erase(size);
+  }
+  *zero = std::move(section);
+  notices_.push_back(std::string("zero_optimization: deprecated boolean form; ") +
+                     (enabled ? "true means {\"stage\": 1}" : "false means {\"stage\": 0}"));
 }
 
 void ConfigParser::resolve_aliases(json& document) {
@@ -284,6 +351,10 @@ void ConfigParser::read_section(const json& object, const std::string& prefix) {
 }
 
 void ConfigParser::read_key(const KeySpec& spec, const json& value) {
+  if (spec.status == KeyStatus::kRemoved) {
+    throw ConfigError(spec.path,
+                      "removed in DeepSpeed 0.19.8, which rejects it at any value; remove the key");
+  }
   if (value.is_null()) {
     if (spec.default_json == "null") return;
     throw type_error(spec.path, value,
@@ -326,7 +397,12 @@ void ConfigParser::read_key(const KeySpec& spec, const json& value) {
     }
   }
   if (spec.kind == ValueKind::kOpaqueSection && spec.status == KeyStatus::kRefused) {
-    refuse(spec.path, "got an object; not implemented in zeroshard (only null is accepted)");
+    if (!spec.is_active) {
+      refuse(spec.path, "got an object; not implemented in zeroshard (only null is accepted)");
+    } else if (spec.is_active(value)) {
+      refuse(spec.path + ".enabled", "got " + detail::describe_value(value["enabled"]) +
+                                         "; not implemented in zeroshard (only false is accepted)");
+    }
   }
   if (spec.status == KeyStatus::kNoEffect) {
     notices_.push_back(spec.path + ": accepted, has no effect in zeroshard (" +
@@ -336,8 +412,11 @@ void ConfigParser::read_key(const KeySpec& spec, const json& value) {
 
 json ConfigParser::check_scalar(const std::string& path, ValueKind kind, const detail::Range& range,
                                 const std::string& choices, bool fold_case,
-                                const std::string& refused_choices, const json& value) {
+                                const std::string& refused_choices, const json& given) {
   const std::string expected = detail::describe_expected(kind, range, choices);
+  std::optional<json> coerced;
+  if (detail::validated_by_pydantic(path)) coerced = coerce_like_pydantic(kind, given);
+  const json& value = coerced ? *coerced : given;
   switch (kind) {
     case ValueKind::kBool:
       if (!value.is_boolean()) throw type_error(path, value, expected);
@@ -516,6 +595,11 @@ void ConfigParser::check_combinations(const json& document) {
   config_.train_batch_size = batch.train_batch_size;
   config_.train_micro_batch_size_per_gpu = batch.train_micro_batch_size_per_gpu;
   config_.gradient_accumulation_steps = batch.gradient_accumulation_steps;
+
+  // DeepSpeed ORs the profiler's switch into wall_clock_breakdown (config.py), so that the
+  // profile has the step's timings beside it.
+  const json* profiler = find_path(document, "flops_profiler.enabled");
+  if (profiler != nullptr && *profiler == true) config_.wall_clock_breakdown = true;
 
   // DeepSpeed's overlap_comm_valid: unset means on for stage 3 only.
   const json* overlap = find_path(document, "zero_optimization.overlap_comm");

@@ -1,5 +1,5 @@
 // Turns DeepSpeed-style JSON text into a validated Config: reading (duplicate keys are errors),
-// dropping "auto", resolving aliases, checking every key against the key table, cross-key checks
+// resolving aliases and "auto", checking every key against the key table, cross-key checks
 // and derived values.
 #pragma once
 
@@ -19,11 +19,12 @@ namespace zeroshard {
 class ConfigParser {
  public:
   /// Throws UsageError when `world_size` < 1.
-  explicit ConfigParser(int world_size);
+  ConfigParser(int world_size, const ConfigOverrides& overrides);
 
   Config parse(const std::string& text);
 
  private:
+  void read_deprecated_zero_switch(nlohmann::json& document);
   void resolve_aliases(nlohmann::json& document);
   void read_section(const nlohmann::json& object, const std::string& prefix);
   void read_key(const detail::KeySpec& spec, const nlohmann::json& value);
@@ -41,6 +42,7 @@ class ConfigParser {
   void refuse(const std::string& path, const std::string& message);
 
   int world_size_;
+  const ConfigOverrides& overrides_;
   Config config_;
   std::vector<std::string> notices_;
   std::optional<ConfigError> refusal_;

@@ -35,6 +35,8 @@ std::string status_text(const KeySpec& spec) {
       return "default only; other values refused (not implemented yet)";
     case KeyStatus::kAlias:
       return "alias of " + code_list(spec.alias_of);
+    case KeyStatus::kRemoved:
+      return "rejected at any value (removed in DeepSpeed 0.19.8)";
     case KeyStatus::kDeprecatedAlias:
       if (!spec.alias_value.empty()) {
         return "deprecated: `true` means " + code_list(spec.alias_of) + " = `" + spec.alias_value +

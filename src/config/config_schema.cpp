@@ -19,7 +19,15 @@ constexpr Range kFraction{.min = 0, .max = 1};
 const char* const kIntegration = "a Python-side integration";
 
 bool enables_hpz(const nlohmann::json& value) { return value.get<double>() > 1; }
-bool enables_mics(const nlohmann::json& value) { return value.get<double>() > 0; }
+// Every tensor starts on a multiple of kTensorAlignment (16) elements of at least 2 bytes.
+bool misaligns_parameters(const nlohmann::json& value) {
+  const std::int64_t bytes = *integer_value(value);
+  return bytes > 0 && 32 % bytes != 0;
+}
+bool enables_autocast(const nlohmann::json& value) {
+  const auto enabled = value.find("enabled");
+  return enabled != value.end() && *enabled != false;
+}
 
 std::vector<KeySpec> make_key_specs() {
   using K = ValueKind;
@@ -49,10 +57,9 @@ std::vector<KeySpec> make_key_specs() {
       {.path = "gradient_clipping",
        .kind = K::kNumber,
        .default_json = "1.0",
-       .meaning = "Clip the global gradient norm to this value; 0 = no clipping. Newest "
-                  "DeepSpeed's default (0.0 before #8068).",
-       .field = ZEROSHARD_CONFIG_FIELD(gradient_clipping),
-       .range = kNonNegative},
+       .meaning = "Clip the global gradient norm to this value; 0 or less = no clipping (as "
+                  "DeepSpeed's `> 0` test). Newest DeepSpeed's default (0.0 before #8068).",
+       .field = ZEROSHARD_CONFIG_FIELD(gradient_clipping)},
       {.path = "steps_per_print",
        .kind = K::kInteger,
        .default_json = "null",
@@ -64,7 +71,8 @@ std::vector<KeySpec> make_key_specs() {
       {.path = "wall_clock_breakdown",
        .kind = K::kBool,
        .default_json = "false",
-       .meaning = "Time forward, backward, reduction and step, and print the breakdown.",
+       .meaning = "Time forward, backward, reduction and step, and print the breakdown. True "
+                  "also when flops_profiler.enabled is true, as in DeepSpeed.",
        .field = ZEROSHARD_CONFIG_FIELD(wall_clock_breakdown)},
       {.path = "memory_breakdown",
        .kind = K::kBool,
@@ -101,11 +109,31 @@ std::vector<KeySpec> make_key_specs() {
        .field = ZEROSHARD_CONFIG_FIELD(grad_accum_dtype),
        .choices = "fp16|bf16|fp32",
        .fold_case = true},
+      {.path = "data_types.param_dtype",
+       .kind = K::kString,
+       .default_json = "null",
+       .meaning = "Element type DeepSpeed casts the model's parameters to; in zeroshard each "
+                  "parameter has the dtype it was registered with.",
+       .status = S::kRefused},
+      {.path = "gradient_allreduce_op",
+       .kind = K::kString,
+       .default_json = "\"mean\"",
+       .meaning = "How gradients are combined over the data-parallel ranks: mean (zeroshard "
+                  "always averages) or sum.",
+       .status = S::kRefused,
+       .choices = "mean|sum",
+       .fold_case = true},
+      {.path = "torch_autocast",
+       .kind = K::kOpaqueSection,
+       .default_json = "null",
+       .meaning = "torch.autocast around the forward pass; only `enabled: false` is accepted.",
+       .status = S::kRefused,
+       .is_active = enables_autocast},
       {.path = "sparse_gradients",
        .kind = K::kBool,
-       .default_json = "false",
-       .meaning = "Sparse (CSR) gradients for embedding layers.",
-       .status = S::kRefused},
+       .default_json = "null",
+       .meaning = "Sparse (CSR) gradients for embedding layers; removed in DeepSpeed 0.19.8.",
+       .status = S::kRemoved},
       {.path = "dump_state",
        .kind = K::kBool,
        .default_json = "false",
@@ -253,16 +281,17 @@ std::vector<KeySpec> make_key_specs() {
       {.path = "fp16.hysteresis",
        .kind = K::kInteger,
        .default_json = "2",
-       .meaning = "Overflows tolerated before the dynamic scale is halved.",
+       .meaning = "Overflows tolerated before the dynamic scale is halved; 0 = never halved "
+                  "(overflowing steps are skipped), as DeepSpeed's counter never reaches 1.",
        .field = ZEROSHARD_CONFIG_FIELD(fp16.hysteresis),
-       .range = kAtLeastOne},
+       .range = kNonNegative},
       {.path = "fp16.consecutive_hysteresis",
        .kind = K::kBool,
        .default_json = "false",
        .meaning = "Refill the hysteresis on every step without overflow.",
        .field = ZEROSHARD_CONFIG_FIELD(fp16.consecutive_hysteresis)},
       {.path = "fp16.min_loss_scale",
-       .kind = K::kNumber,
+       .kind = K::kInteger,
        .default_json = "1",
        .meaning = "Floor of the dynamic scale; an overflow at the floor is an error.",
        .field = ZEROSHARD_CONFIG_FIELD(fp16.min_loss_scale),
@@ -354,9 +383,10 @@ std::vector<KeySpec> make_key_specs() {
       {.path = "zero_optimization.allgather_bucket_size",
        .kind = K::kInteger,
        .default_json = "500000000",
-       .meaning = "Parameter elements all-gathered at a time.",
+       .meaning = "Parameter elements all-gathered at a time; 0 = all in one all-gather (newest "
+                  "DeepSpeed gathers in one call whatever the size).",
        .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.allgather_bucket_size),
-       .range = kPositive},
+       .range = kNonNegative},
       {.path = "zero_optimization.overlap_comm",
        .kind = K::kBool,
        .default_json = "null",
@@ -378,7 +408,8 @@ std::vector<KeySpec> make_key_specs() {
        .kind = K::kInteger,
        .default_json = "1000000000",
        .meaning = "Elements per tile of the optimizer step (bounds the temporary memory of "
-                  "offloaded steps).",
+                  "offloaded steps). DeepSpeed's 0 (one parameter per sub-group) is refused: "
+                  "zeroshard tiles by elements, not parameters.",
        .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.sub_group_size),
        .range = kPositive},
       {.path = "zero_optimization.stage3_prefetch_bucket_size",
@@ -512,18 +543,37 @@ std::vector<KeySpec> make_key_specs() {
       {.path = "zero_optimization.zeropp_loco_param",
        .kind = K::kOpaqueSection,
        .default_json = "null",
-       .meaning = "ZeRO++ LoCo error feedback.",
-       .status = S::kRefused},
+       .meaning = "ZeRO++ LoCo error feedback; removed in DeepSpeed 0.19.8.",
+       .status = S::kRemoved},
       {.path = "zero_optimization.mics_shard_size",
        .kind = K::kInteger,
-       .default_json = "-1",
-       .meaning = "MiCS shard group size; > 0 enables MiCS.",
-       .status = S::kRefused,
-       .is_active = enables_mics},
+       .default_json = "null",
+       .meaning = "MiCS shard group size; removed in DeepSpeed 0.19.8.",
+       .status = S::kRemoved},
       {.path = "zero_optimization.mics_hierarchical_params_gather",
        .kind = K::kBool,
+       .default_json = "null",
+       .meaning = "MiCS hierarchical all-gather; removed in DeepSpeed 0.19.8.",
+       .status = S::kRemoved},
+      {.path = "zero_optimization.compute_grad_norm",
+       .kind = K::kBool,
+       .default_json = "true",
+       .meaning = "Compute the global gradient norm at every step; false skips it when nothing "
+                  "uses it (DeepSpeed #8331). zeroshard always computes it.",
+       .status = S::kRefused},
+      {.path = "zero_optimization.parameter_alignment",
+       .kind = K::kInteger,
+       .default_json = "16",
+       .meaning = "Bytes each parameter's view in the flat buffer is aligned to (DeepSpeed "
+                  "#8277). zeroshard starts every tensor on a multiple of 16 elements (32 bytes "
+                  "or more), so any value dividing 32 holds.",
+       .status = S::kRefused,
+       .range = kNonNegative,
+       .is_active = misaligns_parameters},
+      {.path = "zero_optimization.enable_sanity_checks",
+       .kind = K::kBool,
        .default_json = "false",
-       .meaning = "MiCS hierarchical all-gather.",
+       .meaning = "DeepSpeed's internal sanity checks for debugging.",
        .status = S::kRefused},
       {.path = "zero_optimization.memory_efficient_linear",
        .kind = K::kBool,
@@ -869,6 +919,16 @@ const SchedulerSpec* find_scheduler_spec(std::string_view type) {
     if (spec.type == type) return &spec;
   }
   return nullptr;
+}
+
+bool validated_by_pydantic(std::string_view path) {
+  // DeepSpeed's offload sections are pydantic models too; zeroshard does not coerce their
+  // values yet (docs/config.md).
+  if (path.starts_with("zero_optimization.offload_")) return false;
+  for (std::string_view section : {"zero_optimization.", "fp16.", "bf16."}) {
+    if (path.starts_with(section)) return true;
+  }
+  return false;
 }
 
 std::vector<std::string> split_choices(std::string_view choices) {

@@ -36,6 +36,7 @@ enum class KeyStatus {
   kNotYet,           ///< as kRefused, for a feature that is planned ("not implemented yet")
   kAlias,            ///< another accepted spelling of `alias_of`
   kDeprecatedAlias,  ///< an old spelling of `alias_of`; reading it adds a notice
+  kRemoved,          ///< removed from the newest DeepSpeed, which rejects it at any value
 };
 
 /// Allowed numeric values: [min, max], or (min, max] when `min_exclusive`.
@@ -105,6 +106,10 @@ struct SchedulerSpec {
 
 const std::vector<SchedulerSpec>& scheduler_specs();
 const SchedulerSpec* find_scheduler_spec(std::string_view type);
+
+/// Whether DeepSpeed validates the key with a pydantic model (zero_optimization, fp16, bf16),
+/// whose lax mode coerces "2" to 2 and 1 or "true" to true.
+bool validated_by_pydantic(std::string_view path);
 
 /// The choices of a key as a list.
 std::vector<std::string> split_choices(std::string_view choices);

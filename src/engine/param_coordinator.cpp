@@ -298,9 +298,11 @@ void ParamCoordinator::all_gather_parameters() {
   const ShardLayout& layout = context_.layout;
   const DType dtype = context_.dtype;
   const auto dsize = static_cast<std::int64_t>(context_.dsize);
-  const std::int64_t chunk = std::max<std::int64_t>(
-      context_.config.zero_optimization.allgather_bucket_size, layout.world_size());
   const std::int64_t total = layout.padded_total();
+  // 0 gathers everything at once, as newest DeepSpeed does whatever the bucket size.
+  const std::int64_t bucket = context_.config.zero_optimization.allgather_bucket_size;
+  const std::int64_t chunk =
+      bucket == 0 ? total : std::max<std::int64_t>(bucket, layout.world_size());
   std::vector<Request> requests;
   for (std::int64_t lo = 0; lo < total; lo += chunk) {
     const std::int64_t hi = std::min(total, lo + chunk);

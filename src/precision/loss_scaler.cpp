@@ -39,7 +39,7 @@ void validate(const Fp16Config& config) {
   if (config.loss_scale_window <= 0) {
     reject("fp16.loss_scale_window", config.loss_scale_window, "an integer > 0");
   }
-  if (config.hysteresis <= 0) reject("fp16.hysteresis", config.hysteresis, "an integer > 0");
+  if (config.hysteresis < 0) reject("fp16.hysteresis", config.hysteresis, "an integer >= 0");
   if (!std::isfinite(config.min_loss_scale) || config.min_loss_scale <= 0) {
     reject("fp16.min_loss_scale", config.min_loss_scale, "a finite number > 0");
   }
@@ -92,7 +92,9 @@ bool LossScaler::update(bool overflow) {
         throw UsageError(message.str());
       }
       scale_ = std::max(scale_ / kScaleFactor, min_scale_);
-    } else {
+    } else if (cur_hysteresis_ > 0) {
+      // With hysteresis 0 DeepSpeed's counter runs below 0 and never reaches 1: the scale is
+      // never lowered. Stopping at 0 keeps that and a restorable state.
       --cur_hysteresis_;
     }
     last_overflow_iter_ = cur_iter_;
@@ -130,9 +132,9 @@ void LossScaler::restore(const LossScalerState& state) {
                         "loss scaler state: iterations_since_overflow "
                             << state.iterations_since_overflow << ", expected 1.."
                             << state.iteration + 1);
-  ZEROSHARD_CHECK_USAGE(state.hysteresis_left >= 1, "loss scaler state: hysteresis_left "
+  ZEROSHARD_CHECK_USAGE(state.hysteresis_left >= 0, "loss scaler state: hysteresis_left "
                                                         << state.hysteresis_left
-                                                        << ", expected >= 1");
+                                                        << ", expected >= 0");
   ZEROSHARD_CHECK_USAGE(
       state.overflows >= 0 && state.overflows <= state.iteration,
       "loss scaler state: overflows " << state.overflows << ", expected 0.." << state.iteration);

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "config/config_schema.h"
+#include "tools/config_override_flags.h"
 #include "zeroshard/config.h"
 #include "zeroshard/error.h"
 
@@ -16,11 +17,12 @@ constexpr int kBadCommandLine = 2;
 
 int usage(const char* message) {
   std::cerr << "zeroshard-config: " << message << "\n"
-            << "usage: zeroshard-config FILE [--world-size N]\n"
+            << "usage: zeroshard-config FILE [--world-size N] [override flags]\n"
             << "       zeroshard-config --reference\n"
             << "Prints FILE's resolved config as JSON on stdout and notices on stderr; exits 1 "
                "when FILE is unreadable or invalid.\n"
-            << "--reference prints the key reference table of docs/config.md.\n";
+            << "--reference prints the key reference table of docs/config.md.\n"
+            << zeroshard::tools::kOverrideFlagsHelp;
   return kBadCommandLine;
 }
 
@@ -29,8 +31,26 @@ int usage(const char* message) {
 int main(int argc, char** argv) {
   std::string file;
   int world_size = 1;
+  zeroshard::ConfigOverrides overrides;
   for (int i = 1; i < argc; ++i) {
     const std::string argument = argv[i];
+    const std::string flag = argument.substr(0, argument.find('='));
+    if (zeroshard::tools::is_override_flag(flag)) {
+      std::string value;
+      if (flag.size() < argument.size()) {
+        value = argument.substr(flag.size() + 1);
+      } else if (i + 1 < argc) {
+        value = argv[++i];
+      } else {
+        return usage((flag + " needs a value").c_str());
+      }
+      try {
+        zeroshard::tools::apply_override_flag(flag, value, overrides);
+      } catch (const zeroshard::UsageError& error) {
+        return usage(error.what());
+      }
+      continue;
+    }
     if (argument == "--reference") {
       std::cout << zeroshard::detail::config_reference_markdown();
       return 0;
@@ -55,7 +75,7 @@ int main(int argc, char** argv) {
   if (file.empty()) return usage("missing config file");
 
   try {
-    zeroshard::Config config = zeroshard::Config::from_json_file(file, world_size);
+    zeroshard::Config config = zeroshard::Config::from_json_file(file, world_size, overrides);
     std::cout << config.resolved_json() << "\n";
     for (const std::string& notice : config.notices()) {
       std::cerr << "zeroshard-config: " << file << ": note: " << notice << "\n";

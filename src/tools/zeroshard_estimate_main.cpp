@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "tools/config_override_flags.h"
 #include "util/quantity.h"
 #include "zeroshard/config.h"
 #include "zeroshard/error.h"
@@ -68,6 +69,7 @@ struct Options {
   std::optional<std::int64_t> largest_tensor;
   std::optional<std::int64_t> persistent_params;
   std::optional<std::int64_t> fit_memory;
+  zeroshard::ConfigOverrides overrides;  ///< "auto" values of the config
 };
 
 int parse_int(std::string_view text, std::string_view option, int low, int high) {
@@ -99,7 +101,7 @@ Options parse_options(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
-      std::cout << kUsage;
+      std::cout << kUsage << "\n" << zeroshard::tools::kOverrideFlagsHelp;
       std::exit(0);
     }
     std::string value;
@@ -111,7 +113,9 @@ Options parse_options(int argc, char** argv) {
     } else {
       throw UsageError(arg + ": missing value (see --help)");
     }
-    if (arg == "--params") {
+    if (zeroshard::tools::is_override_flag(arg)) {
+      zeroshard::tools::apply_override_flag(arg, value, options.overrides);
+    } else if (arg == "--params") {
       options.params = detail::parse_count(value, arg);
     } else if (arg == "--config") {
       options.config_path = value;
@@ -152,7 +156,8 @@ EstimateInput make_input(const Options& options, std::vector<std::string>& notic
   const int ranks = options.ranks.value_or(1);
   EstimateInput in;
   if (!options.config_path.empty()) {
-    const auto config = zeroshard::Config::from_json_file(options.config_path, ranks);
+    const auto config =
+        zeroshard::Config::from_json_file(options.config_path, ranks, options.overrides);
     notices = config.notices();
     in = zeroshard::estimate_input_from_config(config, *options.params, ranks);
     if (config.optimizer.type.empty() && !options.optimizer) {

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <memory>
 #include <numeric>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -98,6 +99,55 @@ TEST_P(MpiCollective, ReduceScatterGivesEachRankItsReducedSlice) {
     EXPECT_EQ(output[k], 1000.0f * static_cast<float>(size_ * (size_ - 1) / 2) + size_ * j)
         << "element " << k;
   }
+}
+
+TEST_P(MpiCollective, TypedOverloadsTakeSpansOfFloat) {
+  const std::vector<std::int64_t> counts = uneven_counts(size_);
+  const std::vector<std::int64_t> offsets = offsets_of(counts);
+  const std::int64_t total = std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
+  const auto mine = static_cast<std::size_t>(rank_);
+
+  std::vector<float> sum(4, static_cast<float>(rank_ + 1));
+  comm_->all_reduce(std::span<float>(sum));
+  EXPECT_EQ(sum, std::vector<float>(4, static_cast<float>(size_ * (size_ + 1) / 2)));
+
+  std::vector<float> input(static_cast<std::size_t>(total), 1.0f);
+  std::vector<float> output(static_cast<std::size_t>(counts[mine]));
+  comm_->reduce_scatter(input, output, counts);
+  EXPECT_EQ(output, std::vector<float>(output.size(), static_cast<float>(size_)));
+
+  std::vector<float> gathered(static_cast<std::size_t>(total), -1.0f);
+  for (std::int64_t k = 0; k < counts[mine]; ++k) {
+    gathered[static_cast<std::size_t>(offsets[mine] + k)] = static_cast<float>(rank_);
+  }
+  comm_->all_gather(gathered, counts);
+  for (int r = 0; r < size_; ++r) {
+    const auto rr = static_cast<std::size_t>(r);
+    for (std::int64_t k = 0; k < counts[rr]; ++k) {
+      EXPECT_EQ(gathered[static_cast<std::size_t>(offsets[rr] + k)], static_cast<float>(r));
+    }
+  }
+
+  std::vector<float> root_value(3, static_cast<float>(rank_));
+  comm_->broadcast(root_value, size_ - 1);
+  EXPECT_EQ(root_value, std::vector<float>(3, static_cast<float>(size_ - 1)));
+}
+
+TEST_P(MpiCollective, TypedOverloadsCheckTheSpanAgainstTheCounts) {
+  // Checked before any message is sent, on every rank alike: no rank is left waiting.
+  const std::vector<std::int64_t> counts(static_cast<std::size_t>(size_), 2);
+  std::vector<float> short_input(static_cast<std::size_t>(2 * size_ - 1));
+  std::vector<float> output(2);
+  try {
+    comm_->reduce_scatter(short_input, output, counts);
+    ADD_FAILURE() << "no UsageError";
+  } catch (const UsageError& error) {
+    EXPECT_THAT(error.what(),
+                HasSubstr("reduce-scatter: input holds " + std::to_string(2 * size_ - 1) +
+                          " elements, but the counts need " + std::to_string(2 * size_)));
+  }
+  std::vector<float> too_long(static_cast<std::size_t>(2 * size_ + 1));
+  EXPECT_THROW(comm_->all_gather(too_long, counts), UsageError);
 }
 
 TEST_P(MpiCollective, AllGatherFillsEveryRanksSliceInPlace) {

@@ -98,6 +98,38 @@ TEST_P(EngineCommunicationSwitches, DeepSpeedsAlternativesKeepTheMath) {
 INSTANTIATE_TEST_SUITE_P(Stages, EngineCommunicationSwitches, ::testing::Values(0, 1, 2, 3),
                          [](const auto& info) { return "stage" + std::to_string(info.param); });
 
+TEST(EngineEquivalence, AllgatherBucketSizeZeroGathersEverythingAtOnce) {
+  // DeepSpeed's allgather_bucket_size: 0 (accepted by its config); newest DeepSpeed gathers the
+  // updated parameters in one call whatever the size, and so does zeroshard for 0.
+  for (const int stage : {1, 2}) {
+    Config config = toy_config(stage);
+    config.zero_optimization.allgather_bucket_size = 0;
+    Engine engine = make_engine(config, rule_cases()[0].make());
+    const auto tensors = uneven_toy_tensors();
+    const auto handles = register_toy(engine, tensors);
+    auto reference_rule = rule_cases()[0].make();
+    ToyReference reference(tensors, *reference_rule, engine.world_size());
+    engine.communicator().reset_traffic();
+    for (std::int64_t step = 0; step < 3; ++step) {
+      toy_micro_step(engine, tensors, handles, step);
+      engine.step();
+      reference.step(
+          step, [&](std::size_t) { return reference_rule->default_lr(); },
+          reference_rule->default_weight_decay());
+    }
+    const std::int64_t gathers =
+        engine.communicator().traffic().calls[static_cast<std::size_t>(Collective::kAllGather)];
+    EXPECT_EQ(gathers, 3) << "one all-gather per step at stage " << stage;
+    const std::vector<float> actual = engine.consolidated_parameters();
+    const std::vector<float> expected = reference.trainable_values();
+    ASSERT_EQ(actual.size(), expected.size());
+    for (std::size_t i = 0; i < actual.size(); ++i) {
+      EXPECT_NEAR(actual[i], expected[i], 1e-6 * std::max(1e-3f, std::fabs(expected[i])))
+          << "element " << i << " stage " << stage;
+    }
+  }
+}
+
 TEST(EngineEquivalence, GradientsArrivingInAnyOrderGiveTheSameResult) {
   // Each rank hands its gradients over in a different order; buckets still reduce in a fixed
   // order, so no rank deadlocks and the result matches the in-order run.

@@ -89,4 +89,14 @@ std::unique_ptr<Communicator> make_gpu_communicator(const Device& device, GpuTra
       });
 }
 
+std::unique_ptr<Communicator> make_split_nccl_communicator(ncclComm* parent, int color,
+                                                           std::optional<int> key) {
+  int rank = 0;
+  if (!key) {
+    ZEROSHARD_CHECK_USAGE(parent != nullptr, "Communicator::from_nccl: got a null ncclComm_t");
+    ZEROSHARD_NCCL_CHECK(ncclCommUserRank(parent, &rank));
+  }
+  return cuda::split_nccl_communicator(parent, color, key.value_or(rank));
+}
+
 }  // namespace zeroshard::detail

@@ -275,6 +275,17 @@ NcclCommunicator::NcclCommunicator(int rank, int world, int device, const void* 
   state_->await_ready("communicator initialisation");
 }
 
+NcclCommunicator::NcclCommunicator(ncclComm* comm, int device) {
+  int rank = 0;
+  int world = 0;
+  ZEROSHARD_NCCL_CHECK(ncclCommUserRank(comm, &rank));
+  ZEROSHARD_NCCL_CHECK(ncclCommCount(comm, &world));
+  DeviceGuard guard(device);
+  state_ =
+      std::make_shared<State>(rank, world, device, detail::collective_timeout_from_environment());
+  state_->comm = comm;
+}
+
 NcclCommunicator::~NcclCommunicator() = default;
 
 int NcclCommunicator::rank() const noexcept { return state_->rank; }
@@ -426,6 +437,21 @@ std::unique_ptr<NcclCommunicator> make_nccl_communicator(
   if (rank == 0) id = new_nccl_unique_id();
   broadcast_from_rank0(id.data(), id.size());
   return std::make_unique<NcclCommunicator>(rank, world, device, id.data());
+}
+
+std::unique_ptr<NcclCommunicator> split_nccl_communicator(ncclComm* parent, int color, int key) {
+  ZEROSHARD_CHECK_USAGE(parent != nullptr, "Communicator::from_nccl: got a null ncclComm_t");
+  ZEROSHARD_CHECK_USAGE(color >= 0, "Communicator::from_nccl: got color "
+                                        << color << ", expected >= 0 (every rank joins a group)");
+  int device = 0;
+  ZEROSHARD_CUDA_CHECK(cudaGetDevice(&device));
+  // Blocking, unlike the communicators zeroshard creates itself: the split is a collective of the
+  // program's communicator, whose ranks are all running when it is called.
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 1;
+  ncclComm_t comm = nullptr;
+  ZEROSHARD_NCCL_CHECK(ncclCommSplit(parent, color, key, &comm, &config));
+  return std::make_unique<NcclCommunicator>(comm, device);
 }
 
 std::unique_ptr<NcclCommunicator> make_nccl_communicator_from_environment(int device) {

@@ -43,6 +43,8 @@ class NcclCommunicator final : public Communicator {
   /// Joins the `world` ranks that use the same `unique_id` (ncclUniqueId bytes) on `device`.
   /// Prefer the make_nccl_communicator factories.
   NcclCommunicator(int rank, int world, int device, const void* unique_id);
+  /// Takes over `comm`, a communicator on `device` that has finished initialising.
+  NcclCommunicator(ncclComm* comm, int device);
   ~NcclCommunicator() override;
 
   int rank() const noexcept override;
@@ -88,6 +90,11 @@ int nccl_version();
 /// joins on its `device` (see Device::from_environment()).
 std::unique_ptr<NcclCommunicator> make_nccl_communicator(
     int device, int rank, int world, const BroadcastFromRank0& broadcast_from_rank0);
+
+/// A communicator split from the program's NCCL communicator `parent` (ncclCommSplit): the ranks
+/// giving the same `color` join one, ordered by `key`, on the current CUDA device. Collective
+/// over `parent`.
+std::unique_ptr<NcclCommunicator> split_nccl_communicator(ncclComm* parent, int color, int key);
 
 /// Without MPI: rank and world from RANK and WORLD_SIZE, and the id
 /// passed through the file ZEROSHARD_RDZV_FILE names (see exchange_through_file; rank 0 removes

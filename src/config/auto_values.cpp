@@ -1,0 +1,208 @@
+// "auto" resolution, rule for rule as transformers' trainer_config_process and
+// trainer_config_finalize (integrations/deepspeed.py).
+#include "config/auto_values.h"
+
+#include <optional>
+#include <string>
+
+#include "config/config_schema.h"
+#include "config/config_values.h"
+#include "zeroshard/error.h"
+
+namespace zeroshard::detail {
+namespace {
+
+using nlohmann::json;
+
+bool is_auto(const json& value) { return value.is_string() && value.get<std::string>() == "auto"; }
+
+// The value at a dotted path, or nullptr.
+json* find(json& document, const std::string& path) {
+  json* node = &document;
+  std::size_t start = 0;
+  while (true) {
+    const auto dot = path.find('.', start);
+    const std::string key = path.substr(start, dot == std::string::npos ? dot : dot - start);
+    if (!node->is_object() || !node->contains(key)) return nullptr;
+    node = &(*node)[key];
+    if (dot == std::string::npos) return node;
+    start = dot + 1;
+  }
+}
+
+// Overrides by their ConfigOverrides field names ('|'-separated) and command-line flags:
+// "ConfigOverrides::learning_rate (--learning-rate)".
+std::string override_name(const std::string& fields) {
+  std::string text;
+  std::size_t start = 0;
+  while (start <= fields.size()) {
+    auto bar = fields.find('|', start);
+    if (bar == std::string::npos) bar = fields.size();
+    const std::string field = fields.substr(start, bar - start);
+    std::string flag = field;
+    for (char& c : flag) c = c == '_' ? '-' : c;
+    text += (text.empty() ? "" : " and ") + ("ConfigOverrides::" + field + " (--" + flag + ")");
+    start = bar + 1;
+  }
+  return text;
+}
+
+class Resolver {
+ public:
+  Resolver(json& document, const ConfigOverrides& overrides, int world_size)
+      : document_(document), overrides_(overrides), world_size_(world_size) {}
+
+  void run() {
+    const std::optional<json> micro = number(overrides_.per_device_train_batch_size);
+    const std::optional<json> steps = number(overrides_.gradient_accumulation_steps);
+    fill_match("train_micro_batch_size_per_gpu", micro, "per_device_train_batch_size");
+    fill_match("gradient_accumulation_steps", steps, "gradient_accumulation_steps");
+    // A number is left to the batch-size identity, whose message shows all three sizes.
+    fill_only("train_batch_size", train_batch_size(),
+              "per_device_train_batch_size|gradient_accumulation_steps");
+    fill_match("gradient_clipping", number(overrides_.max_grad_norm), "max_grad_norm");
+    fill_match("optimizer.params.lr", number(overrides_.learning_rate), "learning_rate");
+    std::optional<json> betas;
+    if (overrides_.adam_beta1 && overrides_.adam_beta2) {
+      betas = json::array({*overrides_.adam_beta1, *overrides_.adam_beta2});
+    }
+    fill_match("optimizer.params.betas", betas, "adam_beta1|adam_beta2");
+    fill_match("optimizer.params.eps", number(overrides_.adam_epsilon), "adam_epsilon");
+    fill_match("optimizer.params.weight_decay", number(overrides_.weight_decay), "weight_decay");
+    // Not a Trainer argument: the Trainer always fills 0.
+    fill_only("scheduler.params.warmup_min_lr", json(0), "");
+    fill_match("scheduler.params.warmup_max_lr", number(overrides_.learning_rate), "learning_rate");
+    fill_match("scheduler.params.total_num_steps", number(overrides_.num_training_steps),
+               "num_training_steps");
+    fill_match("scheduler.params.warmup_num_steps", number(overrides_.warmup_steps),
+               "warmup_steps");
+    fill_match("fp16.enabled", flag(overrides_.fp16), "fp16");
+    fill_match("bf16.enabled", flag(overrides_.bf16), "bf16");
+
+    std::optional<json> bucket;
+    std::optional<json> prefetch;
+    std::optional<json> persistence;
+    if (overrides_.hidden_size) {
+      const std::int64_t h = *overrides_.hidden_size;
+      bucket = h * h;
+      // int(0.9 * h * h) in Python: the product in double, truncated.
+      prefetch = static_cast<std::int64_t>(0.9 * static_cast<double>(h) * static_cast<double>(h));
+      persistence = 10 * h;
+    }
+    fill_only("zero_optimization.reduce_bucket_size", bucket, "hidden_size");
+    // Below stage 3 the Trainer leaves the stage-3 sizes "auto" and DeepSpeed drops them, so
+    // their defaults apply.
+    if (stage() == 3) {
+      fill_only("zero_optimization.stage3_prefetch_bucket_size", prefetch, "hidden_size");
+      fill_only("zero_optimization.stage3_param_persistence_threshold", persistence, "hidden_size");
+    } else {
+      for (const char* path : {"zero_optimization.stage3_prefetch_bucket_size",
+                               "zero_optimization.stage3_param_persistence_threshold"}) {
+        if (json* value = find(document_, path); value != nullptr && is_auto(*value)) {
+          const std::string key(path);
+          find(document_, key.substr(0, key.rfind('.')))->erase(key.substr(key.rfind('.') + 1));
+        }
+      }
+    }
+    refuse_remaining(document_, "");
+  }
+
+ private:
+  template <typename T>
+  static std::optional<json> number(const std::optional<T>& value) {
+    return value ? std::optional<json>(*value) : std::nullopt;
+  }
+  static std::optional<json> flag(const std::optional<bool>& value) {
+    return value ? std::optional<json>(*value) : std::nullopt;
+  }
+
+  // The Trainer's world_size * per_device_train_batch_size * gradient_accumulation_steps, where
+  // the file may give either factor as a number.
+  std::optional<json> train_batch_size() const {
+    auto factor = [this](const char* key, const std::optional<std::int64_t>& given) {
+      if (given) return given;
+      const json* value = find(document_, key);
+      return value != nullptr ? integer_value(*value) : std::nullopt;
+    };
+    const auto micro =
+        factor("train_micro_batch_size_per_gpu", overrides_.per_device_train_batch_size);
+    const auto steps =
+        factor("gradient_accumulation_steps", overrides_.gradient_accumulation_steps);
+    if (!micro || !steps) return std::nullopt;
+    return *micro * *steps * world_size_;
+  }
+
+  int stage() const {
+    const json* value = find(document_, "zero_optimization.stage");
+    if (value == nullptr) return 0;
+    if (auto number = integer_value(*value)) return static_cast<int>(*number);
+    if (value->is_string()) {
+      try {
+        return std::stoi(value->get<std::string>());
+      } catch (const std::exception&) {
+      }
+    }
+    return 0;  // not a stage: the key's own check reports it
+  }
+
+  // fill_match: "auto" takes the override; a number must equal it.
+  void fill_match(const std::string& path, const std::optional<json>& value,
+                  const std::string& field) {
+    json* slot = find(document_, path);
+    if (slot == nullptr || !value) {
+      fill_only(path, value, field);
+      return;
+    }
+    if (is_auto(*slot)) {
+      *slot = *value;
+    } else if (slot->is_number() && value->is_number() &&
+               slot->get<double>() != value->get<double>()) {
+      throw ConfigError(path, "got " + describe_value(*slot) + ", but " + override_name(field) +
+                                  " is " + describe_value(*value) +
+                                  "; give \"auto\" or the same value (the Trainer's check)");
+    } else if (slot->is_array() && value->is_array() && *slot != *value) {
+      throw ConfigError(path, "got " + slot->dump() + ", but the overrides give " + value->dump() +
+                                  "; give \"auto\" or the same value (the Trainer's check)");
+    }
+  }
+
+  // fill_only: "auto" takes the override; a number stays.
+  void fill_only(const std::string& path, const std::optional<json>& value,
+                 const std::string& field) {
+    json* slot = find(document_, path);
+    if (slot == nullptr || !is_auto(*slot)) return;
+    if (!value) {
+      throw ConfigError(path, "\"auto\" needs the program's value: pass " + override_name(field));
+    }
+    *slot = *value;
+  }
+
+  // Keys the Trainer does not fill: DeepSpeed would silently use its default; zeroshard asks.
+  void refuse_remaining(const json& object, const std::string& prefix) {
+    for (const auto& [key, value] : object.items()) {
+      const std::string path = prefix.empty() ? key : prefix + "." + key;
+      // An unknown key is reported as such when the sections are read.
+      const bool known = find_key_spec(path) != nullptr || prefix == "optimizer.params" ||
+                         prefix == "scheduler.params";
+      if (is_auto(value) && known) {
+        throw ConfigError(printable_text(path),
+                          "\"auto\", but no override fills this key (the Trainer fills only "
+                          "batch sizes, clipping, optimizer and scheduler values, precision and "
+                          "the hidden-size based sizes); give a value");
+      }
+      if (value.is_object()) refuse_remaining(value, path);
+    }
+  }
+
+  json& document_;
+  const ConfigOverrides& overrides_;
+  int world_size_;
+};
+
+}  // namespace
+
+void resolve_auto_values(json& document, const ConfigOverrides& overrides, int world_size) {
+  Resolver(document, overrides, world_size).run();
+}
+
+}  // namespace zeroshard::detail

@@ -1,0 +1,189 @@
+// Tests of "auto" values: a Hugging Face ZeRO-3 style file with "auto" everywhere loads with the
+// program's overrides exactly as transformers' HfTrainerDeepSpeedConfig fills it, and without
+// them fails naming the key and the override.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "zeroshard/config.h"
+#include "zeroshard/error.h"
+
+namespace zeroshard {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::filesystem::path hf_zero3_file() {
+  const char* source = std::getenv("ZEROSHARD_SOURCE_DIR");
+  return std::filesystem::path(source == nullptr ? "" : source) / "tests" / "configs" /
+         "hf_zero3_auto.json";
+}
+
+std::string hf_zero3_text() {
+  std::ifstream in(hf_zero3_file());
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// What a Trainer run with per_device_train_batch_size 4, gradient_accumulation_steps 2,
+// learning_rate 3e-4, ... over a model of hidden size 1024 knows.
+ConfigOverrides trainer_overrides() {
+  ConfigOverrides overrides;
+  overrides.per_device_train_batch_size = 4;
+  overrides.gradient_accumulation_steps = 2;
+  overrides.max_grad_norm = 0.5;
+  overrides.learning_rate = 3e-4;
+  overrides.adam_beta1 = 0.9;
+  overrides.adam_beta2 = 0.95;
+  overrides.adam_epsilon = 1e-8;
+  overrides.weight_decay = 0.01;
+  overrides.num_training_steps = 1000;
+  overrides.warmup_steps = 100;
+  overrides.fp16 = false;
+  overrides.bf16 = true;
+  overrides.hidden_size = 1024;
+  return overrides;
+}
+
+ConfigError error_of(const std::string& text, const ConfigOverrides& overrides,
+                     int world_size = 1) {
+  try {
+    Config::from_json_string(text, world_size, overrides);
+  } catch (const ConfigError& error) {
+    return error;
+  }
+  ADD_FAILURE() << "no ConfigError";
+  return ConfigError("", "");
+}
+
+class HfZero3File : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (std::getenv("ZEROSHARD_SOURCE_DIR") == nullptr) {
+      GTEST_SKIP() << "ZEROSHARD_SOURCE_DIR is not set (run through ctest)";
+    }
+  }
+};
+
+TEST_F(HfZero3File, LoadsWithTheTrainersValues) {
+  const Config config = Config::from_json_file(hf_zero3_file().string(), 2, trainer_overrides());
+  EXPECT_EQ(config.train_micro_batch_size_per_gpu, 4);
+  EXPECT_EQ(config.gradient_accumulation_steps, 2);
+  EXPECT_EQ(config.train_batch_size, 16);  // world 2 x 4 x 2
+  EXPECT_EQ(config.gradient_clipping, 0.5);
+  EXPECT_EQ(config.optimizer.params.at("lr"), 3e-4);
+  EXPECT_EQ(config.optimizer.array_params.at("betas"), (std::vector<double>{0.9, 0.95}));
+  EXPECT_EQ(config.optimizer.params.at("eps"), 1e-8);
+  EXPECT_EQ(config.optimizer.params.at("weight_decay"), 0.01);
+  EXPECT_EQ(config.scheduler.params.at("warmup_min_lr"), 0.0);
+  EXPECT_EQ(config.scheduler.params.at("warmup_max_lr"), 3e-4);
+  EXPECT_EQ(config.scheduler.params.at("total_num_steps"), 1000);
+  EXPECT_EQ(config.scheduler.params.at("warmup_num_steps"), 100);
+  EXPECT_FALSE(config.fp16.enabled);
+  EXPECT_TRUE(config.bf16.enabled);
+  // hidden_size 1024: h*h, int(0.9*h*h), 10*h.
+  EXPECT_EQ(config.zero_optimization.reduce_bucket_size, 1048576);
+  EXPECT_EQ(config.zero_optimization.prefetch_bucket_size, 943718);
+  EXPECT_EQ(config.zero_optimization.param_persistence_threshold, 10240);
+  // The resolved dump holds no "auto" and reads back the same.
+  const Config again = Config::from_json_string(config.resolved_json(), 2);
+  EXPECT_EQ(again.resolved_json(), config.resolved_json());
+}
+
+TEST_F(HfZero3File, FailsWithoutOverridesNamingTheKeyAndTheOverride) {
+  ConfigError error = error_of(hf_zero3_text(), {});
+  EXPECT_EQ(error.key_path(), "train_micro_batch_size_per_gpu");
+  EXPECT_THAT(error.what(), HasSubstr("ConfigOverrides::per_device_train_batch_size "
+                                      "(--per-device-train-batch-size)"));
+}
+
+TEST_F(HfZero3File, EachMissingOverrideIsNamed) {
+  struct Case {
+    void (*drop)(ConfigOverrides&);
+    const char* key_path;
+    const char* override_named;
+  };
+  const Case cases[] = {
+      {[](ConfigOverrides& o) { o.gradient_accumulation_steps.reset(); },
+       "gradient_accumulation_steps", "--gradient-accumulation-steps"},
+      {[](ConfigOverrides& o) { o.max_grad_norm.reset(); }, "gradient_clipping", "--max-grad-norm"},
+      {[](ConfigOverrides& o) { o.learning_rate.reset(); }, "optimizer.params.lr",
+       "--learning-rate"},
+      {[](ConfigOverrides& o) { o.adam_beta2.reset(); }, "optimizer.params.betas", "--adam-beta2"},
+      {[](ConfigOverrides& o) { o.adam_epsilon.reset(); }, "optimizer.params.eps",
+       "--adam-epsilon"},
+      {[](ConfigOverrides& o) { o.weight_decay.reset(); }, "optimizer.params.weight_decay",
+       "--weight-decay"},
+      {[](ConfigOverrides& o) { o.num_training_steps.reset(); }, "scheduler.params.total_num_steps",
+       "--num-training-steps"},
+      {[](ConfigOverrides& o) { o.warmup_steps.reset(); }, "scheduler.params.warmup_num_steps",
+       "--warmup-steps"},
+      {[](ConfigOverrides& o) { o.bf16.reset(); }, "bf16.enabled", "--bf16"},
+      {[](ConfigOverrides& o) { o.hidden_size.reset(); }, "zero_optimization.reduce_bucket_size",
+       "--hidden-size"},
+  };
+  for (const Case& c : cases) {
+    ConfigOverrides overrides = trainer_overrides();
+    c.drop(overrides);
+    ConfigError error = error_of(hf_zero3_text(), overrides);
+    EXPECT_EQ(error.key_path(), c.key_path);
+    EXPECT_THAT(error.what(), HasSubstr(c.override_named)) << c.key_path;
+  }
+}
+
+TEST(AutoValues, ANumberThatDiffersFromTheOverrideIsAnError) {
+  ConfigOverrides overrides;
+  overrides.learning_rate = 3e-4;
+  ConfigError error = error_of(R"({"train_batch_size": 8,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})",
+                               overrides);
+  EXPECT_EQ(error.key_path(), "optimizer.params.lr");
+  EXPECT_THAT(error.what(), HasSubstr("ConfigOverrides::learning_rate (--learning-rate) is"));
+}
+
+TEST(AutoValues, StageThreeSizesKeepTheirDefaultsBelowStageThree) {
+  // The Trainer leaves them "auto" and DeepSpeed drops them; reduce_bucket_size is still filled.
+  ConfigOverrides overrides;
+  overrides.hidden_size = 512;
+  const Config config = Config::from_json_string(R"({"train_batch_size": 8,
+    "zero_optimization": {"stage": 2, "reduce_bucket_size": "auto",
+      "stage3_prefetch_bucket_size": "auto", "stage3_param_persistence_threshold": "auto"}})",
+                                                 1, overrides);
+  EXPECT_EQ(config.zero_optimization.reduce_bucket_size, 512 * 512);
+  EXPECT_EQ(config.zero_optimization.prefetch_bucket_size, 50000000);
+  EXPECT_EQ(config.zero_optimization.param_persistence_threshold, 100000);
+}
+
+TEST(AutoValues, TrainBatchSizeFollowsTheOtherTwoFromTheFile) {
+  const Config config = Config::from_json_string(
+      R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": 2,
+          "gradient_accumulation_steps": 3})",
+      4);
+  EXPECT_EQ(config.train_batch_size, 24);
+}
+
+TEST(AutoValues, AKeyNoOverrideFillsIsAnError) {
+  ConfigError error =
+      error_of(R"({"train_batch_size": 8, "zero_optimization": {"stage": "auto"}})", {});
+  EXPECT_EQ(error.key_path(), "zero_optimization.stage");
+  EXPECT_THAT(error.what(), HasSubstr("no override fills this key"));
+  ConfigError param = error_of(
+      R"({"train_batch_size": 8, "optimizer": {"type": "SGD", "params": {"momentum": "auto"}}})",
+      {});
+  EXPECT_EQ(param.key_path(), "optimizer.params.momentum");
+}
+
+TEST(AutoValues, WarmupMinLrIsZeroAsTheTrainerFillsIt) {
+  const Config config = Config::from_json_string(R"({"train_batch_size": 8,
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": "auto"}}})");
+  EXPECT_EQ(config.scheduler.params.at("warmup_min_lr"), 0.0);
+}
+
+}  // namespace
+}  // namespace zeroshard
