@@ -7,6 +7,9 @@
 //                               ends), and when it ends at the same step, its final parameters
 //   close TOLERANCE REPORT REPORT...  the same within a relative TOLERANCE; exits 77 (skipped)
 //                               when a later report is missing because its run was skipped
+//   final TOLERANCE REPORT REPORT...  each run's last validation loss within a relative
+//                               TOLERANCE of the first run's at that step (for curves that are
+//                               not aligned step by step)
 //   sharded REPORT...           stage 0 first: each later run holds 1/world of its optimizer
 //                               states on rank 0 (plus at most the padding's share)
 #include <cmath>
@@ -113,6 +116,7 @@ int usage() {
                "usage: zeroshard-check-gpt learns RATIO REPORT...\n"
                "       zeroshard-check-gpt same REPORT REPORT...\n"
                "       zeroshard-check-gpt close TOLERANCE REPORT REPORT...\n"
+               "       zeroshard-check-gpt final TOLERANCE REPORT REPORT...\n"
                "       zeroshard-check-gpt sharded STAGE0_REPORT REPORT...\n");
   return 2;
 }
@@ -124,7 +128,7 @@ int main(int argc, char** argv) {
   const std::string mode = argv[1];
   std::vector<std::string> paths(argv + 2, argv + argc);
   double number = 0.0;
-  if (mode == "learns" || mode == "close") {
+  if (mode == "learns" || mode == "close" || mode == "final") {
     number = std::stod(paths.front());
     paths.erase(paths.begin());
   }
@@ -170,6 +174,25 @@ int main(int argc, char** argv) {
                  name + ": final parameter checksum " + reports[i].at("param_checksum").dump() +
                      " equals the first run's " + first.at("param_checksum").dump());
         }
+      }
+    } else if (mode == "final") {
+      const std::map<int, double> reference = validation_losses(first);
+      for (std::size_t i = 1; i < reports.size(); ++i) {
+        const int step = reports[i].at("validation").back().at("step").get<int>();
+        const double got = reports[i].at("validation").back().at("loss").get<double>();
+        const auto want = reference.find(step);
+        if (want == reference.end()) {
+          expect(false, describe(reports[i]) + ": the first run has no validation loss at step " +
+                            std::to_string(step));
+          continue;
+        }
+        const double relative = std::fabs(got - want->second) / want->second;
+        char line[256];
+        std::snprintf(line, sizeof line,
+                      "%s: validation loss %.6f at step %d within %.1e of the first run's %.6f "
+                      "(relative %.2e)",
+                      describe(reports[i]).c_str(), got, step, number, want->second, relative);
+        expect(relative <= number, line);
       }
     } else if (mode == "sharded") {
       const std::int64_t states0 = rank0_optimizer_states(first);
