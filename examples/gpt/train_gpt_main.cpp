@@ -36,7 +36,7 @@ constexpr const char* kUsage =
     "                           [--peak-tflops F] [--report-json FILE]\n"
     "                           [--save-dir DIR [--save-every K]] [--resume DIR]\n"
     "  --config FILE       DeepSpeed-style JSON config (zero_optimization.stage picks the stage)\n"
-    "  --steps N           optimizer steps to run (default 300)\n"
+    "  --steps N           optimizer steps to run (default 150)\n"
     "  --layers L          transformer blocks (default 4)\n"
     "  --d-model C         channels of the residual stream (default 128)\n"
     "  --heads H           attention heads; must divide C (default 4)\n"
@@ -66,7 +66,7 @@ constexpr const char* kUsage =
 
 struct Options {
   std::string config_path;
-  int steps = 300;
+  int steps = 150;
   GptShape shape{.vocab = 0, .layers = 4, .channels = 128, .heads = 4, .seq = 64};
   int batch = 0;  ///< 0: as the config says
   GptTraining training;
