@@ -1,4 +1,4 @@
-// The synthetic model and the adapter to the MLP example.
+// The synthetic model and the adapters to the MLP and GPT examples.
 #include "memory_bench_model.h"
 
 #include <algorithm>
@@ -10,6 +10,9 @@
 #ifdef ZEROSHARD_BENCH_WITH_MLP
 #include "mlp_model.h"
 #include "synthetic_data.h"
+#endif
+#ifdef ZEROSHARD_BENCH_WITH_GPT
+#include "gpt_model.h"
 #endif
 
 namespace zeroshard::bench {
@@ -135,6 +138,52 @@ class MlpBenchModel final : public BenchModel {
 };
 #endif
 
+#ifdef ZEROSHARD_BENCH_WITH_GPT
+/// The GPT example on a byte vocabulary, trained on token ids from a fixed pattern: its memory
+/// does not depend on the text, only on the shape and the micro batch.
+class GptBenchModel final : public BenchModel {
+ public:
+  GptBenchModel(Engine& engine, const BenchOptions& o, int checkpoint_every)
+      : engine_(engine),
+        model_(engine,
+               examples::GptShape{.vocab = kVocab,
+                                  .layers = o.gpt_layers,
+                                  .channels = o.gpt_channels,
+                                  .heads = o.gpt_heads,
+                                  .seq = o.gpt_seq},
+               o.micro_batch, examples::GptTraining{.checkpoint_every = checkpoint_every}),
+        micro_batch_(o.micro_batch),
+        tokens_(static_cast<std::size_t>(o.micro_batch) * o.gpt_seq + 1) {
+    for (std::size_t i = 0; i < tokens_.size(); ++i) {
+      tokens_[i] = static_cast<int>((i * 7 + static_cast<std::size_t>(engine.rank())) % kVocab);
+    }
+  }
+
+  void initialize() override { model_.initialize(1); }
+
+  void micro_step(std::int64_t) override {
+    model_.train_micro_step(tokens_.data(), tokens_.data() + 1, micro_batch_);
+  }
+
+  double recompute_seconds() const override {
+    return model_.checkpointer() ? model_.checkpointer()->profile().recompute_seconds : 0.0;
+  }
+
+  std::vector<std::int64_t> tensor_numels() const override {
+    std::vector<std::int64_t> numels;
+    for (const Parameter& p : engine_.parameters()) numels.push_back(p.numel());
+    return numels;
+  }
+
+ private:
+  static constexpr int kVocab = 256;
+  Engine& engine_;
+  examples::GptModel model_;
+  int micro_batch_;
+  std::vector<int> tokens_;  ///< the inputs; the targets are the same shifted by one
+};
+#endif
+
 }  // namespace
 
 bool mlp_available() {
@@ -147,6 +196,15 @@ bool mlp_available() {
 
 std::unique_ptr<BenchModel> make_model(const BenchOptions& options, Engine& engine,
                                        int checkpoint_every) {
+  if (options.gpt()) {
+#ifdef ZEROSHARD_BENCH_WITH_GPT
+    return std::make_unique<GptBenchModel>(engine, options, checkpoint_every);
+#else
+    throw UsageError(
+        "--gpt: this build has no GPT example (configure with "
+        "ZEROSHARD_BUILD_EXAMPLES=ON)");
+#endif
+  }
   if (!options.mlp()) {
     if (checkpoint_every != 0) {
       throw UsageError("--checkpoint-every: the synthetic model has no forward to checkpoint");

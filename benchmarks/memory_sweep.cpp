@@ -96,6 +96,12 @@ const std::vector<Dimension>& dimensions() {
 }
 
 std::string BenchOptions::model_description() const {
+  if (gpt()) {
+    return "GPT example: " + std::to_string(gpt_layers) + " blocks x " +
+           std::to_string(gpt_channels) + " channels x " + std::to_string(gpt_heads) +
+           " heads, context " + std::to_string(gpt_seq) + ", micro batch " +
+           std::to_string(micro_batch) + " sequences";
+  }
   if (mlp()) {
     return "MLP example: " + std::to_string(inputs) + " -> " + std::to_string(layers - 1) + " x " +
            std::to_string(width) + " -> " + std::to_string(classes) + ", micro batch " +
@@ -120,6 +126,8 @@ model (the synthetic one by default):
   --tensors T             equal tensors it is split into, one module each (default 16)
   --layers L --width W    the MLP example instead: L layers of width W (fp32 only)
   --inputs N --classes C --micro-batch B    its input size, classes, samples per step
+  --gpt L,C,H,T           the GPT example instead: L blocks, C channels, H heads, context T
+                          (byte vocabulary; --micro-batch sequences per step)
 
 sweep:
   --world-sizes 1,2,3,4   ranks per run
@@ -128,7 +136,7 @@ sweep:
   --offload-optimizer none,cpu,nvme
   --offload-param none,cpu[,nvme]   (combinations DeepSpeed forbids are left out: optimizer
                           offload at stage 0, parameter offload below stage 3)
-  --checkpoint-every 0,K  MLP only: activation checkpointing every K layers (0 = off); with
+  --checkpoint-every 0,K  MLP or GPT: activation checkpointing every K layers (0 = off); with
                           --inputs and --classes equal to --width the activations are checked
                           against estimate_activations, and the recompute is timed
   --reduce-bucket-size N  elements (default 5e8, DeepSpeed's)
@@ -174,6 +182,15 @@ BenchOptions parse_options(int argc, char** argv) {
       {"--width", [&](const std::string& v) { o.width = to_int(v, "--width", 1); }},
       {"--inputs", [&](const std::string& v) { o.inputs = to_int(v, "--inputs", 1); }},
       {"--classes", [&](const std::string& v) { o.classes = to_int(v, "--classes", 1); }},
+      {"--gpt",
+       [&](const std::string& v) {
+         const std::vector<std::string> shape = split_list(v);
+         if (shape.size() != 4) throw UsageError("--gpt: expected L,C,H,T, got '" + v + "'");
+         o.gpt_layers = to_int(shape[0], "--gpt", 1);
+         o.gpt_channels = to_int(shape[1], "--gpt", 1);
+         o.gpt_heads = to_int(shape[2], "--gpt", 1);
+         o.gpt_seq = to_int(shape[3], "--gpt", 1);
+       }},
       {"--micro-batch",
        [&](const std::string& v) { o.micro_batch = to_int(v, "--micro-batch", 1); }},
       {"--world-sizes",
@@ -243,7 +260,7 @@ BenchOptions parse_options(int argc, char** argv) {
     }
   }
   if (o.world_sizes.empty()) throw UsageError("--world-sizes: give at least one");
-  if (!o.mlp() && o.params < o.tensors) {
+  if (!o.mlp() && !o.gpt() && o.params < o.tensors) {
     throw UsageError("--params: " + std::to_string(o.params) + " is fewer than --tensors " +
                      std::to_string(o.tensors));
   }
@@ -288,7 +305,7 @@ std::vector<Configuration> configurations(const BenchOptions& options) {
            (!stage3 && c.value("offload_param") != "none");
   });
   // The synthetic model has no forward to checkpoint.
-  if (!options.mlp()) {
+  if (!options.mlp() && !options.gpt()) {
     std::erase_if(result,
                   [](const Configuration& c) { return c.value("checkpoint_every") != "0"; });
   }

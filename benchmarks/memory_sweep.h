@@ -36,6 +36,12 @@ struct BenchOptions {
   int inputs = 64;
   int classes = 10;
   int micro_batch = 32;
+  /// gpt_layers > 0 selects the GPT example instead: that many blocks of gpt_channels channels
+  /// and gpt_heads heads, context gpt_seq, a byte vocabulary, micro_batch sequences per step.
+  int gpt_layers = 0;
+  int gpt_channels = 128;
+  int gpt_heads = 4;
+  int gpt_seq = 64;
 
   std::vector<int> world_sizes = {1, 2, 3, 4};
   /// Values per dimension, parallel to dimensions().
@@ -66,6 +72,7 @@ struct BenchOptions {
   std::vector<std::string> arguments;
 
   bool mlp() const { return layers > 0; }
+  bool gpt() const { return gpt_layers > 0; }
   /// "synthetic: 16.00M parameters in 16 tensors" or "MLP example: 64 -> 8 x 1024 -> 10".
   std::string model_description() const;
 };
