@@ -134,7 +134,6 @@ class ActivationBuffer {
 
  private:
   friend class Engine;
-  friend class ActivationCheckpointer;
   std::unique_ptr<detail::TrackedBuffer> buffer_;
 };
 
@@ -361,9 +360,8 @@ class Engine {
   std::vector<float> consolidated_parameters();
 
  private:
-  /// Moves kept inputs to pinned host memory and synchronises the device (engine internals).
-  friend class ActivationCheckpointer;
-  /// The library's own tests reach the engine's components through it (src/engine).
+  /// The library's own parts outside the engine (the activation checkpointer) and its tests
+  /// reach the engine's components through it (src/engine/engine_internals.h).
   friend struct detail::EngineInternals;
   std::unique_ptr<detail::EngineState> state_;
 };

@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/engine_state.h"
+#include "engine/engine_internals.h"
 #include "memory/memory_tracker.h"
 #include "util/log.h"
 #include "zeroshard/activation_checkpointing.h"
@@ -64,7 +64,7 @@ struct ActivationCheckpointer::Impl {
 
   Impl(Engine& engine, Communicator* model_parallel)
       : engine(engine),
-        state(*engine_state_of(engine)),
+        state(detail::EngineInternals::state(engine)),
         config(engine.config().activation_checkpointing) {
     if (config.partition_activations) {
       if (model_parallel == nullptr || model_parallel->size() == 1) {
@@ -86,8 +86,6 @@ struct ActivationCheckpointer::Impl {
       }
     }
   }
-
-  static detail::EngineState* engine_state_of(Engine& engine);
 
   /// Where kept copies live: pinned host memory with cpu_checkpointing, else the device.
   detail::MemoryResource& kept_resource() {
@@ -273,10 +271,6 @@ struct ActivationCheckpointer::Impl {
   CheckpointMemory memory;
   CheckpointProfile profile;
 };
-
-detail::EngineState* ActivationCheckpointer::Impl::engine_state_of(Engine& engine) {
-  return engine.state_.get();
-}
 
 ActivationCheckpointer::ActivationCheckpointer(Engine& engine, Communicator* model_parallel)
     : impl_(std::make_unique<Impl>(engine, model_parallel)) {}

@@ -1,5 +1,7 @@
-// The library's tests reach an engine's components through this, to provoke what a public call
-// cannot (an I/O error in the middle of a step); programs use the public API only.
+// The library's own parts outside the engine (the activation checkpointer moves kept inputs with
+// the engine's backend) and its tests (to provoke what a public call cannot, such as an I/O error
+// in the middle of a step) reach an engine's components through this; programs use the public API
+// only.
 #pragma once
 
 #include "engine/engine_state.h"
