@@ -118,6 +118,22 @@ TEST(Crc32c, HardwareAndPortablePathsAgreeOnAnyLengthAndAlignment) {
   EXPECT_EQ(crc32c_hardware(data.data() + 100, 900, head), crc32c_portable(data.data(), 1000));
 }
 
+// Long buffers take the three-stream paths (blocks of 8 KiB, then of 256 bytes) and their joins.
+TEST(Crc32c, ThreeStreamPathsAgreeWithThePortableLoop) {
+  if (!crc32c_hardware_available()) GTEST_SKIP() << "this CPU has no SSE4.2 crc32";
+  std::vector<unsigned char> data(3 * 8192 * 3 + 3 * 256 * 2 + 77);
+  for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<unsigned char>(i * 131 + 7);
+  for (const std::size_t length :
+       {std::size_t{3 * 256}, std::size_t{3 * 256 * 2 + 5}, std::size_t{3 * 8192},
+        std::size_t{3 * 8192 + 3 * 256 + 9}, data.size() - 8}) {
+    for (std::size_t start = 0; start < 8; ++start) {
+      ASSERT_EQ(crc32c_hardware(data.data() + start, length, 0x1234u),
+                crc32c_portable(data.data() + start, length, 0x1234u))
+          << "length " << length << ", start " << start;
+    }
+  }
+}
+
 TEST_F(NvmeSwapperTest, NamesTheFileByRankAndKindAndSizesItForTwoCopies) {
   NvmeSwapper swapper(options(5, 10000));
   EXPECT_EQ(swapper.path(), (directory_ / "zeroshard_rank3_optimizer.swp").string());
