@@ -22,7 +22,8 @@ GatheredMemory gather_memory(Communicator& communicator, const MemoryReport& rep
   return gathered;
 }
 
-nlohmann::json run_report(const Engine& engine, const Device& device, const RunSummary& run) {
+nlohmann::json run_report(const Engine& engine, const Config& config, const Device& device,
+                          const RunSummary& run) {
   nlohmann::json out;
   out["final_loss"] = run.losses.back();
   out["losses"] = run.losses;
@@ -36,15 +37,14 @@ nlohmann::json run_report(const Engine& engine, const Device& device, const RunS
   out["parameters"] = run.parameters;
   out["padded_parameters"] = engine.padded_numel();
   out["checkpoint_every"] = run.checkpoint_every;
+  if (run.checkpointer != nullptr) {
+    out["checkpointing"] = {
+        {"cpu_checkpointing", config.activation_checkpointing.cpu_checkpointing},
+        {"recomputes", run.checkpointer->profile().recomputes},
+        {"peak_kept_device", run.checkpointer->memory().peak_kept_device},
+        {"peak_kept_host", run.checkpointer->memory().peak_kept_host}};
+  }
   return out;
-}
-
-nlohmann::json checkpointing_report(const Config& config,
-                                    const ActivationCheckpointer& checkpointer) {
-  return {{"cpu_checkpointing", config.activation_checkpointing.cpu_checkpointing},
-          {"recomputes", checkpointer.profile().recomputes},
-          {"peak_kept_device", checkpointer.memory().peak_kept_device},
-          {"peak_kept_host", checkpointer.memory().peak_kept_host}};
 }
 
 void write_report_json(const std::string& path, nlohmann::json report,

@@ -37,13 +37,13 @@ struct RunSummary {
   int world = 1;
   std::int64_t parameters = 0;
   int checkpoint_every = 0;
+  /// With activation checkpointing, the report's "checkpointing" section holds where kept inputs
+  /// went, the recomputes and the peaks they kept.
+  const ActivationCheckpointer* checkpointer = nullptr;
 };
 
-nlohmann::json run_report(const Engine& engine, const Device& device, const RunSummary& run);
-
-/// The checkpointer's counters: where kept inputs went, recomputes and the peaks they kept.
-nlohmann::json checkpointing_report(const Config& config,
-                                    const ActivationCheckpointer& checkpointer);
+nlohmann::json run_report(const Engine& engine, const Config& config, const Device& device,
+                          const RunSummary& run);
 
 /// Adds every rank's memory report to `report` and writes it, indented, to `path`.
 void write_report_json(const std::string& path, nlohmann::json report,

@@ -33,4 +33,20 @@ struct TrainerProgram {
 /// command-line problem, 1 for an error (which, once the ranks have parted ways, aborts the job).
 int run_trainer(int argc, char** argv, const TrainerProgram& program);
 
+/// The same for a trainer written as `parse(argc, argv, options)` and
+/// `train(options, communicator, progress)` over an `Options` of its own.
+template <class Options>
+int run_trainer(int argc, char** argv, const char* name, const char* usage,
+                std::optional<std::string> (*parse)(int, char**, Options&),
+                int (*train)(const Options&, Communicator&, RunProgress&)) {
+  Options options;
+  return run_trainer(
+      argc, argv,
+      {.name = name,
+       .usage = usage,
+       .parse = [&](int count, char** arguments) { return parse(count, arguments, options); },
+       .train = [&](Communicator& communicator,
+                    RunProgress& progress) { return train(options, communicator, progress); }});
+}
+
 }  // namespace zeroshard::examples

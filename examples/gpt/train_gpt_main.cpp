@@ -302,14 +302,15 @@ int train(const Options& options, Communicator& communicator,
   std::fflush(stdout);
   if (!common.report_json.empty()) {
     nlohmann::json out =
-        examples::run_report(engine, device,
+        examples::run_report(engine, config, device,
                              {.losses = losses,
                               .initial = initial,
                               .final = final_checksum,
                               .first_step = first_step,
                               .world = world,
                               .parameters = model.parameter_count(),
-                              .checkpoint_every = options.training.checkpoint_every});
+                              .checkpoint_every = options.training.checkpoint_every,
+                              .checkpointer = model.checkpointer()});
     out["validation"] = validation;
     out["unigram_entropy"] = corpus.unigram_entropy();
     out["tokens_per_second"] = tokens_per_second;
@@ -317,9 +318,6 @@ int train(const Options& options, Communicator& communicator,
     out["shape"] = {{"layers", shape.layers}, {"d_model", shape.channels},
                     {"heads", shape.heads},   {"seq_len", shape.seq},
                     {"vocab", shape.vocab},   {"micro_batch", micro_batch}};
-    if (const zeroshard::ActivationCheckpointer* checkpointer = model.checkpointer()) {
-      out["checkpointing"] = examples::checkpointing_report(config, *checkpointer);
-    }
     examples::write_report_json(common.report_json, std::move(out), memory);
   }
   return 0;
@@ -328,15 +326,5 @@ int train(const Options& options, Communicator& communicator,
 }  // namespace
 
 int main(int argc, char** argv) {
-  Options options;
-  return zeroshard::examples::run_trainer(
-      argc, argv,
-      {.name = kProgram,
-       .usage = kUsage,
-       .parse = [&](int count,
-                    char** arguments) { return parse_options(count, arguments, options); },
-       .train =
-           [&](Communicator& communicator, zeroshard::examples::RunProgress& progress) {
-             return train(options, communicator, progress);
-           }});
+  return zeroshard::examples::run_trainer(argc, argv, kProgram, kUsage, parse_options, train);
 }

@@ -216,21 +216,21 @@ int train(const Options& options, Communicator& communicator,
   std::fflush(stdout);
   if (!common.report_json.empty()) {
     nlohmann::json out =
-        examples::run_report(engine, device,
+        examples::run_report(engine, config, device,
                              {.losses = losses,
                               .initial = initial,
                               .final = final_checksum,
                               .first_step = first_step,
                               .world = world,
                               .parameters = model.parameter_count(),
-                              .checkpoint_every = options.training.checkpoint_every});
+                              .checkpoint_every = options.training.checkpoint_every,
+                              .checkpointer = model.checkpointer()});
     out["dropout"] = options.training.dropout;
     out["grad_handover"] =
         options.training.grad_handover == zeroshard::GradHandover::kAtEnd ? "end" : "layer";
     out["reduce_bucket_size"] = config.zero_optimization.reduce_bucket_size;
     out["adopt_memory"] = options.training.adopt_memory;
     if (const zeroshard::ActivationCheckpointer* checkpointer = model.checkpointer()) {
-      out["checkpointing"] = examples::checkpointing_report(config, *checkpointer);
       out["checkpointing"]["recompute_seconds"] = checkpointer->profile().recompute_seconds;
     }
     examples::write_report_json(common.report_json, std::move(out), memory);
@@ -241,15 +241,5 @@ int train(const Options& options, Communicator& communicator,
 }  // namespace
 
 int main(int argc, char** argv) {
-  Options options;
-  return zeroshard::examples::run_trainer(
-      argc, argv,
-      {.name = kProgram,
-       .usage = kUsage,
-       .parse = [&](int count,
-                    char** arguments) { return parse_options(count, arguments, options); },
-       .train =
-           [&](Communicator& communicator, zeroshard::examples::RunProgress& progress) {
-             return train(options, communicator, progress);
-           }});
+  return zeroshard::examples::run_trainer(argc, argv, kProgram, kUsage, parse_options, train);
 }
