@@ -97,7 +97,7 @@ class MlpBenchModel final : public BenchModel {
   void initialize() override { model_.initialize(1); }
 
   void micro_step(std::int64_t step) override {
-    const examples::SampleRange range = examples::data_parallel_range(
+    const examples::BatchRange range = examples::data_parallel_range(
         step, 0, 1, micro_batch_, engine_.rank(), engine_.world_size());
     data_.sample(range.first, range.count, x_.data(), labels_.data());
     model_.train_micro_step(x_.data(), labels_.data(), range.count);

@@ -1,6 +1,7 @@
 // The GPT's arithmetic on the CPU: GptMath over CpuGptKernels<float>.
 #include <cstring>
 
+#include "device_math.h"
 #include "gpt_kernels_cpu.h"
 #include "gpt_math.h"
 #include "zeroshard/error.h"
@@ -8,10 +9,8 @@
 namespace zeroshard::examples {
 namespace {
 
-class CpuGptMath final : public GptMath {
+class CpuGptMath final : public CpuDataMoves<GptMath> {
  public:
-  void* stream() const noexcept override { return nullptr; }
-
   void embedding_forward(const int* tokens, const float* wte, const float* wpe, float* out,
                          int batch, int seq, int channels) override {
     k_.embedding_forward(tokens, wte, wpe, out, batch, seq, channels);
@@ -65,15 +64,6 @@ class CpuGptMath final : public GptMath {
   }
 
   void zero(void* data, std::size_t bytes) override { k_.zero(data, bytes); }
-  void convert(const void* in, DType from, void* out, DType to, std::int64_t count) override {
-    zeroshard::convert(in, from, out, to, count);
-  }
-  void copy(void* destination, const void* source, std::size_t bytes) override {
-    if (bytes > 0) std::memcpy(destination, source, bytes);
-  }
-  void upload(void* destination, const void* host, std::size_t bytes) override {
-    if (bytes > 0) std::memcpy(destination, host, bytes);
-  }
 
  private:
   CpuGptKernels<float> k_;
@@ -84,12 +74,10 @@ class CpuGptMath final : public GptMath {
 std::unique_ptr<GptMath> make_cpu_gpt_math() { return std::make_unique<CpuGptMath>(); }
 
 std::unique_ptr<GptMath> make_gpt_math(const Device& device) {
-  if (!device.is_cuda()) return make_cpu_gpt_math();
 #if ZEROSHARD_EXAMPLE_WITH_CUDA
-  return make_cuda_gpt_math(device.index);
+  return make_math_for<GptMath>(device, "GPT", make_cpu_gpt_math, make_cuda_gpt_math);
 #else
-  throw UsageError("the GPT example was built without CUDA; it cannot compute on " +
-                   device.to_string());
+  return make_math_for<GptMath>(device, "GPT", make_cpu_gpt_math, nullptr);
 #endif
 }
 

@@ -3,43 +3,25 @@
 // order (a thread per row, channel or query), all on one stream that the engine orders its own
 // work and its collectives after. Written to mirror gpt_kernels_cpu.h, not for speed.
 #include <cublas_v2.h>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <string>
-#include <type_traits>
 #include <vector>
 
+#include "cuda_convert.h"
+#include "cuda_support.h"
 #include "gpt_math.h"
 #include "zeroshard/error.h"
 
 namespace zeroshard::examples {
 namespace {
 
-void check_cuda(cudaError_t error, const char* what) {
-  if (error != cudaSuccess) {
-    throw CudaError(std::string("GPT example: ") + what + " failed: " + cudaGetErrorString(error));
-  }
-}
-
-void check_cublas(cublasStatus_t status, const char* what) {
-  if (status != CUBLAS_STATUS_SUCCESS) {
-    throw CudaError(std::string("GPT example: ") + what +
-                    " failed: " + cublasGetStatusString(status));
-  }
-}
-
-constexpr int kThreads = 256;
+constexpr CudaCheck check_cuda{"GPT example"};
 constexpr float kEpsilon = 1e-5f;
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluCubic = 0.044715f;
-
-unsigned blocks_for(std::int64_t count) {
-  return static_cast<unsigned>(std::max<std::int64_t>(1, (count + kThreads - 1) / kThreads));
-}
 
 __device__ std::int64_t thread_index() {
   return std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
@@ -288,53 +270,11 @@ __global__ void cross_entropy_kernel(float* logits, const int* targets, double* 
   }
 }
 
-template <class From, class To>
-__global__ void convert_kernel(const From* in, To* out, std::int64_t count) {
-  const std::int64_t k = thread_index();
-  if (k >= count) return;
-  if constexpr (std::is_same_v<To, __half>) {
-    out[k] = __float2half_rn(in[k]);
-  } else if constexpr (std::is_same_v<To, __nv_bfloat16>) {
-    out[k] = __float2bfloat16_rn(in[k]);
-  } else {
-    out[k] = static_cast<float>(in[k]);
-  }
-}
-
-class CudaStreamOwner {
- public:
-  CudaStreamOwner() {
-    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-  }
-  CudaStreamOwner(const CudaStreamOwner&) = delete;
-  CudaStreamOwner& operator=(const CudaStreamOwner&) = delete;
-  ~CudaStreamOwner() { cudaStreamDestroy(stream_); }
-  cudaStream_t get() const noexcept { return stream_; }
-
- private:
-  cudaStream_t stream_ = nullptr;
-};
-
-class CublasOwner {
- public:
-  explicit CublasOwner(cudaStream_t stream) {
-    check_cublas(cublasCreate(&handle_), "cublasCreate");
-    check_cublas(cublasSetStream(handle_, stream), "cublasSetStream");
-  }
-  CublasOwner(const CublasOwner&) = delete;
-  CublasOwner& operator=(const CublasOwner&) = delete;
-  ~CublasOwner() { cublasDestroy(handle_); }
-  cublasHandle_t get() const noexcept { return handle_; }
-
- private:
-  cublasHandle_t handle_ = nullptr;
-};
-
 class CudaGptMath final : public GptMath {
  public:
-  explicit CudaGptMath(int device) : current_(device), cublas_(stream_.get()) {}
+  explicit CudaGptMath(int device) : device_(device, check_cuda) {}
 
-  void* stream() const noexcept override { return stream_.get(); }
+  void* stream() const noexcept override { return device_.stream(); }
 
   void embedding_forward(const int* tokens, const float* wte, const float* wpe, float* out,
                          int batch, int seq, int channels) override {
@@ -380,9 +320,9 @@ class CudaGptMath final : public GptMath {
     // out^T [out x rows] (+)= weight [out x in] * in^T [in x rows]
     const float one = 1.0f;
     const float beta = bias != nullptr ? 1.0f : 0.0f;
-    check_cublas(
-        cublasSgemm(cublas_.get(), CUBLAS_OP_T, CUBLAS_OP_N, out_features, rows, in_features, &one,
-                    weight, in_features, in, in_features, &beta, out, out_features),
+    check_cuda(
+        cublasSgemm(device_.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, out_features, rows, in_features,
+                    &one, weight, in_features, in, in_features, &beta, out, out_features),
         "cublasSgemm (forward)");
   }
 
@@ -393,15 +333,15 @@ class CudaGptMath final : public GptMath {
     const float zero = 0.0f;
     if (din != nullptr) {
       // din^T [in x rows] = weight^T [in x out] * dout^T [out x rows]
-      check_cublas(
-          cublasSgemm(cublas_.get(), CUBLAS_OP_N, CUBLAS_OP_N, in_features, rows, out_features,
+      check_cuda(
+          cublasSgemm(device_.cublas(), CUBLAS_OP_N, CUBLAS_OP_N, in_features, rows, out_features,
                       &one, weight, in_features, dout, out_features, &zero, din, in_features),
           "cublasSgemm (input gradient)");
     }
     // dweight^T [in x out] += in^T [in x rows] * dout [rows x out]
-    check_cublas(
-        cublasSgemm(cublas_.get(), CUBLAS_OP_N, CUBLAS_OP_T, in_features, out_features, rows, &one,
-                    in, in_features, dout, out_features, &one, dweight, in_features),
+    check_cuda(
+        cublasSgemm(device_.cublas(), CUBLAS_OP_N, CUBLAS_OP_T, in_features, out_features, rows,
+                    &one, in, in_features, dout, out_features, &one, dweight, in_features),
         "cublasSgemm (weight gradient)");
     if (dbias != nullptr) {
       add_bias_grad<<<blocks_for(out_features), kThreads, 0, s()>>>(dout, dbias, rows,
@@ -464,24 +404,7 @@ class CudaGptMath final : public GptMath {
       copy(out, in, static_cast<std::size_t>(count) * size_of(from));
       return;
     }
-    const unsigned blocks = blocks_for(count);
-    if (from == DType::kFloat32 && to == DType::kFloat16) {
-      convert_kernel<<<blocks, kThreads, 0, s()>>>(static_cast<const float*>(in),
-                                                   static_cast<__half*>(out), count);
-    } else if (from == DType::kFloat32 && to == DType::kBFloat16) {
-      convert_kernel<<<blocks, kThreads, 0, s()>>>(static_cast<const float*>(in),
-                                                   static_cast<__nv_bfloat16*>(out), count);
-    } else if (from == DType::kFloat16 && to == DType::kFloat32) {
-      convert_kernel<<<blocks, kThreads, 0, s()>>>(static_cast<const __half*>(in),
-                                                   static_cast<float*>(out), count);
-    } else if (from == DType::kBFloat16 && to == DType::kFloat32) {
-      convert_kernel<<<blocks, kThreads, 0, s()>>>(static_cast<const __nv_bfloat16*>(in),
-                                                   static_cast<float*>(out), count);
-    } else {
-      throw UsageError(std::string("GPT example: no conversion from ") + to_string(from) + " to " +
-                       to_string(to));
-    }
-    check_cuda(cudaGetLastError(), "convert");
+    convert_on_stream(in, from, out, to, count, device_.stream(), check_cuda);
   }
 
   void copy(void* destination, const void* source, std::size_t bytes) override {
@@ -497,7 +420,7 @@ class CudaGptMath final : public GptMath {
   }
 
  private:
-  cudaStream_t s() const noexcept { return stream_.get(); }
+  cudaStream_t s() const noexcept { return device_.stream(); }
 
   double run_cross_entropy(float* logits, const int* targets, double* row_losses, int rows,
                            int vocab, float grad_scale, bool gradient) {
@@ -514,14 +437,7 @@ class CudaGptMath final : public GptMath {
     return loss / rows;
   }
 
-  // Makes the device current before the stream and the cuBLAS handle are created on it.
-  struct CurrentDevice {
-    explicit CurrentDevice(int device) { check_cuda(cudaSetDevice(device), "cudaSetDevice"); }
-  };
-
-  CurrentDevice current_;
-  CudaStreamOwner stream_;
-  CublasOwner cublas_;
+  CudaDeviceStream device_;
   std::vector<double> host_losses_;
 };
 

@@ -7,19 +7,11 @@
 #include <cmath>
 #include <string>
 
+#include "model_init.h"
 #include "zeroshard/error.h"
 
 namespace zeroshard::examples {
 namespace {
-
-// splitmix64: a tiny counter-based generator whose output is fixed by the seed alone, so every
-// rank (and every standard library) produces the same initial weights.
-std::uint64_t splitmix64(std::uint64_t& state) {
-  std::uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 
 // N(0, std) by Box-Muller from two 24-bit uniforms in (0, 1], computed in double so the result
 // does not depend on the float library's rounding.
@@ -33,13 +25,6 @@ std::vector<float> normal(std::int64_t count, double std, std::uint64_t& state) 
   return values;
 }
 
-void require_positive(const char* what, int value) {
-  if (value <= 0) {
-    throw UsageError("GptModel: " + std::string(what) + " must be positive, got " +
-                     std::to_string(value));
-  }
-}
-
 std::size_t floats(std::size_t count) { return count * sizeof(float); }
 
 }  // namespace
@@ -51,12 +36,12 @@ GptModel::GptModel(Engine& engine, const GptShape& shape, int max_batch,
       training_(training),
       max_batch_(max_batch),
       math_(make_gpt_math(engine.device())) {
-  require_positive("vocab", shape.vocab);
-  require_positive("layers", shape.layers);
-  require_positive("channels", shape.channels);
-  require_positive("heads", shape.heads);
-  require_positive("seq", shape.seq);
-  require_positive("max_batch", max_batch);
+  require_positive("GptModel", "vocab", shape.vocab);
+  require_positive("GptModel", "layers", shape.layers);
+  require_positive("GptModel", "channels", shape.channels);
+  require_positive("GptModel", "heads", shape.heads);
+  require_positive("GptModel", "seq", shape.seq);
+  require_positive("GptModel", "max_batch", max_batch);
   if (shape.channels % shape.heads != 0) {
     throw UsageError("GptModel: heads (" + std::to_string(shape.heads) +
                      ") must divide channels (" + std::to_string(shape.channels) + ")");

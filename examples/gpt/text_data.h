@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "data_parallel_range.h"
+
 namespace zeroshard::examples {
 
 /// The licence texts Debian's base-files package installs (every regular file in
@@ -49,17 +51,5 @@ class TextCorpus {
   std::vector<int> validation_;
   double unigram_entropy_ = 0.0;
 };
-
-/// The sequences of the global batch one rank trains on in one micro-step.
-struct SequenceRange {
-  std::int64_t first = 0;
-  int count = 0;
-};
-
-/// Step `step` consumes sequences [step G, (step + 1) G) with G = micro_batch x accumulation x
-/// world: micro-step m takes the m-th run of micro_batch x world and rank r the r-th micro_batch
-/// of it, so the same global batch size trains on the same sequences at any world size.
-SequenceRange sequence_range(std::int64_t step, int micro_step, int accumulation_steps,
-                             int micro_batch, int rank, int world_size);
 
 }  // namespace zeroshard::examples

@@ -2,22 +2,24 @@
 // of Debian's base-files) with the ZeRO stage a DeepSpeed-style config picks, printing the loss,
 // tokens per second and validation loss as it goes, and per-rank memory at the end.
 
-#include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
-#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "gpt_model.h"
+#include "report_json.h"
+#include "run_guard.h"
 #include "text_data.h"
+#include "trainer_options.h"
+#include "trainer_setup.h"
+#include "training_checkpoints.h"
 #include "zeroshard/zeroshard.h"
 
 namespace {
@@ -28,6 +30,7 @@ using zeroshard::examples::GptShape;
 using zeroshard::examples::GptTraining;
 using zeroshard::examples::TextCorpus;
 
+constexpr const char* kProgram = "zeroshard-train-gpt";
 constexpr const char* kUsage =
     "usage: zeroshard-train-gpt --config FILE [--steps N] [--layers L] [--d-model C]\n"
     "                           [--heads H] [--seq-len T] [--batch B] [--seed S]\n"
@@ -65,8 +68,9 @@ constexpr const char* kUsage =
     "  mpirun -np 4 zeroshard-train-gpt --config examples/configs/zero3.json\n";
 
 struct Options {
-  std::string config_path;
-  int steps = 150;
+  Options() { common.steps = 150; }  // --steps is optional here
+
+  zeroshard::examples::TrainerOptions common;
   GptShape shape{.vocab = 0, .layers = 4, .channels = 128, .heads = 4, .seq = 64};
   int batch = 0;  ///< 0: as the config says
   GptTraining training;
@@ -76,48 +80,28 @@ struct Options {
   int eval_batches = 2;
   std::vector<std::string> data;
   double peak_tflops = 0.0;
-  std::string report_json;
-  std::string precision;  ///< empty: as the config says
-  std::string device = "auto";
-  std::string save_dir;
-  int save_every = 0;  ///< 0: only at the end
-  std::string resume_dir;
 };
-
-template <typename T>
-bool parse_number(std::string_view text, T& value) {
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  return error == std::errc() && end == text.data() + text.size();
-}
 
 // Returns the problem with the command line, or nothing when it is usable.
 std::optional<std::string> parse_options(int argc, char** argv, Options& options) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view flag = argv[i];
-    if (i + 1 >= argc) return "missing value after " + std::string(flag);
-    const std::string_view value = argv[++i];
-    auto positive = [&](int& target) -> std::optional<std::string> {
-      if (!parse_number(value, target) || target <= 0) {
-        return std::string(flag) + ": expected a positive integer, got '" + std::string(value) +
-               "'";
-      }
-      return std::nullopt;
-    };
-    std::optional<std::string> problem;
-    if (flag == "--config") {
-      options.config_path = value;
-    } else if (flag == "--steps") {
-      problem = positive(options.steps);
-    } else if (flag == "--layers") {
-      problem = positive(options.shape.layers);
+  using zeroshard::examples::OwnFlag;
+  using zeroshard::examples::parse_number;
+  using zeroshard::examples::parse_positive;
+  zeroshard::examples::TrainerFlags flags;
+  flags.own = [&](std::string_view flag, std::string_view value) {
+    OwnFlag result;
+    result.known = true;
+    std::optional<std::string>& problem = result.problem;
+    if (flag == "--layers") {
+      problem = parse_positive(flag, value, options.shape.layers);
     } else if (flag == "--d-model") {
-      problem = positive(options.shape.channels);
+      problem = parse_positive(flag, value, options.shape.channels);
     } else if (flag == "--heads") {
-      problem = positive(options.shape.heads);
+      problem = parse_positive(flag, value, options.shape.heads);
     } else if (flag == "--seq-len") {
-      problem = positive(options.shape.seq);
+      problem = parse_positive(flag, value, options.shape.seq);
     } else if (flag == "--batch") {
-      problem = positive(options.batch);
+      problem = parse_positive(flag, value, options.batch);
     } else if (flag == "--seed") {
       if (!parse_number(value, options.seed)) {
         problem = "--seed: expected a non-negative integer, got '" + std::string(value) + "'";
@@ -126,81 +110,32 @@ std::optional<std::string> parse_options(int argc, char** argv, Options& options
       if (!parse_number(value, options.lr) || !(options.lr > 0.0)) {
         problem = "--lr: expected a positive number, got '" + std::string(value) + "'";
       }
-    } else if (flag == "--precision") {
-      if (value != "fp32" && value != "fp16" && value != "bf16") {
-        problem = "--precision: expected fp32, fp16 or bf16, got '" + std::string(value) + "'";
-      }
-      options.precision = value;
-    } else if (flag == "--device") {
-      if (value != "cpu" && value != "cuda" && value != "auto") {
-        problem = "--device: expected cpu, cuda or auto, got '" + std::string(value) + "'";
-      }
-      options.device = value;
-    } else if (flag == "--checkpoint-every") {
-      if (!parse_number(value, options.training.checkpoint_every) ||
-          options.training.checkpoint_every < 0) {
-        problem =
-            "--checkpoint-every: expected a non-negative integer, got '" + std::string(value) + "'";
-      }
     } else if (flag == "--eval-every") {
-      problem = positive(options.eval_every);
+      problem = parse_positive(flag, value, options.eval_every);
     } else if (flag == "--eval-batches") {
-      problem = positive(options.eval_batches);
+      problem = parse_positive(flag, value, options.eval_batches);
     } else if (flag == "--data") {
       options.data.emplace_back(value);
     } else if (flag == "--peak-tflops") {
       if (!parse_number(value, options.peak_tflops) || !(options.peak_tflops > 0.0)) {
         problem = "--peak-tflops: expected a positive number, got '" + std::string(value) + "'";
       }
-    } else if (flag == "--report-json") {
-      options.report_json = value;
-    } else if (flag == "--save-dir") {
-      options.save_dir = value;
-    } else if (flag == "--save-every") {
-      problem = positive(options.save_every);
-    } else if (flag == "--resume") {
-      options.resume_dir = value;
     } else {
-      return "unknown flag " + std::string(flag);
+      result.known = false;
     }
-    if (problem) return problem;
-  }
-  if (options.config_path.empty()) return "--config is required";
-  if (options.shape.channels % options.shape.heads != 0) {
-    return "--heads " + std::to_string(options.shape.heads) + " does not divide --d-model " +
-           std::to_string(options.shape.channels);
-  }
-  if (options.save_every > 0 && options.save_dir.empty()) return "--save-every needs --save-dir";
-  return std::nullopt;
-}
-
-// The device --device names; `cuda` without a usable GPU is an error that says why.
-zeroshard::Device choose_device(const std::string& choice) {
-  if (choice == "cpu") return zeroshard::Device::cpu();
-  if (choice == "auto") return zeroshard::Device::from_environment();
-  if (!zeroshard::cuda_available()) {
-    throw zeroshard::UsageError("--device cuda: " + zeroshard::cuda_unavailable_reason());
-  }
-  const zeroshard::Device device = zeroshard::Device::from_environment();
-  if (!device.is_cuda()) {
-    throw zeroshard::UsageError("--device cuda, but ZEROSHARD_DEVICE asks for the CPU");
-  }
-  return device;
-}
-
-// The data position a checkpoint keeps in its user section: the next step's index (the windows
-// of step s are a function of s and the seed alone, see sequence_range).
-std::string data_position(int next_step) { return "next_step=" + std::to_string(next_step); }
-
-int parse_data_position(const std::string& text, const std::string& where) {
-  const std::string key = "next_step=";
-  int step = -1;
-  if (!text.starts_with(key) || !parse_number(std::string_view(text).substr(key.size()), step) ||
-      step < 0) {
-    throw zeroshard::UsageError("--resume " + where + ": the checkpoint's user section is '" +
-                                text + "', not a data position of zeroshard-train-gpt");
-  }
-  return step;
+    return result;
+  };
+  flags.check = [&]() -> std::optional<std::string> {
+    if (options.shape.channels % options.shape.heads != 0) {
+      return "--heads " + std::to_string(options.shape.heads) + " does not divide --d-model " +
+             std::to_string(options.shape.channels);
+    }
+    return std::nullopt;
+  };
+  std::optional<std::string> problem =
+      zeroshard::examples::parse_trainer_options(argc, argv, options.common, flags);
+  options.training.checkpoint_every = options.common.checkpoint_every;
+  return problem;
 }
 
 // The sum over ranks, added in rank order on every rank, so every world size and stage that
@@ -212,29 +147,6 @@ double sum_over_ranks(Communicator& communicator, double value) {
   for (const std::string& part : communicator.all_gather_text(text)) sum += std::stod(part);
   return sum;
 }
-
-struct Checksum {
-  double sum = 0.0;
-  double abs_sum = 0.0;
-};
-
-Checksum checksum(const std::vector<float>& parameters) {
-  Checksum c;
-  for (float p : parameters) {
-    c.sum += p;
-    c.abs_sum += std::fabs(p);
-  }
-  return c;
-}
-
-// What the error handler needs to know about how far the run got.
-struct Progress {
-  /// The program's own communicator; null until it exists.
-  Communicator* communicator = nullptr;
-  /// Until the engine exists every rank does the same thing (read the same files), so an error
-  /// so far happened on every rank alike.
-  bool in_lockstep = true;
-};
 
 // The mean validation loss per token over eval_batches x micro_batch x world windows, spread
 // evenly over the validation text; each rank takes every world-th micro-batch of them.
@@ -260,61 +172,38 @@ double validation_loss(GptModel& model, const TextCorpus& corpus, Communicator& 
 
 // `communicator` carries the program's own collectives (loss, reports), apart from the engine's,
 // so they can never interleave with the engine's outstanding transfers.
-int train(const Options& options, Communicator* communicator, Progress& progress) {
-  const int rank = communicator->rank();
-  const int world = communicator->size();
+int train(const Options& options, Communicator& communicator,
+          zeroshard::examples::RunProgress& progress) {
+  namespace examples = zeroshard::examples;
+  const examples::TrainerOptions& common = options.common;
+  const int rank = communicator.rank();
+  const int world = communicator.size();
 
-  zeroshard::Config config = zeroshard::Config::from_json_file(options.config_path, world);
-  if (!options.precision.empty()) {
-    config.fp16.enabled = options.precision == "fp16";
-    config.bf16.enabled = options.precision == "bf16";
-  }
+  zeroshard::Config config = examples::load_trainer_config(common, world);
   if (options.lr > 0.0) config.optimizer.params["lr"] = options.lr;
   if (options.batch > 0) {
     config.train_micro_batch_size_per_gpu = options.batch;
     config.train_batch_size =
         static_cast<std::int64_t>(options.batch) * config.gradient_accumulation_steps * world;
   }
-  if (rank == 0) {
-    for (const std::string& notice : config.notices()) std::printf("note: %s\n", notice.c_str());
-  }
+  examples::print_config_notices(config, rank);
   const int micro_batch = static_cast<int>(config.train_micro_batch_size_per_gpu);
   const int accumulation = static_cast<int>(config.gradient_accumulation_steps);
 
   const std::vector<std::string> files =
-      options.data.empty() ? zeroshard::examples::default_text_files() : options.data;
+      options.data.empty() ? examples::default_text_files() : options.data;
   const TextCorpus corpus(files, options.shape.seq);
   GptShape shape = options.shape;
   shape.vocab = corpus.vocab();
 
-  const zeroshard::Device device = choose_device(options.device);
+  const zeroshard::Device device = examples::choose_device(common.device);
   progress.in_lockstep = false;
   zeroshard::Engine engine(config, device, Communicator::from_environment(device));
   GptModel model(engine, shape, micro_batch, options.training);
   model.initialize(options.seed);
-  int first_step = 0;
-  if (!options.resume_dir.empty()) {
-    const zeroshard::CheckpointInfo info = engine.load_checkpoint(options.resume_dir);
-    first_step = parse_data_position(info.user_state, options.resume_dir + "/" + info.tag);
-    if (first_step >= options.steps) {
-      throw zeroshard::UsageError("--steps " + std::to_string(options.steps) +
-                                  " is the total, and checkpoint " + options.resume_dir + "/" +
-                                  info.tag + " is already at step " + std::to_string(first_step));
-    }
-    if (rank == 0) {
-      std::printf("resumed from %s/%s at step %d\n", options.resume_dir.c_str(), info.tag.c_str(),
-                  first_step);
-    }
-  }
-  const Checksum initial = checksum(engine.consolidated_parameters());
-  int last_saved = -1;
-  const auto save = [&](int next_step) {
-    engine.save_checkpoint(options.save_dir, "step" + std::to_string(next_step),
-                           data_position(next_step));
-    last_saved = next_step;
-    if (rank == 0) std::printf("saved %s/step%d\n", options.save_dir.c_str(), next_step);
-  };
-
+  examples::TrainingCheckpoints checkpoints(engine, common, kProgram, rank);
+  const int first_step = checkpoints.resume();
+  const examples::Checksum initial = examples::checksum(engine.consolidated_parameters());
   const std::int64_t tokens_per_step =
       static_cast<std::int64_t>(micro_batch) * accumulation * world * shape.seq;
   if (rank == 0) {
@@ -341,13 +230,13 @@ int train(const Options& options, Communicator* communicator, Progress& progress
   std::vector<double> losses;
   nlohmann::json validation = nlohmann::json::array();
   std::vector<double> step_seconds;
-  for (int step = first_step; step < options.steps; ++step) {
+  for (int step = first_step; step < common.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     double loss = 0.0;
     zeroshard::StepResult result;
     for (int micro = 0; micro < accumulation; ++micro) {
       const auto range =
-          zeroshard::examples::sequence_range(step, micro, accumulation, micro_batch, rank, world);
+          examples::data_parallel_range(step, micro, accumulation, micro_batch, rank, world);
       for (int s = 0; s < range.count; ++s) {
         corpus.train_window(options.seed, range.first + s, tokens.data() + s * window,
                             targets.data() + s * window);
@@ -358,16 +247,16 @@ int train(const Options& options, Communicator* communicator, Progress& progress
     }
     // Every rank's micro-batches are the same size, so the mean of the rank means is the mean
     // over the global batch.
-    const double global_loss = sum_over_ranks(*communicator, loss) / (accumulation * world);
+    const double global_loss = sum_over_ranks(communicator, loss) / (accumulation * world);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     step_seconds.push_back(seconds);
     losses.push_back(global_loss);
-    const bool evaluate = (step + 1) % options.eval_every == 0 || step + 1 == options.steps;
+    const bool evaluate = (step + 1) % options.eval_every == 0 || step + 1 == common.steps;
     double validation_value = 0.0;
     if (evaluate) {
       validation_value =
-          validation_loss(model, corpus, *communicator, options.eval_batches, micro_batch);
+          validation_loss(model, corpus, communicator, options.eval_batches, micro_batch);
       validation.push_back({{"step", step + 1}, {"loss", validation_value}});
     }
     if (rank == 0) {
@@ -383,19 +272,18 @@ int train(const Options& options, Communicator* communicator, Progress& progress
       std::printf(
           "step %5d/%d | loss %.4f | lr %.3e | grad norm %.4f | %8.1f ms | %9.0f tok/s | %.3f "
           "TFLOP/s%s%s%s\n",
-          step + 1, options.steps, global_loss, result.lr, result.grad_norm, seconds * 1e3,
+          step + 1, common.steps, global_loss, result.lr, result.grad_norm, seconds * 1e3,
           tokens_per_second, tflops, utilisation, extra,
           result.skipped ? " | skipped (overflow)" : "");
       std::fflush(stdout);
     }
-    if (options.save_every > 0 && (step + 1) % options.save_every == 0) save(step + 1);
+    checkpoints.after_step(step);
   }
-  if (!options.save_dir.empty() && last_saved != options.steps) save(options.steps);
+  checkpoints.finish();
 
-  const Checksum final_checksum = checksum(engine.consolidated_parameters());
-  const zeroshard::MemoryReport report = engine.memory_report();
-  const std::vector<std::string> tables = communicator->all_gather_text(report.to_table());
-  const std::vector<std::string> reports = communicator->all_gather_text(report.to_json());
+  const examples::Checksum final_checksum = examples::checksum(engine.consolidated_parameters());
+  const examples::GatheredMemory memory =
+      examples::gather_memory(communicator, engine.memory_report());
   if (rank != 0) return 0;
 
   // The first step also builds the engine's buffers and, at stage 3, records the gather order.
@@ -410,77 +298,33 @@ int train(const Options& options, Communicator* communicator, Progress& progress
       "first step, parameter checksum sum %.9g abs %.9g\n",
       losses.back(), validation.back().at("loss").get<double>(), corpus.unigram_entropy(),
       tokens_per_second, final_checksum.sum, final_checksum.abs_sum);
-  for (const std::string& table : tables) std::printf("%s", table.c_str());
+  for (const std::string& table : memory.tables) std::printf("%s", table.c_str());
   std::fflush(stdout);
-  if (!options.report_json.empty()) {
-    nlohmann::json out;
-    out["final_loss"] = losses.back();
-    out["losses"] = losses;
+  if (!common.report_json.empty()) {
+    nlohmann::json out =
+        examples::run_report(engine, config, device,
+                             {.losses = losses,
+                              .initial = initial,
+                              .final = final_checksum,
+                              .first_step = first_step,
+                              .world = world,
+                              .parameters = model.parameter_count(),
+                              .checkpoint_every = options.training.checkpoint_every,
+                              .checkpointer = model.checkpointer()});
     out["validation"] = validation;
     out["unigram_entropy"] = corpus.unigram_entropy();
     out["tokens_per_second"] = tokens_per_second;
     out["flops_per_token"] = model.flops_per_token();
-    out["param_checksum"] = {{"sum", final_checksum.sum}, {"abs_sum", final_checksum.abs_sum}};
-    out["initial_param_checksum"] = {{"sum", initial.sum}, {"abs_sum", initial.abs_sum}};
-    out["first_step"] = first_step;
-    out["stage"] = engine.stage();
-    out["precision"] = to_string(engine.model_dtype());
-    out["world_size"] = world;
-    out["device"] = device.to_string();
-    out["parameters"] = model.parameter_count();
-    out["padded_parameters"] = engine.padded_numel();
     out["shape"] = {{"layers", shape.layers}, {"d_model", shape.channels},
                     {"heads", shape.heads},   {"seq_len", shape.seq},
                     {"vocab", shape.vocab},   {"micro_batch", micro_batch}};
-    out["checkpoint_every"] = options.training.checkpoint_every;
-    if (const zeroshard::ActivationCheckpointer* checkpointer = model.checkpointer()) {
-      out["checkpointing"] = {
-          {"cpu_checkpointing", config.activation_checkpointing.cpu_checkpointing},
-          {"recomputes", checkpointer->profile().recomputes},
-          {"peak_kept_device", checkpointer->memory().peak_kept_device},
-          {"peak_kept_host", checkpointer->memory().peak_kept_host}};
-    }
-    out["memory"] = nlohmann::json::array();
-    for (const std::string& text : reports) out["memory"].push_back(nlohmann::json::parse(text));
-    std::ofstream file(options.report_json);
-    file << out.dump(2) << '\n';
-    if (!file) throw zeroshard::IoError("cannot write --report-json file " + options.report_json);
+    examples::write_report_json(common.report_json, std::move(out), memory);
   }
   return 0;
-}
-
-// An error on one rank would leave the others waiting in their next collective for ever, so it
-// ends the whole job. An error while reading the config or the text is the same on every rank:
-// reported once, and every rank simply exits.
-int fail(const char* what, const Progress& progress) {
-  const int rank = progress.communicator ? progress.communicator->rank() : 0;
-  if (!progress.in_lockstep || rank == 0) std::fprintf(stderr, "zeroshard-train-gpt: %s\n", what);
-  std::fflush(stderr);
-  if (progress.in_lockstep || progress.communicator == nullptr) return 1;
-  if (progress.communicator->size() > 1) progress.communicator->abort(1);
-  return 1;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  Options options;
-  if (argc == 2 && (std::string_view(argv[1]) == "--help" || std::string_view(argv[1]) == "-h")) {
-    std::printf("%s", kUsage);
-    return 0;
-  }
-  if (const std::optional<std::string> problem = parse_options(argc, argv, options)) {
-    std::fprintf(stderr, "zeroshard-train-gpt: %s\n%s", problem->c_str(), kUsage);
-    return 2;
-  }
-  Progress progress;
-  // Owned here so that it outlives train() when an error unwinds it: fail() aborts through it.
-  std::unique_ptr<Communicator> communicator;
-  try {
-    communicator = Communicator::from_environment();
-    progress.communicator = communicator.get();
-    return train(options, communicator.get(), progress);
-  } catch (const std::exception& error) {
-    return fail(error.what(), progress);
-  }
+  return zeroshard::examples::run_trainer(argc, argv, kProgram, kUsage, parse_options, train);
 }

@@ -12,23 +12,7 @@
 
 namespace {
 
-/// The most any rank held of `field` ("peak" or "adopted") of `category`, host and device
-/// together; "total_peak" for the whole footprint.
-std::int64_t per_rank(const nlohmann::json& report, const char* category, const char* field) {
-  std::int64_t worst = 0;
-  for (const nlohmann::json& memory : report.at("memory")) {
-    std::int64_t bytes = 0;
-    for (const char* location : {"host", "device"}) {
-      if (!memory.contains(location)) continue;
-      const nlohmann::json& at = memory.at(location);
-      bytes += std::string(category) == "total_peak"
-                   ? at.at("total_peak").get<std::int64_t>()
-                   : at.at(category).at(field).get<std::int64_t>();
-    }
-    worst = std::max(worst, bytes);
-  }
-  return worst;
-}
+using zeroshard::examples::most_per_rank;
 
 std::string row(const nlohmann::json& r) {
   char line[256];
@@ -36,13 +20,13 @@ std::string row(const nlohmann::json& r) {
                 "| %d | %s | %s | %lld (%lld adopted) | %lld (%lld adopted) | %lld | %lld | %lld |",
                 r.at("stage").get<int>(), r.at("grad_handover").get<std::string>().c_str(),
                 r.at("adopt_memory").get<bool>() ? "adopted" : "owned",
-                static_cast<long long>(per_rank(r, "parameters", "peak")),
-                static_cast<long long>(per_rank(r, "parameters", "adopted")),
-                static_cast<long long>(per_rank(r, "gradients", "peak")),
-                static_cast<long long>(per_rank(r, "gradients", "adopted")),
-                static_cast<long long>(per_rank(r, "optimizer_states", "peak")),
-                static_cast<long long>(per_rank(r, "communication", "peak")),
-                static_cast<long long>(per_rank(r, "total_peak", "")));
+                static_cast<long long>(most_per_rank(r, "parameters", "peak")),
+                static_cast<long long>(most_per_rank(r, "parameters", "adopted")),
+                static_cast<long long>(most_per_rank(r, "gradients", "peak")),
+                static_cast<long long>(most_per_rank(r, "gradients", "adopted")),
+                static_cast<long long>(most_per_rank(r, "optimizer_states", "peak")),
+                static_cast<long long>(most_per_rank(r, "communication", "peak")),
+                static_cast<long long>(most_per_rank(r, "total_peak")));
   return line;
 }
 
@@ -72,8 +56,8 @@ int main(int argc, char** argv) {
                          adopted.at("param_checksum") == owned.at("param_checksum"),
                      line);
         const std::int64_t block = adopted.at("padded_parameters").get<std::int64_t>() * 4;
-        const std::int64_t params_adopted = per_rank(adopted, "parameters", "adopted");
-        const std::int64_t grads_adopted = per_rank(adopted, "gradients", "adopted");
+        const std::int64_t params_adopted = most_per_rank(adopted, "parameters", "adopted");
+        const std::int64_t grads_adopted = most_per_rank(adopted, "gradients", "adopted");
         std::snprintf(line, sizeof line,
                       "stage %d, %s: the report lists the model's blocks as adopted (%lld and %lld "
                       "bytes, %lld each expected)",
@@ -81,8 +65,8 @@ int main(int argc, char** argv) {
                       static_cast<long long>(grads_adopted), static_cast<long long>(block));
         pairs.expect(params_adopted == block && grads_adopted == block, line);
         if (stage <= 1) {
-          const std::int64_t params = per_rank(adopted, "parameters", "peak");
-          const std::int64_t grads = per_rank(adopted, "gradients", "peak");
+          const std::int64_t params = most_per_rank(adopted, "parameters", "peak");
+          const std::int64_t grads = most_per_rank(adopted, "gradients", "peak");
           std::snprintf(line, sizeof line,
                         "stage %d, %s: no copy: parameter and gradient peaks (%lld, %lld) are the "
                         "model's blocks alone",

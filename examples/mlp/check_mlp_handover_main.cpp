@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "report_pairs.h"
+
 namespace {
 
 constexpr const char* kUsage =
@@ -24,23 +26,7 @@ void expect(bool ok, const std::string& what) {
   if (!ok) ++failures;
 }
 
-/// The most any rank held at once (host and device together) of `category`'s peak, or of the
-/// whole footprint when `category` is "total_peak".
-std::int64_t per_rank(const nlohmann::json& report, const char* category) {
-  std::int64_t worst = 0;
-  for (const nlohmann::json& memory : report.at("memory")) {
-    std::int64_t bytes = 0;
-    for (const char* location : {"host", "device"}) {
-      if (!memory.contains(location)) continue;
-      const nlohmann::json& at = memory.at(location);
-      bytes += std::string(category) == "total_peak"
-                   ? at.at("total_peak").get<std::int64_t>()
-                   : at.at(category).at("peak").get<std::int64_t>();
-    }
-    worst = std::max(worst, bytes);
-  }
-  return worst;
-}
+using zeroshard::examples::most_per_rank;
 
 std::string describe(const nlohmann::json& report) {
   return "stage " + std::to_string(report.at("stage").get<int>()) + ", " +
@@ -56,11 +42,11 @@ void print_table(const std::vector<nlohmann::json>& reports) {
     std::printf("| %d | %s | %lld | %lld | %lld | %lld | %lld | %lld |\n", r.at("stage").get<int>(),
                 r.at("grad_handover").get<std::string>().c_str(),
                 static_cast<long long>(r.at("reduce_bucket_size").get<std::int64_t>()),
-                static_cast<long long>(per_rank(r, "parameters")),
-                static_cast<long long>(per_rank(r, "gradients")),
-                static_cast<long long>(per_rank(r, "optimizer_states")),
-                static_cast<long long>(per_rank(r, "communication")),
-                static_cast<long long>(per_rank(r, "total_peak")));
+                static_cast<long long>(most_per_rank(r, "parameters")),
+                static_cast<long long>(most_per_rank(r, "gradients")),
+                static_cast<long long>(most_per_rank(r, "optimizer_states")),
+                static_cast<long long>(most_per_rank(r, "communication")),
+                static_cast<long long>(most_per_rank(r, "total_peak")));
   }
   std::printf("\n(bytes; peaks, the most any rank held; %d ranks)\n",
               reports.front().at("world_size").get<int>());
@@ -110,8 +96,8 @@ int main(int argc, char** argv) {
     expect(small.at("losses") == reports[6].at("losses"),
            "stage 2 at the end: smaller buckets give the same losses, bit for bit");
     const auto compare = [&](const nlohmann::json& lower, const nlohmann::json& higher) {
-      const std::int64_t low = per_rank(lower, "total_peak");
-      const std::int64_t high = per_rank(higher, "total_peak");
+      const std::int64_t low = most_per_rank(lower, "total_peak");
+      const std::int64_t high = most_per_rank(higher, "total_peak");
       std::snprintf(line, sizeof line, "%s holds %lld bytes per rank at most, %s %lld",
                     describe(lower).c_str(), static_cast<long long>(low), describe(higher).c_str(),
                     static_cast<long long>(high));

@@ -8,16 +8,15 @@
 #include <cstring>
 #include <new>
 
+#include "device_math.h"
 #include "mlp_math.h"
 #include "zeroshard/error.h"
 
 namespace zeroshard::examples {
 namespace {
 
-class CpuMlpMath final : public MlpMath {
+class CpuMlpMath final : public CpuDataMoves<MlpMath> {
  public:
-  void* stream() const noexcept override { return nullptr; }
-
   void linear_forward(const float* input, const float* weight, const float* bias, float* output,
                       int batch, int in, int out, bool relu) override {
     for (int b = 0; b < batch; ++b) {
@@ -84,18 +83,6 @@ class CpuMlpMath final : public MlpMath {
     return static_cast<float>(loss / batch);
   }
 
-  void convert(const void* in, DType from, void* out, DType to, std::int64_t count) override {
-    zeroshard::convert(in, from, out, to, count);
-  }
-
-  void copy(void* destination, const void* source, std::size_t bytes) override {
-    if (bytes > 0) std::memcpy(destination, source, bytes);
-  }
-
-  void upload(void* destination, const void* host, std::size_t bytes) override {
-    if (bytes > 0) std::memcpy(destination, host, bytes);
-  }
-
   std::shared_ptr<void> allocate(std::size_t bytes) override {
     constexpr std::size_t kAlignment = 64;
     const std::size_t rounded =
@@ -112,12 +99,10 @@ class CpuMlpMath final : public MlpMath {
 std::unique_ptr<MlpMath> make_cpu_mlp_math() { return std::make_unique<CpuMlpMath>(); }
 
 std::unique_ptr<MlpMath> make_mlp_math(const Device& device) {
-  if (!device.is_cuda()) return make_cpu_mlp_math();
 #if ZEROSHARD_EXAMPLE_WITH_CUDA
-  return make_cuda_mlp_math(device.index);
+  return make_math_for<MlpMath>(device, "MLP", make_cpu_mlp_math, make_cuda_mlp_math);
 #else
-  throw UsageError("the MLP example was built without CUDA; it cannot compute on " +
-                   device.to_string());
+  return make_math_for<MlpMath>(device, "MLP", make_cpu_mlp_math, nullptr);
 #endif
 }
 

@@ -2,42 +2,24 @@
 // as their column-major transposes) and one small kernel for each element-wise step, all on one
 // stream that the engine orders its own work and its collectives after.
 #include <cublas_v2.h>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "cuda_convert.h"
+#include "cuda_support.h"
 #include "mlp_math.h"
 #include "zeroshard/error.h"
 
 namespace zeroshard::examples {
 namespace {
 
-void check_cuda(cudaError_t error, const char* what) {
-  if (error != cudaSuccess) {
-    throw CudaError(std::string("MLP example: ") + what + " failed: " + cudaGetErrorString(error));
-  }
-}
-
-void check_cublas(cublasStatus_t status, const char* what) {
-  if (status != CUBLAS_STATUS_SUCCESS) {
-    throw CudaError(std::string("MLP example: ") + what +
-                    " failed: " + cublasGetStatusString(status));
-  }
-}
-
-constexpr int kThreads = 256;
-
-unsigned blocks_for(std::int64_t count) {
-  return static_cast<unsigned>(std::max<std::int64_t>(1, (count + kThreads - 1) / kThreads));
-}
+constexpr CudaCheck check_cuda{"MLP example"};
 
 __global__ void fill_bias_rows(const float* bias, float* output, int batch, int out) {
   const std::int64_t k = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
@@ -91,80 +73,38 @@ __global__ void softmax_cross_entropy_kernel(float* logits, const int* labels,
   }
 }
 
-template <class From, class To>
-__global__ void convert_kernel(const From* in, To* out, std::int64_t count) {
-  const std::int64_t k = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (k >= count) return;
-  if constexpr (std::is_same_v<To, __half>) {
-    out[k] = __float2half_rn(in[k]);
-  } else if constexpr (std::is_same_v<To, __nv_bfloat16>) {
-    out[k] = __float2bfloat16_rn(in[k]);
-  } else {
-    out[k] = static_cast<float>(in[k]);
-  }
-}
-
-class CudaStreamOwner {
- public:
-  CudaStreamOwner() {
-    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-  }
-  CudaStreamOwner(const CudaStreamOwner&) = delete;
-  CudaStreamOwner& operator=(const CudaStreamOwner&) = delete;
-  ~CudaStreamOwner() { cudaStreamDestroy(stream_); }
-  cudaStream_t get() const noexcept { return stream_; }
-
- private:
-  cudaStream_t stream_ = nullptr;
-};
-
-class CublasOwner {
- public:
-  explicit CublasOwner(cudaStream_t stream) {
-    check_cublas(cublasCreate(&handle_), "cublasCreate");
-    check_cublas(cublasSetStream(handle_, stream), "cublasSetStream");
-  }
-  CublasOwner(const CublasOwner&) = delete;
-  CublasOwner& operator=(const CublasOwner&) = delete;
-  ~CublasOwner() { cublasDestroy(handle_); }
-  cublasHandle_t get() const noexcept { return handle_; }
-
- private:
-  cublasHandle_t handle_ = nullptr;
-};
-
 class CudaMlpMath final : public MlpMath {
  public:
-  explicit CudaMlpMath(int device) : current_(device), cublas_(stream_.get()) {}
+  explicit CudaMlpMath(int device) : device_(device, check_cuda) {}
 
-  void* stream() const noexcept override { return stream_.get(); }
+  void* stream() const noexcept override { return device_.stream(); }
 
   void linear_forward(const float* input, const float* weight, const float* bias, float* output,
                       int batch, int in, int out, bool relu) override {
     const std::int64_t n = std::int64_t{batch} * out;
-    fill_bias_rows<<<blocks_for(n), kThreads, 0, stream_.get()>>>(bias, output, batch, out);
+    fill_bias_rows<<<blocks_for(n), kThreads, 0, device_.stream()>>>(bias, output, batch, out);
     check_cuda(cudaGetLastError(), "fill_bias_rows");
     // output^T [out x batch] += weight [out x in] * input^T [in x batch]
     const float one = 1.0f;
-    check_cublas(cublasSgemm(cublas_.get(), CUBLAS_OP_T, CUBLAS_OP_N, out, batch, in, &one, weight,
-                             in, input, in, &one, output, out),
-                 "cublasSgemm (forward)");
+    check_cuda(cublasSgemm(device_.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, out, batch, in, &one, weight,
+                           in, input, in, &one, output, out),
+               "cublasSgemm (forward)");
     if (relu) {
-      relu_in_place<<<blocks_for(n), kThreads, 0, stream_.get()>>>(output, n);
+      relu_in_place<<<blocks_for(n), kThreads, 0, device_.stream()>>>(output, n);
       check_cuda(cudaGetLastError(), "relu");
     }
   }
 
   void relu_backward(const float* activation, float* grad, std::int64_t count,
                      float scale) override {
-    relu_backward_kernel<<<blocks_for(count), kThreads, 0, stream_.get()>>>(activation, grad, count,
-                                                                            scale);
+    relu_backward_kernel<<<blocks_for(count), kThreads, 0, device_.stream()>>>(activation, grad,
+                                                                               count, scale);
     check_cuda(cudaGetLastError(), "relu_backward");
   }
 
   void dropout(float* data, std::int64_t count, float p, std::uint64_t seed,
                std::uint64_t offset) override {
-    dropout_kernel<<<blocks_for(count), kThreads, 0, stream_.get()>>>(
+    dropout_kernel<<<blocks_for(count), kThreads, 0, device_.stream()>>>(
         data, count, p, 1.0f / (1.0f - p), seed, offset);
     check_cuda(cudaGetLastError(), "dropout");
   }
@@ -173,11 +113,11 @@ class CudaMlpMath final : public MlpMath {
                         float* bias_grad, int batch, int in, int out) override {
     // weight_grad^T [in x out] += input^T [in x batch] * output_grad [batch x out]
     const float one = 1.0f;
-    check_cublas(cublasSgemm(cublas_.get(), CUBLAS_OP_N, CUBLAS_OP_T, in, out, batch, &one, input,
-                             in, output_grad, out, &one, weight_grad, in),
-                 "cublasSgemm (weight gradient)");
-    add_bias_grad<<<blocks_for(out), kThreads, 0, stream_.get()>>>(output_grad, bias_grad, batch,
-                                                                   out);
+    check_cuda(cublasSgemm(device_.cublas(), CUBLAS_OP_N, CUBLAS_OP_T, in, out, batch, &one, input,
+                           in, output_grad, out, &one, weight_grad, in),
+               "cublasSgemm (weight gradient)");
+    add_bias_grad<<<blocks_for(out), kThreads, 0, device_.stream()>>>(output_grad, bias_grad, batch,
+                                                                      out);
     check_cuda(cudaGetLastError(), "add_bias_grad");
   }
 
@@ -186,22 +126,22 @@ class CudaMlpMath final : public MlpMath {
     // input_grad^T [in x batch] = weight^T [in x out] * output_grad^T [out x batch]
     const float one = 1.0f;
     const float zero = 0.0f;
-    check_cublas(cublasSgemm(cublas_.get(), CUBLAS_OP_N, CUBLAS_OP_N, in, batch, out, &one, weight,
-                             in, output_grad, out, &zero, input_grad, in),
-                 "cublasSgemm (input gradient)");
+    check_cuda(cublasSgemm(device_.cublas(), CUBLAS_OP_N, CUBLAS_OP_N, in, batch, out, &one, weight,
+                           in, output_grad, out, &zero, input_grad, in),
+               "cublasSgemm (input gradient)");
   }
 
   float softmax_cross_entropy(float* logits, const int* labels, double* sample_losses, int batch,
                               int classes, float grad_scale) override {
-    softmax_cross_entropy_kernel<<<blocks_for(batch), kThreads, 0, stream_.get()>>>(
+    softmax_cross_entropy_kernel<<<blocks_for(batch), kThreads, 0, device_.stream()>>>(
         logits, labels, sample_losses, batch, classes, grad_scale);
     check_cuda(cudaGetLastError(), "softmax_cross_entropy");
     host_losses_.resize(static_cast<std::size_t>(batch));
     check_cuda(
         cudaMemcpyAsync(host_losses_.data(), sample_losses, host_losses_.size() * sizeof(double),
-                        cudaMemcpyDeviceToHost, stream_.get()),
+                        cudaMemcpyDeviceToHost, device_.stream()),
         "cudaMemcpyAsync (losses)");
-    check_cuda(cudaStreamSynchronize(stream_.get()), "cudaStreamSynchronize (losses)");
+    check_cuda(cudaStreamSynchronize(device_.stream()), "cudaStreamSynchronize (losses)");
     double loss = 0.0;
     for (double sample : host_losses_) loss += sample;
     return static_cast<float>(loss / batch);
@@ -210,41 +150,24 @@ class CudaMlpMath final : public MlpMath {
   void convert(const void* in, DType from, void* out, DType to, std::int64_t count) override {
     if (from == to) {
       check_cuda(cudaMemcpyAsync(out, in, static_cast<std::size_t>(count) * size_of(from),
-                                 cudaMemcpyDeviceToDevice, stream_.get()),
+                                 cudaMemcpyDeviceToDevice, device_.stream()),
                  "cudaMemcpyAsync (convert)");
       return;
     }
-    const unsigned blocks = blocks_for(count);
-    cudaStream_t stream = stream_.get();
-    if (from == DType::kFloat32 && to == DType::kFloat16) {
-      convert_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const float*>(in),
-                                                      static_cast<__half*>(out), count);
-    } else if (from == DType::kFloat32 && to == DType::kBFloat16) {
-      convert_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const float*>(in),
-                                                      static_cast<__nv_bfloat16*>(out), count);
-    } else if (from == DType::kFloat16 && to == DType::kFloat32) {
-      convert_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const __half*>(in),
-                                                      static_cast<float*>(out), count);
-    } else if (from == DType::kBFloat16 && to == DType::kFloat32) {
-      convert_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(in),
-                                                      static_cast<float*>(out), count);
-    } else {
-      throw UsageError(std::string("MLP example: no conversion from ") + to_string(from) + " to " +
-                       to_string(to));
-    }
-    check_cuda(cudaGetLastError(), "convert");
+    convert_on_stream(in, from, out, to, count, device_.stream(), check_cuda);
   }
 
   void copy(void* destination, const void* source, std::size_t bytes) override {
-    check_cuda(cudaMemcpyAsync(destination, source, bytes, cudaMemcpyDeviceToDevice, stream_.get()),
-               "cudaMemcpyAsync (copy)");
+    check_cuda(
+        cudaMemcpyAsync(destination, source, bytes, cudaMemcpyDeviceToDevice, device_.stream()),
+        "cudaMemcpyAsync (copy)");
   }
 
   void upload(void* destination, const void* host, std::size_t bytes) override {
-    check_cuda(cudaMemcpyAsync(destination, host, bytes, cudaMemcpyHostToDevice, stream_.get()),
+    check_cuda(cudaMemcpyAsync(destination, host, bytes, cudaMemcpyHostToDevice, device_.stream()),
                "cudaMemcpyAsync (upload)");
     // The host batch is refilled as soon as this returns.
-    check_cuda(cudaStreamSynchronize(stream_.get()), "cudaStreamSynchronize (upload)");
+    check_cuda(cudaStreamSynchronize(device_.stream()), "cudaStreamSynchronize (upload)");
   }
 
   std::shared_ptr<void> allocate(std::size_t bytes) override {
@@ -257,14 +180,7 @@ class CudaMlpMath final : public MlpMath {
   }
 
  private:
-  // Makes the device current before the stream and the cuBLAS handle are created on it.
-  struct CurrentDevice {
-    explicit CurrentDevice(int device) { check_cuda(cudaSetDevice(device), "cudaSetDevice"); }
-  };
-
-  CurrentDevice current_;
-  CudaStreamOwner stream_;
-  CublasOwner cublas_;
+  CudaDeviceStream device_;
   std::vector<double> host_losses_;
 };
 

@@ -8,32 +8,17 @@
 #include <string>
 #include <utility>
 
+#include "model_init.h"
 #include "zeroshard/error.h"
 
 namespace zeroshard::examples {
 namespace {
-
-// splitmix64: a tiny counter-based generator whose output is fixed by the seed alone, so every
-// rank (and every standard library) produces the same initial weights.
-std::uint64_t splitmix64(std::uint64_t& state) {
-  std::uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 
 // Uniform in [-bound, bound), built from 24 random bits so the float is exact.
 void fill_uniform(std::vector<float>& values, float bound, std::uint64_t& state) {
   for (float& v : values) {
     const float unit = static_cast<float>(splitmix64(state) >> 40) * 0x1.0p-24f;
     v = (2.0f * unit - 1.0f) * bound;
-  }
-}
-
-void require_positive(const char* what, int value) {
-  if (value <= 0) {
-    throw UsageError("MlpModel: " + std::string(what) + " must be positive, got " +
-                     std::to_string(value));
   }
 }
 
@@ -56,11 +41,11 @@ MlpModel::MlpModel(Engine& engine, const MlpShape& shape, int max_batch,
       training_(training),
       max_batch_(max_batch),
       math_(make_mlp_math(engine.device())) {
-  require_positive("inputs", shape.inputs);
-  require_positive("width", shape.width);
-  require_positive("layers", shape.layers);
-  require_positive("classes", shape.classes);
-  require_positive("max_batch", max_batch);
+  require_positive("MlpModel", "inputs", shape.inputs);
+  require_positive("MlpModel", "width", shape.width);
+  require_positive("MlpModel", "layers", shape.layers);
+  require_positive("MlpModel", "classes", shape.classes);
+  require_positive("MlpModel", "max_batch", max_batch);
   if (training.checkpoint_every < 0) {
     throw UsageError("MlpModel: checkpoint_every must be 0 (off) or positive, got " +
                      std::to_string(training.checkpoint_every));

@@ -1,8 +1,9 @@
 // What the zeroshard-check-mlp-* programs that compare runs pairwise share: reading pairs of
 // zeroshard-train-mlp --report-json files from the command line, printing each check as
-// "[ ok ]" or "[FAIL]", and rank 0's bytes of one memory category.
+// "[ ok ]" or "[FAIL]", and the bytes of one memory category held by rank 0 or by any rank.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -70,6 +71,25 @@ inline std::int64_t rank0_bytes(const nlohmann::json& report, const char* catego
     }
   }
   return bytes;
+}
+
+/// The most any rank held of `category`'s `field` ("peak" or "adopted"), host and device
+/// together; category "total_peak" for the whole footprint (`field` is then not read).
+inline std::int64_t most_per_rank(const nlohmann::json& report, const char* category,
+                                  const char* field = "peak") {
+  std::int64_t worst = 0;
+  for (const nlohmann::json& memory : report.at("memory")) {
+    std::int64_t bytes = 0;
+    for (const char* location : {"host", "device"}) {
+      if (!memory.contains(location)) continue;
+      const nlohmann::json& at = memory.at(location);
+      bytes += std::string(category) == "total_peak"
+                   ? at.at("total_peak").get<std::int64_t>()
+                   : at.at(category).at(field).get<std::int64_t>();
+    }
+    worst = std::max(worst, bytes);
+  }
+  return worst;
 }
 
 }  // namespace zeroshard::examples

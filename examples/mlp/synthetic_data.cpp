@@ -66,14 +66,4 @@ void SyntheticClassification::sample(std::int64_t first, int count, float* x, in
   }
 }
 
-SampleRange data_parallel_range(std::int64_t step, int micro_step, int accumulation_steps,
-                                int micro_batch, int rank, int world_size) {
-  const std::int64_t global_batch =
-      static_cast<std::int64_t>(micro_batch) * accumulation_steps * world_size;
-  const std::int64_t first = step * global_batch +
-                             static_cast<std::int64_t>(micro_step) * micro_batch * world_size +
-                             static_cast<std::int64_t>(rank) * micro_batch;
-  return SampleRange{first, micro_batch};
-}
-
 }  // namespace zeroshard::examples

@@ -1,9 +1,11 @@
-// A synthetic, learnable classification task generated from a seed, and the data-parallel rule
-// that decides which of its samples each rank trains on.
+// A synthetic, learnable classification task generated from a seed; data_parallel_range
+// (data_parallel_range.h) decides which of its samples each rank trains on.
 #pragma once
 
 #include <cstdint>
 #include <vector>
+
+#include "data_parallel_range.h"
 
 namespace zeroshard::examples {
 
@@ -28,18 +30,5 @@ class SyntheticClassification {
   std::uint64_t seed_;
   std::vector<float> centres_;  ///< [classes, inputs]
 };
-
-/// The samples of the stream one rank trains on in one micro-step.
-struct SampleRange {
-  std::int64_t first = 0;
-  int count = 0;
-};
-
-/// Optimizer step `step` consumes global batch `step` (micro_batch x accumulation_steps x
-/// world_size consecutive samples). Micro-step m takes the m-th run of micro_batch x world_size
-/// of them and rank r the r-th micro_batch of that run, so the samples behind each update, and
-/// therefore the training run, are the same whatever the world size for one global batch size.
-SampleRange data_parallel_range(std::int64_t step, int micro_step, int accumulation_steps,
-                                int micro_batch, int rank, int world_size);
 
 }  // namespace zeroshard::examples
