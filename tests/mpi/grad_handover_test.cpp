@@ -16,21 +16,10 @@ namespace {
 /// module walk and gradients as toy_micro_step, handed over with one all_grads_ready().
 void toy_micro_step_at_end(Engine& engine, const std::vector<ToyTensor>& tensors,
                            const std::vector<Parameter>& handles, std::int64_t step) {
-  std::vector<ModuleId> order;
-  for (const Parameter& p : handles) {
-    if (order.empty() || order.back() != p.module()) order.push_back(p.module());
-  }
-  for (ModuleId m : order) {
-    auto guard = engine.gathered(m);
-  }
-  for (auto it = order.rbegin(); it != order.rend(); ++it) {
-    auto guard = engine.gathered(*it);
-    for (std::size_t k = tensors.size(); k-- > 0;) {
-      if (handles[k].module() == *it && tensors[k].trainable) {
-        add_toy_gradient(engine, handles[k], k, step);
-      }
-    }
-  }
+  toy_backward(
+      engine, tensors, handles,
+      [&](std::size_t k) { add_toy_gradient(engine, handles[k], k, step); },
+      /*hand_over_each=*/false);
   engine.all_grads_ready();
 }
 

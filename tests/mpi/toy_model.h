@@ -129,10 +129,12 @@ inline std::vector<Parameter> register_toy(Engine& engine, const std::vector<Toy
 
 /// The module walk of one micro-step, as a model makes it: forward gathers every module in
 /// order, backward gathers them again in reverse; inside each, `add_gradient(k)` writes trainable
-/// tensor k's gradient, which is then handed over.
+/// tensor k's gradient, which is then handed over (unless `hand_over_each` is false: a model that
+/// hands every gradient over at the end).
 inline void toy_backward(Engine& engine, const std::vector<ToyTensor>& tensors,
                          const std::vector<Parameter>& handles,
-                         const std::function<void(std::size_t)>& add_gradient) {
+                         const std::function<void(std::size_t)>& add_gradient,
+                         bool hand_over_each = true) {
   std::vector<ModuleId> order;
   for (const Parameter& p : handles) {
     if (order.empty() || order.back() != p.module()) order.push_back(p.module());
@@ -145,7 +147,7 @@ inline void toy_backward(Engine& engine, const std::vector<ToyTensor>& tensors,
     for (std::size_t k = tensors.size(); k-- > 0;) {
       if (handles[k].module() != *it || !tensors[k].trainable) continue;
       add_gradient(k);
-      engine.grad_ready(handles[k]);
+      if (hand_over_each) engine.grad_ready(handles[k]);
     }
   }
 }
