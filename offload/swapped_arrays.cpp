@@ -147,9 +147,11 @@ void SwappedArrays::write_missing_tiles() {
 }
 
 void SwappedArrays::begin_pass() {
+  // Forgotten first: if writing the cache back fails, a roll-back must not return to the records
+  // of an older pass.
+  before_pass_.clear();
   flush();
   cached_tile_ = -1;
-  before_pass_.clear();
   for (File& file : files_) before_pass_.push_back(file.swapper->snapshot());
   next_read_ = 0;
 }
@@ -159,7 +161,6 @@ std::span<float* const> SwappedArrays::acquire(std::int64_t tile) {
   const std::int64_t ahead =
       pipeline_read_ ? std::max(0, buffer_count_ - (pipeline_write_ ? 2 : 1)) : 0;
   const std::int64_t last = std::min(tile_count_ - 1, tile + ahead);
-  next_read_ = std::max(next_read_, tile);
   if (read_tile_[static_cast<std::size_t>(buffer_of(tile))] != tile) start_read(tile);
   next_read_ = std::max(next_read_, tile + 1);
   for (; next_read_ <= last; ++next_read_) start_read(next_read_);
