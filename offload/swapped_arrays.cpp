@@ -11,6 +11,12 @@
 namespace zeroshard::detail {
 namespace {
 
+// A record never written reads as zeros.
+void zero_payload(NvmeSwapper& swapper, int buffer) {
+  const std::span<std::byte> payload = swapper.buffer(buffer);
+  std::memset(payload.data(), 0, payload.size());
+}
+
 double seconds_between(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -59,23 +65,29 @@ float* SwappedArrays::array_tile(int array, int buffer) {
                    std::to_string(array_count_ - 1));
 }
 
-void SwappedArrays::wait_write(PendingWrite& write) {
-  if (write.tile < 0) return;
+void SwappedArrays::wait_tickets(std::vector<SwapTicket>& tickets, double& waited,
+                                 std::int64_t& bytes) {
   const auto start = std::chrono::steady_clock::now();
   // Every ticket is waited for even when one fails, so no request is left behind.
   std::exception_ptr failure;
-  for (std::size_t f = 0; f < write.tickets.size(); ++f) {
-    if (write.tickets[f].id == 0) continue;
+  for (std::size_t f = 0; f < tickets.size(); ++f) {
+    if (tickets[f].id == 0) continue;  // nothing was started for this file
     try {
-      files_[f].swapper->wait(write.tickets[f]);
-      times_.bytes_written += files_[f].swapper->record_bytes();
+      files_[f].swapper->wait(tickets[f]);
+      bytes += files_[f].swapper->record_bytes();
     } catch (...) {
       if (!failure) failure = std::current_exception();
     }
   }
-  write = PendingWrite{};
-  times_.write_wait += seconds_between(start);
+  tickets.clear();
+  waited += seconds_between(start);
   if (failure) std::rethrow_exception(failure);
+}
+
+void SwappedArrays::wait_write(PendingWrite& write) {
+  if (write.tile < 0) return;
+  write.tile = -1;
+  wait_tickets(write.tickets, times_.write_wait, times_.bytes_written);
 }
 
 void SwappedArrays::free_buffer(int buffer) {
@@ -90,8 +102,7 @@ void SwappedArrays::start_read(std::int64_t tile) {
   for (std::size_t f = 0; f < files_.size(); ++f) {
     NvmeSwapper& swapper = *files_[f].swapper;
     if (swapper.generation(tile) == 0) {
-      const std::span<std::byte> payload = swapper.buffer(buffer);
-      std::memset(payload.data(), 0, payload.size());
+      zero_payload(swapper, buffer);
     } else {
       tickets[f] = swapper.read(tile, buffer);
     }
@@ -101,29 +112,17 @@ void SwappedArrays::start_read(std::int64_t tile) {
 
 void SwappedArrays::wait_read(std::int64_t tile) {
   const int buffer = buffer_of(tile);
-  auto& tickets = reads_[static_cast<std::size_t>(buffer)];
-  const auto start = std::chrono::steady_clock::now();
-  std::exception_ptr failure;
-  for (std::size_t f = 0; f < tickets.size(); ++f) {
-    if (tickets[f].id == 0) continue;
-    try {
-      files_[f].swapper->wait(tickets[f]);
-      times_.bytes_read += files_[f].swapper->record_bytes();
-    } catch (...) {
-      if (!failure) failure = std::current_exception();
-    }
-  }
-  tickets.clear();
   read_tile_[static_cast<std::size_t>(buffer)] = -1;
-  times_.read_wait += seconds_between(start);
-  if (failure) std::rethrow_exception(failure);
+  wait_tickets(reads_[static_cast<std::size_t>(buffer)], times_.read_wait, times_.bytes_read);
 }
 
 void SwappedArrays::start_write(std::int64_t tile) {
   const int buffer = buffer_of(tile);
   PendingWrite& write = writes_[static_cast<std::size_t>(buffer)];
   write.tile = tile;
-  for (File& file : files_) write.tickets.push_back(file.swapper->write(tile, buffer));
+  write.tickets.assign(files_.size(), SwapTicket{});
+  for (std::size_t f = 0; f < files_.size(); ++f)
+    write.tickets[f] = files_[f].swapper->write(tile, buffer);
 }
 
 void SwappedArrays::write_missing_tiles() {
@@ -137,8 +136,7 @@ void SwappedArrays::write_missing_tiles() {
     for (std::size_t f = 0; f < files_.size(); ++f) {
       NvmeSwapper& swapper = *files_[f].swapper;
       if (swapper.generation(tile) != 0) continue;
-      const std::span<std::byte> payload = swapper.buffer(buffer);
-      std::memset(payload.data(), 0, payload.size());
+      zero_payload(swapper, buffer);
       write.tile = tile;
       write.tickets[f] = swapper.write(tile, buffer);
     }
@@ -228,49 +226,32 @@ void SwappedArrays::flush() {
   wait_write(writes_[static_cast<std::size_t>(buffer_of(cached_tile_))]);
 }
 
-void SwappedArrays::read(int array, std::int64_t offset, float* out, std::int64_t count) {
-  while (count > 0) {
-    const std::int64_t tile = offset / tile_;
-    const std::int64_t n = std::min(count, tile_end(tile) - offset);
+template <class CopyPart>
+void SwappedArrays::for_each_cached_part(int array, std::int64_t offset, std::int64_t count,
+                                         CopyPart copy_part) {
+  for (std::int64_t done = 0; done < count;) {
+    const std::int64_t tile = (offset + done) / tile_;
+    const std::int64_t n = std::min(count - done, tile_end(tile) - (offset + done));
     load_cache(tile);
-    std::memcpy(out, array_tile(array, buffer_of(tile)) + (offset - tile_begin(tile)),
-                static_cast<std::size_t>(n) * sizeof(float));
-    offset += n;
-    out += n;
-    count -= n;
+    copy_part(array_tile(array, buffer_of(tile)) + (offset + done - tile_begin(tile)), done,
+              static_cast<std::size_t>(n) * sizeof(float));
+    done += n;
   }
+}
+
+void SwappedArrays::read(int array, std::int64_t offset, float* out, std::int64_t count) {
+  for_each_cached_part(array, offset, count,
+                       [out](const float* in_tile, std::int64_t done, std::size_t bytes) {
+                         std::memcpy(out + done, in_tile, bytes);
+                       });
 }
 
 void SwappedArrays::write(int array, std::int64_t offset, const float* values, std::int64_t count) {
-  while (count > 0) {
-    const std::int64_t tile = offset / tile_;
-    const std::int64_t n = std::min(count, tile_end(tile) - offset);
-    load_cache(tile);
-    std::memcpy(array_tile(array, buffer_of(tile)) + (offset - tile_begin(tile)), values,
-                static_cast<std::size_t>(n) * sizeof(float));
-    cache_dirty_ = true;
-    offset += n;
-    values += n;
-    count -= n;
-  }
-}
-
-std::int64_t SwappedArrays::buffer_bytes() const noexcept {
-  std::int64_t total = 0;
-  for (const File& file : files_) total += file.swapper->buffer_bytes();
-  return total;
-}
-
-std::int64_t SwappedArrays::disk_bytes() const noexcept {
-  std::int64_t total = 0;
-  for (const File& file : files_) total += file.swapper->disk_bytes();
-  return total;
-}
-
-std::vector<std::string> SwappedArrays::paths() const {
-  std::vector<std::string> result;
-  for (const File& file : files_) result.push_back(file.swapper->path());
-  return result;
+  for_each_cached_part(array, offset, count,
+                       [this, values](float* in_tile, std::int64_t done, std::size_t bytes) {
+                         std::memcpy(in_tile, values + done, bytes);
+                         cache_dirty_ = true;
+                       });
 }
 
 void SwappedArrays::inject_fault(int array, const IoFault& fault) {

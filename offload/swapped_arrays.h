@@ -50,9 +50,6 @@ class SwappedArrays {
   /// Creates the swap files; throws IoError (naming the file) when one cannot be made.
   explicit SwappedArrays(const SwappedArraysOptions& options);
 
-  int array_count() const noexcept { return array_count_; }
-  std::int64_t elements() const noexcept { return elements_; }
-  std::int64_t tile_elements() const noexcept { return tile_; }
   std::int64_t tile_count() const noexcept { return tile_count_; }
   std::int64_t tile_begin(std::int64_t tile) const noexcept { return tile * tile_; }
   std::int64_t tile_end(std::int64_t tile) const noexcept;
@@ -83,10 +80,6 @@ class SwappedArrays {
   /// Writes the cached tile back if it was changed.
   void flush();
 
-  /// Pinned host bytes of all buffers, and bytes of all swap files.
-  std::int64_t buffer_bytes() const noexcept;
-  std::int64_t disk_bytes() const noexcept;
-  std::vector<std::string> paths() const;
   SwapTimes& times() noexcept { return times_; }
 
   /// Tests only: the fault applies to the swap file holding `array`.
@@ -105,6 +98,13 @@ class SwappedArrays {
   int buffer_of(std::int64_t tile) const noexcept { return static_cast<int>(tile % buffer_count_); }
   void start_read(std::int64_t tile);
   void wait_read(std::int64_t tile);
+  /// Waits for each file's ticket (id 0: none), adding the time to `waited` and the records
+  /// moved to `bytes`; rethrows the first failure once all are done, and clears `tickets`.
+  void wait_tickets(std::vector<SwapTicket>& tickets, double& waited, std::int64_t& bytes);
+  /// Outside a pass: brings each tile of `array`'s elements [offset, offset + count) into the
+  /// cache and calls copy_part(pointer into the tile, elements done before, bytes of the part).
+  template <class CopyPart>
+  void for_each_cached_part(int array, std::int64_t offset, std::int64_t count, CopyPart copy_part);
   void start_write(std::int64_t tile);
   void wait_write(PendingWrite& write);
   /// Waits for the write that last used `buffer`, if it is still in flight.

@@ -142,10 +142,6 @@ float* OptimizerShard::state_at(int state, std::int64_t flat) {
   return states_[state].as<float>() + (flat - owned_begin_);
 }
 
-std::vector<std::string> OptimizerShard::swap_paths() const {
-  return swapped_ ? swapped_->paths() : std::vector<std::string>{};
-}
-
 void OptimizerShard::load_master(std::int64_t flat, const float* values, std::int64_t count) {
   if (master_aliases_params_) return;
   if (swapped_) {
@@ -156,16 +152,26 @@ void OptimizerShard::load_master(std::int64_t flat, const float* values, std::in
                     count * sizeof(float));
 }
 
+template <class UseChunk>
+void OptimizerShard::for_each_master_chunk(std::int64_t first, std::int64_t last,
+                                           UseChunk use_chunk) {
+  std::vector<float> chunk;
+  for (std::int64_t begin = first; begin < last; begin += kWriteBackElements) {
+    const std::int64_t count = std::min(kWriteBackElements, last - begin);
+    chunk.resize(static_cast<std::size_t>(count));
+    read_owned(0, begin, chunk.data(), count);
+    use_chunk(begin, chunk.data(), count);
+  }
+}
+
 void OptimizerShard::copy_master_to(float* destination) {
   if (swapped_) {
-    std::vector<float> chunk;
-    for (std::int64_t begin = owned_begin_; begin < owned_end(); begin += kWriteBackElements) {
-      const std::int64_t count = std::min(kWriteBackElements, owned_end() - begin);
-      chunk.resize(static_cast<std::size_t>(count));
-      read_owned(0, begin, chunk.data(), count);
-      context_.transfer(destination + begin, context_.backend.memory().location(), chunk.data(),
-                        MemoryLocation::kHost, count * sizeof(float));
-    }
+    for_each_master_chunk(owned_begin_, owned_end(),
+                          [&](std::int64_t begin, const float* values, std::int64_t count) {
+                            context_.transfer(destination + begin,
+                                              context_.backend.memory().location(), values,
+                                              MemoryLocation::kHost, count * sizeof(float));
+                          });
     return;
   }
   const std::int64_t count = context_.update_end() - owned_begin_;
@@ -213,14 +219,11 @@ void OptimizerShard::refresh_params_from_master() { refresh_params(owned_begin_,
 void OptimizerShard::refresh_params(std::int64_t first, std::int64_t last) {
   if (master_aliases_params_) return;
   // Rounded one bounded chunk at a time, as the update writes the 16-bit copy.
-  std::vector<float> chunk;
-  for (std::int64_t begin = first; begin < last; begin += kWriteBackElements) {
-    const std::int64_t count = std::min(kWriteBackElements, last - begin);
-    chunk.resize(static_cast<std::size_t>(count));
-    read_owned(0, begin, chunk.data(), count);
-    context_.store_host_values(chunk.data(), params_.owned_at(begin), params_.owned_location(),
-                               count);
-  }
+  for_each_master_chunk(first, last,
+                        [&](std::int64_t begin, const float* values, std::int64_t count) {
+                          context_.store_host_values(values, params_.owned_at(begin),
+                                                     params_.owned_location(), count);
+                        });
 }
 
 std::vector<OptimizerShard::Run> OptimizerShard::runs() const {

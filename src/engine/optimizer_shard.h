@@ -30,7 +30,6 @@ class OptimizerShard final : public ReducedGradientSink {
   bool swaps() const noexcept { return swapped_ != nullptr; }
   /// The swap files' I/O since construction (swaps() only).
   SwapTimes swap_times() const noexcept { return swapped_ ? swapped_->times() : SwapTimes{}; }
-  std::vector<std::string> swap_paths() const;
   /// Tests only: a fault in the swap file of `array` (0 the master, 1 + k state k).
   void inject_swap_fault(int array, const IoFault& fault) { swapped_->inject_fault(array, fault); }
 
@@ -81,6 +80,10 @@ class OptimizerShard final : public ReducedGradientSink {
   void update_swapped(const std::vector<Run>& runs, float grad_factor,
                       const GroupContexts& contexts);
   void refresh_params(std::int64_t begin, std::int64_t end);
+  /// Reads the master of owned elements [first, last) one bounded chunk at a time and calls
+  /// use_chunk(first element, host fp32 values, count) for each.
+  template <class UseChunk>
+  void for_each_master_chunk(std::int64_t first, std::int64_t last, UseChunk use_chunk);
   struct GradView {
     const char* base;  ///< element `first` of the range
     std::int64_t first;

@@ -100,12 +100,15 @@ struct Terms {
   /// offload_optimizer nvme: one record of a swap file whose slots hold `arrays` fp32 tiles of
   /// one sub-group each (the master's file has 1, the states' file k).
   std::int64_t swap_record(std::int64_t arrays) const {
-    const std::int64_t tile = std::max<std::int64_t>(1, std::min(in.sub_group_size, updated()));
-    return detail::swap_record_bytes(arrays * 4 * tile);
+    return detail::swap_record_bytes(arrays * 4 * swap_tile());
+  }
+  /// Elements per swap slot: a sub-group, or the whole updated range when that is smaller.
+  std::int64_t swap_tile() const {
+    return std::max<std::int64_t>(1, std::min(in.sub_group_size, updated()));
   }
   /// The swap file: two records (the current generation and the one being written) per slot.
   std::int64_t swap_file(std::int64_t arrays) const {
-    const std::int64_t tile = std::max<std::int64_t>(1, std::min(in.sub_group_size, updated()));
+    const std::int64_t tile = swap_tile();
     const std::int64_t slots = std::max<std::int64_t>(1, (updated() + tile - 1) / tile);
     return arrays == 0 ? 0 : 2 * slots * swap_record(arrays);
   }
