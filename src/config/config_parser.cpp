@@ -606,13 +606,9 @@ void ConfigParser::check_combinations(const json& document) {
   if (overlap == nullptr || overlap->is_null()) zero.overlap_comm = zero.stage == 3;
 
   if (refusal_) throw *refusal_;
+  check_offload_devices(zero);
   for (const Offload& offload : offloads) {
     const std::string path(offload.path);
-    if (offload.config.device == OffloadDevice::kNvme && &offload.config == &zero.offload_param) {
-      throw ConfigError(path + ".device",
-                        "got \"nvme\"; parameters on NVMe are not implemented yet (\"none\" "
-                        "and \"cpu\" are accepted; offload_optimizer takes \"nvme\")");
-    }
     if (offload.config.device != OffloadDevice::kCpu) continue;
     // With device cpu every element stays in CPU memory: the NVMe swap knobs have nothing to act
     // on. DeepSpeed ignores them there; zeroshard says so rather than pretend they took effect.
@@ -639,6 +635,22 @@ void ConfigParser::check_combinations(const json& document) {
                           "; partial optimizer offload (part of the sub-groups updated on the "
                           "device) is not implemented yet: use 1.0");
   }
+}
+
+void check_offload_devices(const ZeroConfig& zero) {
+  if (zero.offload_param.device != OffloadDevice::kNvme ||
+      zero.offload_optimizer.device == OffloadDevice::kNvme) {
+    return;
+  }
+  // The update writes the parameter shard's swap file as it goes; only a master and states on
+  // NVMe can go back to the step's start when one of those writes fails on some rank.
+  throw ConfigError("zero_optimization.offload_param.device",
+                    "got \"nvme\" with offload_optimizer.device " +
+                        device_text(zero.offload_optimizer.device) +
+                        "; parameters on NVMe need the optimizer states on NVMe too, so that a "
+                        "failed write rolls the whole step back: set "
+                        "zero_optimization.offload_optimizer.device to \"nvme\", or keep the "
+                        "parameters in CPU memory with \"cpu\"");
 }
 
 void ConfigParser::refuse(const std::string& path, const std::string& message) {

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "comm/host_staged_communicator.h"
+#include "config/config_parser.h"
 #include "engine/engine_state.h"
 #include "engine/shape.h"
 #include "precision/half_conversion.h"
@@ -249,13 +250,12 @@ void EngineState::finalize() {
                                                            .tracker = tracker_,
                                                            .times = times_});
   const OffloadConfig& offload_param = zero.offload_param;
-  if (offload_param.device == OffloadDevice::kNvme) {
-    throw ConfigError("zero_optimization.offload_param.device",
-                      "got \"nvme\"; parameters on NVMe are not implemented yet (\"none\" and "
-                      "\"cpu\" are accepted; offload_optimizer takes \"nvme\")");
-  }
+  check_offload_devices(zero);
   Tier shard_tier = Tier::kDevice;
-  if (offload_param.device == OffloadDevice::kCpu) {
+  if (offload_param.device == OffloadDevice::kNvme) {
+    // max_in_cpu elements of the shard, in CPU memory beside the swap file's buffers.
+    shard_tier = offload_param.pin_memory ? Tier::kPinnedHost : Tier::kPageableHost;
+  } else if (offload_param.device == OffloadDevice::kCpu) {
     shard_tier = offload_param.pin_memory ? Tier::kPinnedHost : Tier::kPageableHost;
     // With device cpu the whole shard stays in CPU memory: max_in_cpu is its budget.
     if (layout_.shard_size() > offload_param.max_in_cpu) {
@@ -301,8 +301,7 @@ void EngineState::take_adopted_values() {
     const std::int64_t count = std::min(kChunk, end - begin);
     raw.resize(static_cast<std::size_t>(count) * dsize_);
     values.resize(static_cast<std::size_t>(count));
-    context_->transfer(raw.data(), MemoryLocation::kHost, params_store_->owned_at(begin),
-                       params_store_->owned_location(), raw.size());
+    params_store_->read_owned(begin, raw.data(), MemoryLocation::kHost, count);
     convert_to_float(raw.data(), dtype_, values.data(), count);
     optimizer_->load_master(begin, values.data(), count);
   }

@@ -147,8 +147,14 @@ void EngineState::apply_update(float grad_factor, const GroupContexts& contexts)
   // rank learns of it before the parameters are spread, and all go back to the step's start.
   const SwapTimes before = optimizer_->swap_times();
   std::exception_ptr failure;
+  bool updating = false;
   try {
+    // A parameter shard on NVMe writes its cache back first: if that fails, this rank's update
+    // has not begun and nothing of it is undone below.
+    params_store_->begin_update();
+    updating = true;
     optimizer_->update(grad_factor, contexts);
+    params_store_->flush_update();
   } catch (...) {
     failure = std::current_exception();
   }
@@ -159,7 +165,8 @@ void EngineState::apply_update(float grad_factor, const GroupContexts& contexts)
   all_reduce_host(&failed, 1, ReduceOp::kMax);
   if (failed == 0.0f) return;
   const std::string first = failure_on_any_rank(failure);
-  optimizer_->roll_back_update();
+  params_store_->roll_back_update();
+  if (updating) optimizer_->roll_back_update();
   zero_grad();
   throw IoError("step " + std::to_string(global_step_ + 1) + " failed on " + first +
                 "; the update was not applied on any rank (parameters and optimizer states are "

@@ -92,7 +92,7 @@ OptimizerShard::OptimizerShard(const EngineContext& context, const UpdateRule& r
 
 bool OptimizerShard::writes_back_through_staging() const {
   return !master_aliases_params_ &&
-         params_.owned_location() != update_backend_->memory().location();
+         (params_.swaps() || params_.owned_location() != update_backend_->memory().location());
 }
 
 char* OptimizerShard::staging(std::size_t bytes) {
@@ -221,8 +221,7 @@ void OptimizerShard::refresh_params(std::int64_t first, std::int64_t last) {
   // Rounded one bounded chunk at a time, as the update writes the 16-bit copy.
   for_each_master_chunk(first, last,
                         [&](std::int64_t begin, const float* values, std::int64_t count) {
-                          context_.store_host_values(values, params_.owned_at(begin),
-                                                     params_.owned_location(), count);
+                          params_.store_owned(begin, values, count);
                         });
 }
 
@@ -333,10 +332,7 @@ void OptimizerShard::update_sub_group(std::int64_t begin, std::int64_t end, int 
   }
   const std::span<float> scratch(scratch_.as<float>(), scratch_.bytes() / sizeof(float));
   update_backend_->apply_rule(slice, io, contexts[p.group], scratch);
-  if (staged) {
-    context_.transfer(params_.owned_at(begin), params_.owned_location(), io.param_copy,
-                      MemoryLocation::kHost, copy_bytes);
-  }
+  if (staged) params_.write_owned(begin, io.param_copy, MemoryLocation::kHost, slice.size);
 }
 
 }  // namespace zeroshard::detail

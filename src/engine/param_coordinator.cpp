@@ -18,16 +18,36 @@ ParamCoordinator::ParamCoordinator(const EngineContext& context, Tier shard_tier
                                         context_.resource(Tier::kDevice), adopted);
   }
   if (context_.stage == 3) {
-    param_shard_ = context_.allocate(shard_tier, MemoryCategory::kParameters,
-                                     context_.layout.shard_size() * dsize);
+    const std::int64_t shard = context_.layout.shard_size();
+    const OffloadConfig& offload = context_.config.zero_optimization.offload_param;
+    resident_elements_ = shard;
+    if (offload.device == OffloadDevice::kNvme) {
+      // DeepSpeed's max_in_cpu: that many elements of the shard stay in CPU memory, the rest
+      // live on NVMe and come in through buffer_count buffers of buffer_size elements.
+      resident_elements_ = std::min(shard, offload.max_in_cpu);
+      if (resident_elements_ < shard) {
+        SwappedShardOptions swap;
+        swap.directory = offload.nvme_path;
+        swap.rank = context_.rank;
+        swap.kind = "param_shard";
+        swap.aio = context_.config.aio;
+        swap.elements = shard - resident_elements_;
+        swap.element_bytes = dsize;
+        swap.tile = offload.buffer_size;
+        swap.buffer_count = static_cast<int>(offload.buffer_count);
+        swap.tracker = &context_.tracker;
+        swapped_ = std::make_unique<SwappedShard>(swap);
+      }
+    }
+    param_shard_ =
+        context_.allocate(shard_tier, MemoryCategory::kParameters, resident_elements_ * dsize);
     persistent_copies_.resize(context_.params.size());
     if (!model_memory.empty()) {
       // The model's initial values: this rank keeps its shard of them.
       adopted_full_ = std::move(model_memory);
       const std::int64_t begin = context_.layout.shard_begin(context_.rank);
-      context_.transfer(param_shard_.data(), param_shard_.location(),
-                        adopted_full_.as<char>() + begin * static_cast<std::int64_t>(dsize),
-                        adopted_full_.location(), param_shard_.bytes());
+      write_owned(begin, adopted_full_.as<char>() + begin * static_cast<std::int64_t>(dsize),
+                  adopted_full_.location(), shard);
     }
     for (std::size_t i = 0; i < context_.params.size(); ++i) {
       const ParamInfo& p = context_.params[i];
@@ -65,6 +85,64 @@ void* ParamCoordinator::owned_at(std::int64_t flat) {
                                          static_cast<std::int64_t>(context_.dsize);
   }
   return params_full_.as<char>() + flat * static_cast<std::int64_t>(context_.dsize);
+}
+
+template <class Use>
+void ParamCoordinator::for_each_owned_part(std::int64_t flat, std::int64_t count, bool will_write,
+                                           Use use) {
+  if (context_.stage != 3 || !swapped_) {
+    use(static_cast<char*>(owned_at(flat)), owned_location(), std::int64_t{0}, count);
+    return;
+  }
+  const std::int64_t local = flat - context_.layout.shard_begin(context_.rank);
+  const std::int64_t resident = std::clamp(resident_elements_ - local, std::int64_t{0}, count);
+  if (resident > 0)
+    use(static_cast<char*>(owned_at(flat)), owned_location(), std::int64_t{0}, resident);
+  if (resident == count) return;
+  swapped_->for_each_part(local + resident - resident_elements_, count - resident, will_write,
+                          [&](std::byte* part, std::int64_t done, std::int64_t n) {
+                            use(reinterpret_cast<char*>(part), MemoryLocation::kHost,
+                                resident + done, n);
+                          });
+}
+
+void ParamCoordinator::read_owned(std::int64_t flat, void* out, MemoryLocation out_location,
+                                  std::int64_t count) {
+  const auto dsize = static_cast<std::int64_t>(context_.dsize);
+  for_each_owned_part(flat, count, false,
+                      [&](char* part, MemoryLocation where, std::int64_t done, std::int64_t n) {
+                        context_.transfer(static_cast<char*>(out) + done * dsize, out_location,
+                                          part, where, n * dsize);
+                      });
+}
+
+void ParamCoordinator::write_owned(std::int64_t flat, const void* values,
+                                   MemoryLocation values_location, std::int64_t count) {
+  const auto dsize = static_cast<std::int64_t>(context_.dsize);
+  for_each_owned_part(
+      flat, count, true, [&](char* part, MemoryLocation where, std::int64_t done, std::int64_t n) {
+        context_.transfer(part, where, static_cast<const char*>(values) + done * dsize,
+                          values_location, n * dsize);
+      });
+}
+
+void ParamCoordinator::store_owned(std::int64_t flat, const float* values, std::int64_t count) {
+  for_each_owned_part(flat, count, true,
+                      [&](char* part, MemoryLocation where, std::int64_t done, std::int64_t n) {
+                        context_.store_host_values(values + done, part, where, n);
+                      });
+}
+
+void ParamCoordinator::begin_update() {
+  if (swapped_) swapped_->begin_update();
+}
+
+void ParamCoordinator::flush_update() {
+  if (swapped_) swapped_->end_update();
+}
+
+void ParamCoordinator::roll_back_update() noexcept {
+  if (swapped_) swapped_->roll_back();
 }
 
 void* ParamCoordinator::data(int index) {
@@ -113,7 +191,7 @@ void ParamCoordinator::store(int index, const float* values) {
   }
   const std::int64_t a = std::max(lo, context_.layout.shard_begin(context_.rank));
   const std::int64_t b = std::min(hi, context_.layout.shard_end(context_.rank));
-  if (b > a) context_.store_host_values(values + (a - lo), owned_at(a), owned_location(), b - a);
+  if (b > a) store_owned(a, values + (a - lo), b - a);
   if (!adopted_full_.empty()) {
     // The model's whole copy takes the values whether its module is gathered or not.
     context_.store_host_values(values, adopted_full_.as<char>() + lo * dsize, device, p.numel);
@@ -172,7 +250,25 @@ void ParamCoordinator::gather(ModuleId module) {
   }
   if (m.residency == Residency::kInFlight) finish_gather(module);
   if (trace_valid_) prefetch_after(trace_position_);
+  if (trace_valid_ && swapped_) read_ahead_after(trace_position_);
   poll();
+}
+
+void ParamCoordinator::read_ahead_after(std::size_t trace_index) {
+  const std::int64_t shard_begin = context_.layout.shard_begin(context_.rank);
+  const std::int64_t shard_end = context_.layout.shard_end(context_.rank);
+  std::int64_t budget = swapped_->capacity_elements();
+  for (std::size_t i = trace_index; i < trace_.size() && budget > 0; ++i) {
+    const ModuleId id = trace_[i];
+    if (!context_.modules[id].sharded || modules_[id].residency != Residency::kReleased) continue;
+    for (const FlatRange& range : context_.modules[id].ranges) {
+      const std::int64_t lo = std::max(range.begin, shard_begin + resident_elements_) - shard_begin;
+      const std::int64_t hi = std::min(range.end, shard_end) - shard_begin;
+      if (hi <= lo) continue;
+      if (!swapped_->read_ahead(lo - resident_elements_, hi - lo)) return;
+      budget -= hi - lo;
+    }
+  }
 }
 
 void ParamCoordinator::start_gather(ModuleId module) {
@@ -192,11 +288,8 @@ void ParamCoordinator::start_gather(ModuleId module) {
     char* target = gathered + (range.begin - info.flat_begin) * dsize;
     const std::int64_t lo = std::max(range.begin, context_.layout.shard_begin(context_.rank));
     const std::int64_t hi = std::min(range.end, context_.layout.shard_end(context_.rank));
-    if (hi > lo) {
-      // Under offload_param the shard is host memory: this copy brings it in.
-      context_.transfer(target + (lo - range.begin) * dsize, gathered_location, owned_at(lo),
-                        owned_location(), (hi - lo) * dsize);
-    }
+    // Under offload_param the shard is host memory (or NVMe): this copy brings it in.
+    if (hi > lo) read_owned(lo, target + (lo - range.begin) * dsize, gathered_location, hi - lo);
     const auto counts = context_.layout.rank_counts(range.begin, range.end);
     m.pending.push_back(context_.comm.all_gather_async(target, counts, context_.dtype));
   }
@@ -284,6 +377,7 @@ void ParamCoordinator::release_all_after_step(const char* caller) {
 }
 
 void ParamCoordinator::poll() {
+  if (swapped_) swapped_->poll();
   for (ModuleState& m : modules_) {
     for (Request& request : m.pending) request.test();
   }
@@ -344,10 +438,7 @@ void ParamCoordinator::refresh_persistent_params() {
     const std::int64_t hi = lo + p.numel;
     const std::int64_t a = std::max(lo, layout.shard_begin(context_.rank));
     const std::int64_t b = std::min(hi, layout.shard_end(context_.rank));
-    if (b > a) {
-      context_.transfer(copy + (a - lo) * dsize, copy_location, owned_at(a), owned_location(),
-                        (b - a) * dsize);
-    }
+    if (b > a) read_owned(a, copy + (a - lo) * dsize, copy_location, b - a);
     requests.push_back(
         context_.comm.all_gather_async(copy, layout.rank_counts(lo, hi), context_.dtype));
   }

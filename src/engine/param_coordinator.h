@@ -5,9 +5,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "engine/engine_context.h"
+#include "swapped_shard.h"
 
 namespace zeroshard::detail {
 
@@ -28,8 +30,26 @@ class ParamCoordinator {
   /// Sets parameter `index` everywhere this rank keeps it, from host fp32 values.
   void store(int index, const float* values);
   /// The model-precision element `flat` of the range this rank updates, and where it lives.
+  /// Not for a swapped shard (see swaps()): its elements are reached through the calls below.
   void* owned_at(std::int64_t flat);
   MemoryLocation owned_location() const noexcept;
+  /// Elements [flat, flat + count) of the range this rank updates, wherever they live.
+  void read_owned(std::int64_t flat, void* out, MemoryLocation out_location, std::int64_t count);
+  void write_owned(std::int64_t flat, const void* values, MemoryLocation values_location,
+                   std::int64_t count);
+  /// The same from host fp32 values, rounded to the model's type.
+  void store_owned(std::int64_t flat, const float* values, std::int64_t count);
+
+  /// Stage 3 under offload_param.device nvme: part of the shard is in a swap file.
+  bool swaps() const noexcept { return swapped_ != nullptr; }
+  /// Around an update that writes the owned range: writes the cached tiles back and remembers
+  /// the records; flush_update() writes what the update changed (IoError when a write failed:
+  /// the values stay in the cache); roll_back_update() returns to the records of begin_update().
+  void begin_update();
+  void flush_update();
+  void roll_back_update() noexcept;
+  /// Tests only: a fault in the parameter shard's swap file.
+  void inject_swap_fault(const IoFault& fault) { swapped_->inject_fault(fault); }
 
   void gather(ModuleId module);
   void release(ModuleId module);
@@ -67,11 +87,20 @@ class ParamCoordinator {
   char* persistent_base(int index);
   void all_gather_parameters();
   void refresh_persistent_params();
+  /// Calls use(pointer, its location, elements done before, elements of the part) for each part
+  /// of the owned elements [flat, flat + count): the resident shard's, then the swapped tiles'.
+  template <class Use>
+  void for_each_owned_part(std::int64_t flat, std::int64_t count, bool will_write, Use use);
+  /// Under a swapped shard: starts reading the owned parts of the modules the trace gathers
+  /// next, as far as the swap buffers allow.
+  void read_ahead_after(std::size_t trace_index);
 
   const EngineContext& context_;
-  TrackedBuffer params_full_;   ///< stages 0-2: every trainable parameter, model dtype
-  TrackedBuffer param_shard_;   ///< stage 3: this rank's shard, model dtype
-  TrackedBuffer adopted_full_;  ///< stage 3: the model's own memory that gathers fill
+  TrackedBuffer params_full_;  ///< stages 0-2: every trainable parameter, model dtype
+  TrackedBuffer param_shard_;  ///< stage 3: this rank's shard (its resident part), model dtype
+  std::int64_t resident_elements_ = 0;     ///< stage 3: shard elements in param_shard_
+  std::unique_ptr<SwappedShard> swapped_;  ///< stage 3, nvme: the shard's elements after those
+  TrackedBuffer adopted_full_;             ///< stage 3: the model's own memory that gathers fill
   TrackedBuffer frozen_;
   std::vector<TrackedBuffer> persistent_copies_;  ///< stage 3: by parameter index, or empty
   std::vector<ModuleState> modules_;

@@ -39,6 +39,22 @@ Config nvme_config(int stage, DType dtype = DType::kFloat32) {
   return config;
 }
 
+// ZeRO-Infinity: the parameter shard on NVMe too, in tiles of 10 elements through 2 buffers, with
+// the first 5 elements of each rank's shard kept in CPU memory (max_in_cpu).
+constexpr std::int64_t kParamTile = 10;
+constexpr std::int64_t kParamsInCpu = 5;
+
+Config infinity_config(DType dtype = DType::kFloat32) {
+  Config config = nvme_config(3, dtype);
+  OffloadConfig& params = config.zero_optimization.offload_param;
+  params.device = OffloadDevice::kNvme;
+  params.nvme_path = nvme_test_directory();
+  params.buffer_size = kParamTile;
+  params.buffer_count = 2;
+  params.max_in_cpu = kParamsInCpu;
+  return config;
+}
+
 struct Trainer {
   Engine engine;
   std::vector<ToyTensor> tensors = uneven_toy_tensors();
@@ -207,6 +223,124 @@ void damage_first_rank(Trainer& run, const char* kind, bool truncate) {
     ASSERT_EQ(::fsync(fd), 0);
   }
   ::close(fd);
+}
+
+TEST(NvmeOffloadMemory, ParametersOnNvmeKeepMaxInCpuAndTheSwapBuffersInHostMemory) {
+  const Config config = infinity_config(DType::kBFloat16);
+  Trainer run(config);
+  for (int s = 0; s < 3; ++s) run.train_step();
+  const MemoryReport report = run.engine.memory_report();
+  const std::int64_t shard = run.engine.shard_end() - run.engine.shard_begin();
+  const std::int64_t swapped = shard - kParamsInCpu;
+  const std::int64_t tile = std::min(kParamTile, swapped);
+  const std::int64_t tiles = (swapped + tile - 1) / tile;
+  const std::int64_t record = detail::swap_record_bytes(2 * tile);
+  const MemoryLocation host = MemoryLocation::kHost;
+  const MemoryUsage& in_cpu = report.at(MemoryCategory::kParameters, host);
+  // The gathered modules and persistent copies are "device" memory; on a CPU rank that is host
+  // memory too, so the shard's part is what the report holds beyond the gathered bytes there.
+  const std::int64_t shard_part = 2 * kParamsInCpu + 2 * record;
+  if (run.engine.device().is_cuda()) {
+    EXPECT_EQ(in_cpu.current, shard_part);
+  } else {
+    EXPECT_GE(in_cpu.current, shard_part);
+  }
+  EXPECT_EQ(report.at(MemoryCategory::kParameters, MemoryLocation::kNvme).current,
+            2 * tiles * record);
+  // Every model read went through the file: the model's copy equals the resident run's.
+  Config resident_config = toy_config(3);
+  resident_config.bf16.enabled = true;
+  resident_config.grad_accum_dtype = "fp32";
+  Trainer resident(resident_config);
+  for (int s = 0; s < 3; ++s) resident.train_step();
+  EXPECT_EQ(run.model_bytes(), resident.model_bytes());
+}
+
+// A write of the parameter shard's file fails part-way through one rank's update: the step is
+// undone on every rank, optimizer files and parameter file alike, and training goes on.
+TEST(NvmeOffloadFaults, AnEioInTheParameterFileUndoesTheStepOnEveryRank) {
+  for (const std::int64_t at : {std::int64_t{1}, std::int64_t{2}}) {
+    Trainer nvme(infinity_config());
+    Trainer resident(toy_config(3));
+    for (int s = 0; s < 2; ++s) {
+      nvme.train_step();
+      resident.train_step();
+    }
+    const std::vector<float> before = nvme.engine.consolidated_parameters();
+    const std::vector<char> model_before = nvme.model_bytes();
+    // Rank 0's shard is all parameters (the last rank's may be mostly padding, never written).
+    const int faulty_rank = 0;
+    // After forward and backward, whose gathers read the file too: the fault hits the update.
+    toy_micro_step_any_precision(nvme.engine, nvme.tensors, nvme.handles, nvme.step++);
+    if (nvme.engine.rank() == faulty_rank) {
+      detail::EngineInternals::state(nvme.engine)
+          .params_store_->inject_swap_fault({detail::IoFaultKind::kEio, at, 1});
+    }
+    try {
+      nvme.engine.step();
+      ADD_FAILURE() << "a step whose parameter write failed on rank " << faulty_rank
+                    << " succeeded";
+    } catch (const IoError& error) {
+      EXPECT_THAT(error.what(), HasSubstr("failed on rank " + std::to_string(faulty_rank)));
+      EXPECT_THAT(error.what(), HasSubstr("not applied on any rank"));
+    }
+    EXPECT_EQ(nvme.engine.global_step(), 2);
+    EXPECT_EQ(nvme.engine.consolidated_parameters(), before) << "at completion " << at;
+    EXPECT_EQ(nvme.model_bytes(), model_before) << "at completion " << at;
+    resident.skip_step();
+    for (int s = 0; s < 2; ++s) {
+      nvme.train_step();
+      resident.train_step();
+    }
+    EXPECT_EQ(nvme.engine.consolidated_parameters(), resident.engine.consolidated_parameters())
+        << "at completion " << at;
+    EXPECT_EQ(nvme.model_bytes(), resident.model_bytes()) << "at completion " << at;
+  }
+}
+
+TEST(NvmeOffloadFaults, AFlippedByteInTheParameterFileIsCaughtAtTheGather) {
+  Trainer run(infinity_config());
+  run.train_step();
+  if (run.engine.rank() == 0) {
+    const std::string path = swap_path(run, "param_shard");
+    const int fd = ::open(path.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0) << path;
+    const std::int64_t record = detail::swap_record_bytes(4 * kParamTile);
+    for (const std::int64_t offset : {std::int64_t{4096 + 3}, record + 4096 + 3}) {
+      char byte = 0;
+      ASSERT_EQ(::pread(fd, &byte, 1, offset), 1);
+      byte = static_cast<char>(byte ^ 0x5a);
+      ASSERT_EQ(::pwrite(fd, &byte, 1, offset), 1);
+    }
+    ASSERT_EQ(::fsync(fd), 0);
+    ::close(fd);
+  }
+  // Rank 0 reads the damaged record when a gather needs it; the other ranks then wait in that
+  // gather's collective, so only rank 0's error is checked (the test ends the job's use of it).
+  if (run.engine.rank() != 0) return;
+  auto& params = *detail::EngineInternals::state(run.engine).params_store_;
+  std::vector<char> out(static_cast<std::size_t>(4 * kParamTile));
+  try {
+    params.read_owned(run.engine.shard_begin() + kParamsInCpu, out.data(), MemoryLocation::kHost,
+                      kParamTile);
+    ADD_FAILURE() << "a damaged parameter record was read as good data";
+  } catch (const IoError& error) {
+    EXPECT_THAT(error.what(), HasSubstr("param_shard.swp"));
+    EXPECT_THAT(error.what(), HasSubstr("checksum"));
+  }
+}
+
+TEST(NvmeOffloadKeys, ParametersOnNvmeNeedTheOptimizerOnNvme) {
+  Config config = infinity_config();
+  config.zero_optimization.offload_optimizer = OffloadConfig{};
+  config.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
+  try {
+    Trainer run(config);
+    ADD_FAILURE() << "parameters on NVMe with optimizer states in CPU memory were accepted";
+  } catch (const ConfigError& error) {
+    EXPECT_THAT(error.what(), HasSubstr("zero_optimization.offload_param.device"));
+    EXPECT_THAT(error.what(), HasSubstr("offload_optimizer.device"));
+  }
 }
 
 TEST(NvmeOffloadFaults, AFlippedByteIsCaughtByTheChecksumOnEveryRank) {

@@ -14,7 +14,7 @@
 namespace zeroshard::testing {
 namespace {
 
-enum class Offload { kOptimizer, kOptimizerAndParams, kOptimizerOnNvme };
+enum class Offload { kOptimizer, kOptimizerAndParams, kOptimizerOnNvme, kAllOnNvme };
 
 using OffloadCase = std::tuple<int, DType, int, Offload>;  // stage, precision, rule, offload
 
@@ -39,6 +39,7 @@ struct Trained {
   double grad_norm = 0.0;
   int updates = 0;
   std::int64_t host_master_bytes = 0;  ///< where an offloaded update keeps its fp32 copy
+  std::int64_t nvme_param_bytes = 0;   ///< the parameter shard's swap file
 };
 
 Trained train(Config config, int rule) {
@@ -61,8 +62,10 @@ Trained train(Config config, int rule) {
   }
   result.loss_scale = engine.loss_scale();
   result.grad_norm = engine.global_grad_norm();
+  const MemoryReport report = engine.memory_report();
   result.host_master_bytes =
-      engine.memory_report().at(MemoryCategory::kMasterWeights, MemoryLocation::kHost).current;
+      report.at(MemoryCategory::kMasterWeights, MemoryLocation::kHost).current;
+  result.nvme_param_bytes = report.at(MemoryCategory::kParameters, MemoryLocation::kNvme).current;
   return result;
 }
 
@@ -80,7 +83,7 @@ TEST_P(OffloadEquivalence, TrainsBitForBitAsWithoutOffload) {
   if (offload == Offload::kOptimizerAndParams) {
     offloaded.zero_optimization.offload_param.device = OffloadDevice::kCpu;
   }
-  if (offload == Offload::kOptimizerOnNvme) {
+  if (offload == Offload::kOptimizerOnNvme || offload == Offload::kAllOnNvme) {
     OffloadConfig& nvme = offloaded.zero_optimization.offload_optimizer;
     nvme.device = OffloadDevice::kNvme;
     nvme.nvme_path = nvme_test_directory();
@@ -92,6 +95,17 @@ TEST_P(OffloadEquivalence, TrainsBitForBitAsWithoutOffload) {
     nvme.pipeline_read = rule % 2 == 0;
     nvme.pipeline_write = stage != 2;
     nvme.fast_init = dtype == DType::kFloat16;
+  }
+  if (offload == Offload::kAllOnNvme) {
+    OffloadConfig& params = offloaded.zero_optimization.offload_param;
+    params.device = OffloadDevice::kNvme;
+    params.nvme_path = nvme_test_directory();
+    // Tiles of 7 to 19 elements through 1 to 3 buffers: gathers cross tiles, the cache evicts
+    // changed tiles mid-update, and read-ahead competes for buffers; max_in_cpu keeps none, or
+    // the first 13 elements, of the shard in CPU memory.
+    params.buffer_size = 7 + 3 * rule;
+    params.buffer_count = 1 + rule % 3;
+    params.max_in_cpu = rule % 2 == 0 ? 0 : 13;
   }
   const Trained expected = train(resident, rule);
   const Trained actual = train(offloaded, rule);
@@ -107,6 +121,7 @@ TEST_P(OffloadEquivalence, TrainsBitForBitAsWithoutOffload) {
   if (dtype == DType::kFloat32 && !test_device().is_cuda()) {
     EXPECT_EQ(expected.host_master_bytes, 0);
   }
+  EXPECT_EQ(actual.nvme_param_bytes > 0, offload == Offload::kAllOnNvme);
 }
 
 std::vector<OffloadCase> offload_cases() {
@@ -117,6 +132,7 @@ std::vector<OffloadCase> offload_cases() {
         cases.emplace_back(stage, dtype, rule, Offload::kOptimizer);
         if (stage == 3) cases.emplace_back(stage, dtype, rule, Offload::kOptimizerAndParams);
         cases.emplace_back(stage, dtype, rule, Offload::kOptimizerOnNvme);
+        if (stage == 3) cases.emplace_back(stage, dtype, rule, Offload::kAllOnNvme);
       }
     }
   }
@@ -131,6 +147,7 @@ INSTANTIATE_TEST_SUITE_P(StagesPrecisionsRules, OffloadEquivalence,
                                   rule_cases()[std::get<2>(c)].name +
                                   (std::get<3>(c) == Offload::kOptimizerAndParams ? "_params"
                                    : std::get<3>(c) == Offload::kOptimizerOnNvme  ? "_nvme"
+                                   : std::get<3>(c) == Offload::kAllOnNvme        ? "_params_nvme"
                                                                                   : "");
                          });
 
