@@ -372,10 +372,22 @@ TEST(ConfigValidation, OptimizerStatesGoToNvmeParametersNotYet) {
   EXPECT_TRUE(offload.pipeline_read);
   EXPECT_FALSE(offload.pipeline_write);
   EXPECT_TRUE(offload.fast_init);
+  // Parameters on NVMe: with the optimizer on NVMe too, and not without it.
+  const Config infinity = Config::from_json_string(R"({"train_batch_size": 8,
+    "zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme"},
+      "offload_param": {"device": "nvme", "nvme_path": "/local_nvme", "buffer_count": 3,
+        "buffer_size": 1000, "max_in_cpu": 10}}})");
+  const OffloadConfig& params = infinity.zero_optimization.offload_param;
+  EXPECT_EQ(params.device, OffloadDevice::kNvme);
+  EXPECT_EQ(params.buffer_count, 3);
+  EXPECT_EQ(params.buffer_size, 1000);
+  EXPECT_EQ(params.max_in_cpu, 10);
   ConfigError error = config_error(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
+    "offload_optimizer": {"device": "cpu"},
     "offload_param": {"device": "nvme", "nvme_path": "/local_nvme"}}})");
   EXPECT_EQ(error.key_path(), "zero_optimization.offload_param.device");
-  EXPECT_THAT(error.what(), HasSubstr("parameters on NVMe are not implemented yet"));
+  EXPECT_THAT(error.what(), HasSubstr("need the optimizer states on NVMe too"));
 }
 
 TEST(ConfigValidation, OffloadParamNeedsStage3) {

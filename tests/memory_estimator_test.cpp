@@ -185,6 +185,7 @@ TEST(MemoryEstimator, NvmeOffloadAddsPinnedSwapBuffers) {
   in.offload_param = OffloadDevice::kNvme;
   in.sub_group_size = 100'000;
   in.param_buffer_size = 50'000;
+  in.param_max_in_cpu = 200'000;
   const MemoryEstimate e = estimate(in);
   ASSERT_TRUE(e.valid) << e.reason;
   // The engine's swap records (offload/nvme_swapper.h): a page of header and the payload rounded
@@ -194,11 +195,16 @@ TEST(MemoryEstimator, NvmeOffloadAddsPinnedSwapBuffers) {
   const std::int64_t states_record = 4096 + 802816;
   EXPECT_EQ(e.at(MemoryCategory::kMasterWeights, MemoryTier::kNvme), 2 * 10 * master_record);
   EXPECT_EQ(e.at(MemoryCategory::kOptimizerStates, MemoryTier::kNvme), 2 * 10 * states_record);
-  EXPECT_EQ(e.at(MemoryCategory::kParameters, MemoryTier::kNvme), 2 * p / 4);
-  // Host: 4 records of each file, 5 parameter buffers of bf16, the fp32 gradient shard beside
-  // the update, and the update's fp32 scratch.
-  EXPECT_EQ(e.total(MemoryTier::kHost), 4 * (master_record + states_record) + 5 * 2 * 50'000 +
-                                            4 * p / 4 + 4 * kGradientScratchElements);
+  // Parameters: 200,000 of the shard's 1M elements stay in host memory (max_in_cpu), the other
+  // 800,000 go to the file in 16 tiles of 50,000 bf16 elements, two records each.
+  const std::int64_t param_record = 4096 + 102400;
+  EXPECT_EQ(e.at(MemoryCategory::kParameters, MemoryTier::kNvme), 2 * 16 * param_record);
+  EXPECT_EQ(e.at(MemoryCategory::kParameters, MemoryTier::kHost), 2 * 200'000 + 5 * param_record);
+  // Host: 4 records of each file, the parameters above, the fp32 gradient shard beside the
+  // update, and the update's fp32 scratch.
+  EXPECT_EQ(e.total(MemoryTier::kHost), 4 * (master_record + states_record) + 2 * 200'000 +
+                                            5 * param_record + 4 * p / 4 +
+                                            4 * kGradientScratchElements);
 }
 
 TEST(MemoryEstimator, RejectsOffloadWhereDeepSpeedDoes) {
@@ -211,6 +217,13 @@ TEST(MemoryEstimator, RejectsOffloadWhereDeepSpeedDoes) {
   // DeepSpeed keeps the states in CPU memory under "nvme" below stage 3; zeroshard swaps them at
   // stages 1-3.
   in.stage = 2;
+  in.offload_optimizer = OffloadDevice::kNvme;
+  EXPECT_TRUE(estimate(in).valid);
+  // Parameters on NVMe need the optimizer on NVMe (zeroshard's rule, see docs/config.md).
+  in = input(1000, 2, 3, DType::kFloat16);
+  in.offload_param = OffloadDevice::kNvme;
+  in.offload_optimizer = OffloadDevice::kCpu;
+  EXPECT_FALSE(estimate(in).valid);
   in.offload_optimizer = OffloadDevice::kNvme;
   EXPECT_TRUE(estimate(in).valid);
 }

@@ -66,9 +66,12 @@ struct EstimateInput {
   /// offload_optimizer nvme: pinned host swap buffers, each one sub-group tile of fp32 elements.
   std::int64_t optimizer_buffer_count = 4;
   std::int64_t sub_group_size = 1000000000;
-  /// offload_param nvme: pinned host swap buffers of `param_buffer_size` 16-bit elements.
+  /// offload_param nvme: the first `param_max_in_cpu` elements of the shard stay in host
+  /// memory; the rest go to a swap file through `param_buffer_count` pinned buffers of
+  /// `param_buffer_size` model-precision elements.
   std::int64_t param_buffer_count = 5;
   std::int64_t param_buffer_size = 100000000;
+  std::int64_t param_max_in_cpu = 1000000000;
   /// Activation bytes per rank, as the caller measured or estimated them, beside the chain below.
   std::int64_t activation_bytes = 0;
   /// A chain of `layers` layers whose outputs (and input) are `layer_activation_bytes` each, with

@@ -689,7 +689,7 @@ std::vector<KeySpec> make_key_specs() {
       {.path = "zero_optimization.offload_param.device",
        .kind = K::kString,
        .default_json = "\"none\"",
-       .meaning = "Where parameters live. NVMe is not implemented yet.",
+       .meaning = "Where parameters live (stage 3). nvme needs offload_optimizer.device nvme.",
        .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.offload_param.device),
        .choices = "none|cpu|nvme"},
       {.path = "zero_optimization.offload_param.nvme_path",

@@ -106,6 +106,15 @@ struct Terms {
   std::int64_t swap_tile() const {
     return std::max<std::int64_t>(1, std::min(in.sub_group_size, updated()));
   }
+  /// offload_param nvme: shard elements past max_in_cpu, in the parameter swap file.
+  std::int64_t params_swapped() const {
+    if (stage != 3 || in.offload_param != OffloadDevice::kNvme) return 0;
+    return std::max<std::int64_t>(0, shard - in.param_max_in_cpu);
+  }
+  std::int64_t param_tile() const {
+    return std::max<std::int64_t>(1, std::min(in.param_buffer_size, params_swapped()));
+  }
+  std::int64_t param_record() const { return detail::swap_record_bytes(param_tile() * d); }
   /// The swap file: two records (the current generation and the one being written) per slot.
   std::int64_t swap_file(std::int64_t arrays) const {
     const std::int64_t tile = swap_tile();
@@ -128,7 +137,12 @@ struct Rule {
 MemoryTier on_device(const Terms&) { return MemoryTier::kDevice; }
 MemoryTier on_host(const Terms&) { return MemoryTier::kHost; }
 MemoryTier where_optimizer_lives(const Terms& t) { return tier_of(t.in.offload_optimizer); }
-MemoryTier where_params_live(const Terms& t) { return tier_of(t.in.offload_param); }
+// Under nvme the shard's first max_in_cpu elements stay in host memory; the swap rows hold the
+// rest.
+MemoryTier where_params_live(const Terms& t) {
+  return t.in.offload_param == OffloadDevice::kNvme ? MemoryTier::kHost
+                                                    : tier_of(t.in.offload_param);
+}
 MemoryTier where_update_runs(const Terms& t) {
   return t.optimizer_offloaded ? MemoryTier::kHost : MemoryTier::kDevice;
 }
@@ -139,8 +153,8 @@ MemoryTier where_update_runs(const Terms& t) {
 constexpr Rule kRules[] = {
     // Model-precision parameters: whole below stage 3, this rank's shard at stage 3, where
     // offload_param puts them.
-    {MemoryCategory::kParameters, [](const Terms& t) { return t.d * t.elements(3); },
-     where_params_live},
+    {MemoryCategory::kParameters,
+     [](const Terms& t) { return t.d * (t.elements(3) - t.params_swapped()); }, where_params_live},
     // Stage 3 also keeps tensors below the persistence threshold whole on every rank.
     {MemoryCategory::kParameters,
      [](const Terms& t) { return t.stage == 3 ? t.d * t.persistent : 0; }, on_device},
@@ -207,13 +221,21 @@ constexpr Rule kRules[] = {
        return t.in.optimizer_buffer_count * t.swap_record(t.k);
      },
      on_host},
-    // NVMe parameter offload: pinned host swap buffers of model-precision elements.
+    // NVMe parameter offload: pinned swap buffers of one tile each, and the file (two records
+    // per tile).
     {MemoryCategory::kParameters,
      [](const Terms& t) -> std::int64_t {
-       if (t.in.offload_param != OffloadDevice::kNvme) return 0;
-       return t.in.param_buffer_count * t.d * t.in.param_buffer_size;
+       return t.params_swapped() == 0 ? 0 : t.in.param_buffer_count * t.param_record();
      },
      on_host},
+    {MemoryCategory::kParameters,
+     [](const Terms& t) -> std::int64_t {
+       const std::int64_t tile = t.param_tile();
+       return t.params_swapped() == 0
+                  ? 0
+                  : 2 * ((t.params_swapped() + tile - 1) / tile) * t.param_record();
+     },
+     [](const Terms&) { return MemoryTier::kNvme; }},
     {MemoryCategory::kActivations,
      [](const Terms& t) { return t.in.activation_bytes + chain_activations(t.in).device; },
      on_device},
@@ -286,6 +308,10 @@ std::string offload_restriction(const EstimateInput& in) {
   }
   if (in.offload_param != OffloadDevice::kNone && in.stage != 3) {
     return "offload_param needs ZeRO stage 3";
+  }
+  if (in.offload_param == OffloadDevice::kNvme && in.offload_optimizer != OffloadDevice::kNvme) {
+    return "offload_param nvme needs offload_optimizer nvme (zeroshard's rule: a failed write "
+           "rolls the whole step back)";
   }
   return {};
 }
@@ -431,6 +457,7 @@ EstimateInput estimate_input_from_config(const Config& config, std::int64_t para
   in.sub_group_size = zero.sub_group_size;
   in.param_buffer_count = zero.offload_param.buffer_count;
   in.param_buffer_size = zero.offload_param.buffer_size;
+  in.param_max_in_cpu = zero.offload_param.max_in_cpu;
   return in;
 }
 

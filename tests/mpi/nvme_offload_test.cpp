@@ -247,6 +247,19 @@ TEST(NvmeOffloadMemory, ParametersOnNvmeKeepMaxInCpuAndTheSwapBuffersInHostMemor
   }
   EXPECT_EQ(report.at(MemoryCategory::kParameters, MemoryLocation::kNvme).current,
             2 * tiles * record);
+  // The estimator says the same, on NVMe and for the shard's part in host memory.
+  EstimateInput in = estimate_input_from_config(config, 0, run.engine.world_size());
+  for (const ToyTensor& t : run.tensors) {
+    if (t.trainable) in.tensors.push_back(t.numel);
+  }
+  in.frozen_params = 15;
+  const MemoryEstimate estimate = zeroshard::estimate(in);
+  ASSERT_TRUE(estimate.valid) << estimate.reason;
+  EXPECT_EQ(estimate.at(MemoryCategory::kParameters, MemoryTier::kNvme),
+            report.at(MemoryCategory::kParameters, MemoryLocation::kNvme).current);
+  if (run.engine.device().is_cuda()) {
+    EXPECT_EQ(estimate.at(MemoryCategory::kParameters, MemoryTier::kHost), in_cpu.current);
+  }
   // Every model read went through the file: the model's copy equals the resident run's.
   Config resident_config = toy_config(3);
   resident_config.bf16.enabled = true;
