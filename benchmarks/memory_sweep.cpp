@@ -6,6 +6,7 @@
 #include <functional>
 #include <iostream>
 #include <sstream>
+#include <string_view>
 
 #include "util/quantity.h"
 #include "zeroshard/error.h"
@@ -43,6 +44,12 @@ void apply_offload(nlohmann::json& config, const char* section, const char* opti
     const std::string path = "memory_bench_nvme_swap";
     std::filesystem::create_directories(path);
     offload["nvme_path"] = path;
+    if (std::string_view(section) == "offload_param") {
+      // DeepSpeed's max_in_cpu (1e9) would keep every shard here in memory, and its buffer_size
+      // (1e8) would make each buffer larger than the shard: swap all of it in 1M-element tiles.
+      offload["max_in_cpu"] = 0;
+      offload["buffer_size"] = 1 << 20;
+    }
   }
 }
 
@@ -78,7 +85,7 @@ const std::vector<Dimension>& dimensions() {
        }},
       {"offload_param",
        "--offload-param",
-       {"none", "cpu"},
+       {"none", "cpu", "nvme"},
        [](nlohmann::json& config, const std::string& value) {
          apply_offload(config, "offload_param", "--offload-param", value);
        }},
@@ -134,8 +141,10 @@ sweep:
   --stages 0,1,2,3
   --precisions fp32,fp16,bf16
   --offload-optimizer none,cpu,nvme
-  --offload-param none,cpu[,nvme]   (combinations DeepSpeed forbids are left out: optimizer
-                          offload at stage 0, parameter offload below stage 3)
+  --offload-param none,cpu,nvme   (combinations refused are left out: optimizer offload at
+                          stage 0, parameter offload below stage 3, and parameters on NVMe
+                          without the optimizer on NVMe; nvme rows swap the whole parameter
+                          shard: max_in_cpu 0, buffer_size 1M)
   --checkpoint-every 0,K  MLP or GPT: activation checkpointing every K layers (0 = off); with
                           --inputs and --classes equal to --width the activations are checked
                           against estimate_activations, and the recompute is timed
@@ -297,12 +306,14 @@ std::vector<Configuration> configurations(const BenchOptions& options) {
     }
     result = std::move(next);
   }
-  // DeepSpeed's placement rules: such a row would measure nothing but the refusal.
+  // DeepSpeed's placement rules, and zeroshard's for parameters on NVMe: such a row would
+  // measure nothing but the refusal.
   std::erase_if(result, [](const Configuration& c) {
     const bool stage0 = c.value("stage") == "0";
     const bool stage3 = c.value("stage") == "3";
     return (stage0 && c.value("offload_optimizer") != "none") ||
-           (!stage3 && c.value("offload_param") != "none");
+           (!stage3 && c.value("offload_param") != "none") ||
+           (c.value("offload_param") == "nvme" && c.value("offload_optimizer") != "nvme");
   });
   // The synthetic model has no forward to checkpoint.
   if (!options.mlp() && !options.gpt()) {

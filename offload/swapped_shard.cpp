@@ -20,7 +20,9 @@ NvmeSwapperOptions swapper_options(const SwappedShardOptions& options) {
   const std::int64_t tile = tile_elements(options);
   swapper.slot_count = std::max<std::int64_t>(1, (options.elements + tile - 1) / tile);
   swapper.slot_bytes = tile * static_cast<std::int64_t>(options.element_bytes);
-  swapper.buffer_count = std::max(1, options.buffer_count);
+  // More buffers than tiles would hold nothing.
+  swapper.buffer_count = static_cast<int>(
+      std::min<std::int64_t>(std::max(1, options.buffer_count), swapper.slot_count));
   swapper.aio = options.aio;
   swapper.tracker = options.tracker;
   swapper.category = options.category;

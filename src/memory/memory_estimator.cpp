@@ -114,6 +114,7 @@ struct Terms {
   std::int64_t param_tile() const {
     return std::max<std::int64_t>(1, std::min(in.param_buffer_size, params_swapped()));
   }
+  std::int64_t param_tiles() const { return (params_swapped() + param_tile() - 1) / param_tile(); }
   std::int64_t param_record() const { return detail::swap_record_bytes(param_tile() * d); }
   /// The swap file: two records (the current generation and the one being written) per slot.
   std::int64_t swap_file(std::int64_t arrays) const {
@@ -221,20 +222,15 @@ constexpr Rule kRules[] = {
        return t.in.optimizer_buffer_count * t.swap_record(t.k);
      },
      on_host},
-    // NVMe parameter offload: pinned swap buffers of one tile each, and the file (two records
-    // per tile).
+    // NVMe parameter offload: pinned swap buffers of one tile each (no more than there are
+    // tiles), and the file (two records per tile).
     {MemoryCategory::kParameters,
      [](const Terms& t) -> std::int64_t {
-       return t.params_swapped() == 0 ? 0 : t.in.param_buffer_count * t.param_record();
+       return std::min(t.in.param_buffer_count, t.param_tiles()) * t.param_record();
      },
      on_host},
     {MemoryCategory::kParameters,
-     [](const Terms& t) -> std::int64_t {
-       const std::int64_t tile = t.param_tile();
-       return t.params_swapped() == 0
-                  ? 0
-                  : 2 * ((t.params_swapped() + tile - 1) / tile) * t.param_record();
-     },
+     [](const Terms& t) -> std::int64_t { return 2 * t.param_tiles() * t.param_record(); },
      [](const Terms&) { return MemoryTier::kNvme; }},
     {MemoryCategory::kActivations,
      [](const Terms& t) { return t.in.activation_bytes + chain_activations(t.in).device; },
