@@ -4,6 +4,7 @@
 // at a time beside the persistent tensors. A whole-model gather trains the toy model alike.
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 
 #include "mpi/toy_model.h"
@@ -47,9 +48,14 @@ void add_gradients(std::vector<float>& grads, const std::vector<float>& params, 
   }
 }
 
-TEST(SliceModules, AStackedModelTrainsPerLayerAtStageThreeAsAtStageZero) {
+/// The stacked model at stage 3 per layer, against stage 0. With `sharded_embedding` the tied
+/// embedding is a module of its own instead of a persistent tensor, and is gathered twice in the
+/// forward (the embedding, then the output head) and twice in the backward, released between.
+void train_stacked_per_layer(bool sharded_embedding) {
   const auto tensors = stacked_tensors();
   constexpr int kSteps = 4;
+  Config config = stacked_config(3);
+  if (sharded_embedding) config.zero_optimization.param_persistence_threshold = 10;  // lnf only
 
   Engine reference = make_engine(stacked_config(0), adamw());
   const auto reference_handles = register_toy(reference, tensors);
@@ -58,7 +64,7 @@ TEST(SliceModules, AStackedModelTrainsPerLayerAtStageThreeAsAtStageZero) {
     reference.step();
   }
 
-  Engine engine = make_engine(stacked_config(3), adamw());
+  Engine engine = make_engine(config, adamw());
   engine.set_grad_handover(GradHandover::kAtEnd);
   std::vector<Parameter> handles;
   for (const ToyTensor& t : tensors)
@@ -71,6 +77,11 @@ TEST(SliceModules, AStackedModelTrainsPerLayerAtStageThreeAsAtStageZero) {
     }
     layers.push_back(engine.add_module("layer" + std::to_string(l), slices));
   }
+  // A tensor outside every slice module is a module of its own.
+  const ModuleId embedding = handles[0].module();
+  const auto use_embedding = [&] {
+    if (sharded_embedding) auto guard = engine.gathered(embedding);
+  };
   // The model's own memory, as its trainer allocates it, with its initial values.
   const std::int64_t padded = engine.padded_numel();
   std::vector<std::int64_t> offset(tensors.size());
@@ -88,13 +99,17 @@ TEST(SliceModules, AStackedModelTrainsPerLayerAtStageThreeAsAtStageZero) {
   engine.finalize();
 
   for (std::int64_t step = 0; step < kSteps; ++step) {
-    // Forward: layer by layer, each gathered into the model's memory and released.
+    // Forward: the embedding, layer by layer each gathered into the model's memory and released,
+    // and the tied head.
+    use_embedding();
     for (ModuleId layer : layers) {
       auto guard = engine.gathered(layer);
     }
-    // Backward: the layers in reverse, then the persistent tensors; every gradient is handed
-    // over at the end, as a stacked model's backward completes them.
+    use_embedding();
+    // Backward: the head, the layers in reverse, the embedding; every gradient is handed over at
+    // the end, as a stacked model's backward completes them.
     std::vector<float> grads = floats_to_host(engine, own_grads.data(), padded);
+    use_embedding();
     params = floats_to_host(engine, own_params.data(), padded);
     for (int l = kLayers; l-- > 0;) {
       auto guard = engine.gathered(layers[l]);
@@ -104,7 +119,12 @@ TEST(SliceModules, AStackedModelTrainsPerLayerAtStageThreeAsAtStageZero) {
                       engine.rank(), step);
       }
     }
-    add_gradients(grads, params, 0, offset[0], 0, tensors[0].numel, engine.rank(), step);
+    {
+      std::optional<Engine::GatheredModule> guard;
+      if (sharded_embedding) guard.emplace(engine.gathered(embedding));
+      const std::vector<float> gathered = floats_to_host(engine, own_params.data(), padded);
+      add_gradients(grads, gathered, 0, offset[0], 0, tensors[0].numel, engine.rank(), step);
+    }
     add_gradients(grads, params, 4, offset[4], 0, tensors[4].numel, engine.rank(), step);
     from_host(engine, own_grads.data(), grads.data(), padded * sizeof(float));
     engine.all_grads_ready();
@@ -112,9 +132,19 @@ TEST(SliceModules, AStackedModelTrainsPerLayerAtStageThreeAsAtStageZero) {
   }
   EXPECT_EQ(engine.consolidated_parameters(), reference.consolidated_parameters())
       << "world " << engine.world_size();
+  // One layer at a time (the embedding is never gathered beside one), and the persistent ones.
+  const std::int64_t persistent = sharded_embedding ? 8 : kPersistentElements;
   EXPECT_EQ(engine.peak_gathered_bytes(),
-            static_cast<std::int64_t>(sizeof(float)) * (kLayerElements + kPersistentElements));
+            static_cast<std::int64_t>(sizeof(float)) * (kLayerElements + persistent));
   EXPECT_EQ(reference.peak_gathered_bytes(), 0);
+}
+
+TEST(SliceModules, AStackedModelTrainsPerLayerAtStageThreeAsAtStageZero) {
+  train_stacked_per_layer(false);
+}
+
+TEST(SliceModules, ATiedEmbeddingGatheredAgainWithinAStepTrainsAsAtStageZero) {
+  train_stacked_per_layer(true);
 }
 
 TEST(SliceModules, AtStageThreeWithoutAdoptedMemoryAreAUsageError) {
