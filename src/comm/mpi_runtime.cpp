@@ -43,6 +43,7 @@ MpiRuntime::MpiRuntime() {
     // from the thread that made them, which is all FUNNELED (or SINGLE in practice) allows.
     int provided = MPI_THREAD_SINGLE;
     check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+    initialized_here_ = true;
     // Errors not tied to one of our communicators (datatype and op creation) are raised on
     // MPI_COMM_WORLD; we initialised MPI, so its handler is ours to choose.
     check_mpi(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN),
@@ -70,9 +71,7 @@ MpiRuntime::~MpiRuntime() {
     if (*op != MPI_OP_NULL) MPI_Op_free(op);
   }
   if (two_bytes_ != MPI_DATATYPE_NULL) MPI_Type_free(&two_bytes_);
-  int initialized = 0;
-  MPI_Initialized(&initialized);
-  if (initialized && MPI_Finalize() != MPI_SUCCESS) {
+  if (initialized_here_ && MPI_Finalize() != MPI_SUCCESS) {
     ZEROSHARD_LOG(kError, "MPI_Finalize failed");
   }
 }

@@ -32,6 +32,9 @@ class MpiRuntime {
 
   // fp16 and bf16 travel as opaque 2-byte elements; their ops know which format they reduce.
   MPI_Datatype two_bytes_ = MPI_DATATYPE_NULL;
+  /// MPI is finalized at exit only when zeroshard initialised it: a program that did is the one
+  /// to finalize it, when it is done with MPI.
+  bool initialized_here_ = false;
   MPI_Op fp16_sum_ = MPI_OP_NULL;
   MPI_Op fp16_max_ = MPI_OP_NULL;
   MPI_Op bf16_sum_ = MPI_OP_NULL;
