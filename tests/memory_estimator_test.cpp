@@ -172,10 +172,63 @@ TEST(MemoryEstimator, OffloadMovesMasterWeightsStatesAndGradientShardToTheHost) 
   EXPECT_EQ(e.model_state_bytes(MemoryTier::kDevice), 2 * p);
   EXPECT_EQ(e.at(MemoryCategory::kMasterWeights, MemoryTier::kHost), 4 * p / 4);
   EXPECT_EQ(e.at(MemoryCategory::kOptimizerStates, MemoryTier::kHost), 8 * p / 4);
-  // The fp32 gradient shard; and the scratch the update widens 16-bit gradients in, beside it.
+  // The fp32 gradient shard; the scratch the update widens 16-bit gradients in, beside it; and
+  // two staging halves of the larger of a bucket's share (the whole shard, 16-bit) and a
+  // write-back tile (the whole shard too, below 4M elements).
   EXPECT_EQ(e.at(MemoryCategory::kGradients, MemoryTier::kHost), 4 * p / 4);
-  EXPECT_EQ(e.at(MemoryCategory::kCommunication, MemoryTier::kHost), 4 * kGradientScratchElements);
+  EXPECT_EQ(e.at(MemoryCategory::kCommunication, MemoryTier::kHost),
+            4 * kGradientScratchElements + 2 * 2 * p / 4);
   EXPECT_EQ(e.total(MemoryTier::kNvme), 0);
+}
+
+// What a GPU rank with offload_optimizer allocates beside the update, in pinned host memory
+// (engine/host_staging.h): two halves, each the larger of the largest share of a reduced bucket
+// this rank receives, in the type it is delivered in, and a write-back tile of at most 4M
+// 16-bit elements (min with sub_group_size and the shard).
+TEST(MemoryEstimator, CountsTheOffloadStagingHalvesOfAGpuConfig) {
+  Config config;
+  config.fp16.enabled = true;
+  config.optimizer.type = "adamw";
+  config.zero_optimization.stage = 2;
+  config.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
+  config.zero_optimization.offload_optimizer.pin_memory = true;
+  config.zero_optimization.reduce_bucket_size = 2'000'000;
+  const std::int64_t p = 64'000'000;  // 16M elements per rank on 4 ranks
+  const auto staging = [&](const Config& c) {
+    const MemoryEstimate with = estimate_from_config(c, p, 4);
+    Config resident = c;
+    resident.zero_optimization.offload_optimizer.device = OffloadDevice::kNone;
+    resident.zero_optimization.offload_param.device = OffloadDevice::kNone;
+    const MemoryEstimate without = estimate_from_config(resident, p, 4);
+    EXPECT_TRUE(with.valid) << with.reason;
+    // The scratch moves to the host with the update; everything else in communication stays.
+    return with.at(MemoryCategory::kCommunication, MemoryTier::kHost) +
+           with.at(MemoryCategory::kCommunication, MemoryTier::kDevice) -
+           without.at(MemoryCategory::kCommunication, MemoryTier::kHost) -
+           without.at(MemoryCategory::kCommunication, MemoryTier::kDevice);
+  };
+  // A 4M-element fp16 write-back tile (8 MiB) outweighs the share of a 2M-element bucket, which
+  // may lie within one rank's 16M-element shard: 2M elements, 4 MB.
+  EXPECT_EQ(staging(config), 2 * 2 * (std::int64_t{1} << 22));
+  // A smaller sub_group_size bounds the tile: 100k elements, under the share.
+  config.zero_optimization.sub_group_size = 100'000;
+  EXPECT_EQ(staging(config), 2 * 2 * 2'000'000);
+  // Reduced in fp32 (communication_data_type), the share arrives widened.
+  config.communication_data_type = "fp32";
+  EXPECT_EQ(staging(config), 2 * 4 * 2'000'000);
+  // At stage 1 the whole gradients are reduced in place and delivered in fp16.
+  config.zero_optimization.stage = 1;
+  EXPECT_EQ(staging(config), 2 * 2 * 2'000'000);
+  // Stage 3 with offload_param keeps the parameters on the host: only the shares are staged.
+  config.communication_data_type = "";
+  config.zero_optimization.stage = 3;
+  config.zero_optimization.sub_group_size = 1'000'000'000;
+  config.zero_optimization.offload_param.device = OffloadDevice::kCpu;
+  EXPECT_EQ(staging(config), 2 * 2 * 2'000'000);
+  // Without offload nothing is staged.
+  EXPECT_EQ(
+      estimate_from_config(Config{}, p, 4).at(MemoryCategory::kCommunication, MemoryTier::kHost),
+      0);
 }
 
 TEST(MemoryEstimator, NvmeOffloadAddsPinnedSwapBuffers) {
@@ -196,9 +249,11 @@ TEST(MemoryEstimator, NvmeOffloadAddsPinnedSwapBuffers) {
   EXPECT_EQ(e.at(MemoryCategory::kOptimizerStates, MemoryTier::kNvme), 2 * 10 * states_record);
   EXPECT_EQ(e.at(MemoryCategory::kParameters, MemoryTier::kNvme), 2 * p / 4);
   // Host: 4 records of each file, 5 parameter buffers of bf16, the fp32 gradient shard beside
-  // the update, and the update's fp32 scratch.
+  // the update, the update's fp32 scratch, and two staging halves of a bucket's bf16 share (the
+  // parameters, on NVMe, are not written back through them).
   EXPECT_EQ(e.total(MemoryTier::kHost), 4 * (master_record + states_record) + 5 * 2 * 50'000 +
-                                            4 * p / 4 + 4 * kGradientScratchElements);
+                                            4 * p / 4 + 4 * kGradientScratchElements +
+                                            2 * 2 * p / 4);
 }
 
 TEST(MemoryEstimator, RejectsOffloadWhereDeepSpeedDoes) {
