@@ -355,9 +355,19 @@ TEST(ActivationEstimate, CheckpointingKeepsOneInputPerBlockAndOneBlocksActivatio
   // 3 blocks of 3, 3 and 1 layers: the second block (2 kept inputs + 3 layers) is the peak.
   EXPECT_EQ(estimate_activations(kA, 7, 3).device, 5 * kA);
   EXPECT_EQ(estimate_activations(kA, 7, 3).host, 0);
+  // cpu_checkpointing: the running block's input and activations, plus one input whose copy is in
+  // flight (the previous block's going out, the next block's coming back) from the second block.
   const ActivationEstimate host = estimate_activations(kA, 16, 4, /*cpu_checkpointing=*/true);
-  EXPECT_EQ(host.device, 5 * kA);
+  EXPECT_EQ(host.device, (2 + 4) * kA);
   EXPECT_EQ(host.host, 4 * kA);
+  // One block: nothing else in flight.
+  EXPECT_EQ(estimate_activations(kA, 3, 4, true).device, (1 + 3) * kA);
+  // Two blocks of 4 and 1 layers: the first block's 4 layers outweigh the second's 1 plus the
+  // prefetched input; of 4 and 3 layers, the second block with it is the peak.
+  EXPECT_EQ(estimate_activations(kA, 5, 4, true).device, (1 + 4) * kA);
+  EXPECT_EQ(estimate_activations(kA, 7, 4, true).device, (2 + 3) * kA);
+  // Three blocks of 3, 3 and 1: the middle one runs beside an input in flight.
+  EXPECT_EQ(estimate_activations(kA, 7, 3, true).device, (2 + 3) * kA);
   EXPECT_THROW(estimate_activations(-1, 4, 2), ConfigError);
 }
 
@@ -373,7 +383,7 @@ TEST(ActivationEstimate, TheEstimateAddsTheChainAndStageThreeGathersForTheRecomp
   in.checkpoint_every = 2;
   in.cpu_checkpointing = true;
   const MemoryEstimate checkpointed = estimate(in);
-  EXPECT_EQ(checkpointed.at(MemoryCategory::kActivations), 500 + 3 * 1000);
+  EXPECT_EQ(checkpointed.at(MemoryCategory::kActivations), 500 + 4 * 1000);
   EXPECT_EQ(checkpointed.at(MemoryCategory::kActivations, MemoryTier::kHost), 4 * 1000);
   EXPECT_EQ(checkpointed.traffic_bytes_per_step * 3, plain.traffic_bytes_per_step * 4);
 }

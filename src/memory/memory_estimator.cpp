@@ -258,7 +258,12 @@ ActivationEstimate estimate_activations(std::int64_t layer_activation_bytes, int
   const std::int64_t kept = (layers + checkpoint_every - 1) / checkpoint_every;
   const std::int64_t last_block = layers - (kept - 1) * block;
   if (cpu_checkpointing) {
-    estimate.device = (1 + block) * a;  // the running block's input and its activations
+    // The running block's input and activations, and from the second block on one more input
+    // with a copy in flight: the previous block's going out in forward, the next block's coming
+    // back in backward (the first block has neither). The host keeps every input until the
+    // backward pass ends.
+    const std::int64_t later_block = kept >= 3 ? block : last_block;
+    estimate.device = (kept == 1 ? 1 + block : std::max(1 + block, 2 + later_block)) * a;
     estimate.host = kept * a;
   } else {
     // While block j runs (its forward, or its recompute in backward) j + 1 inputs are kept: the
