@@ -198,7 +198,9 @@ TEST(OffloadMemory, StagingIsTwoHalvesAsTheEstimatorCounts) {
         // Only the shares are staged: the estimate is the rank with the largest one.
         EXPECT_GT(measured, 0) << what;
         EXPECT_LE(measured, estimated) << what;
-        if (world == 1) EXPECT_EQ(measured, estimated) << what;
+        if (world == 1) {
+          EXPECT_EQ(measured, estimated) << what;
+        }
       } else {
         const std::int64_t shard = engine.shard_end() - engine.shard_begin();
         EXPECT_EQ(measured, 2 * 2 * shard) << what;
