@@ -8,7 +8,7 @@
 namespace zeroshard::detail {
 namespace {
 
-std::int64_t tile_elements(const SwappedShardOptions& options) {
+std::int64_t tile_of(const SwappedShardOptions& options) {
   return std::max<std::int64_t>(1, std::min(options.tile, options.elements));
 }
 
@@ -17,7 +17,7 @@ NvmeSwapperOptions swapper_options(const SwappedShardOptions& options) {
   swapper.directory = options.directory;
   swapper.rank = options.rank;
   swapper.kind = options.kind;
-  const std::int64_t tile = tile_elements(options);
+  const std::int64_t tile = tile_of(options);
   swapper.slot_count = std::max<std::int64_t>(1, (options.elements + tile - 1) / tile);
   swapper.slot_bytes = tile * static_cast<std::int64_t>(options.element_bytes);
   // More buffers than tiles would hold nothing.
@@ -34,7 +34,7 @@ NvmeSwapperOptions swapper_options(const SwappedShardOptions& options) {
 SwappedShard::SwappedShard(const SwappedShardOptions& options)
     : elements_(options.elements),
       element_bytes_(options.element_bytes),
-      tile_(tile_elements(options)),
+      tile_(tile_of(options)),
       swapper_(swapper_options(options)),
       buffers_(static_cast<std::size_t>(swapper_.buffer_count())) {}
 

@@ -31,6 +31,7 @@ class SwappedShard {
   explicit SwappedShard(const SwappedShardOptions& options);
 
   std::int64_t elements() const noexcept { return elements_; }
+  std::int64_t tile_elements() const noexcept { return tile_; }
   /// Elements the buffers hold at once.
   std::int64_t capacity_elements() const noexcept {
     return tile_ * static_cast<std::int64_t>(buffers_.size());

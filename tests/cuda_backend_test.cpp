@@ -253,6 +253,39 @@ TEST(CudaBackendRules, WorkFollowsTheStreamTheModelSets) {
   EXPECT_EQ(got, std::vector<float>(1000, 3.0f));
 }
 
+// The async copies run on the backend's copy stream: a copy sees what the compute stream's work
+// queued before it wrote, and compute work ordered after a copy's event sees what it wrote.
+TEST(CudaBackendRules, AsyncCopiesAreOrderedWithTheComputeStreamByEvents) {
+  if (!cuda::cuda_device_available()) {
+    GTEST_SKIP() << "no usable CUDA device: " << cuda::cuda_unavailable_reason();
+  }
+  MemoryTracker tracker;
+  const auto rule = make_sgd({.lr = 0.5});
+  const auto gpu = detail::make_compute_backend(Device::cuda(0), *rule, tracker);
+  const cuda::CudaStream stream;
+  gpu->set_stream(stream.get());
+  constexpr std::int64_t kCount = 1 << 20;
+  constexpr std::size_t kBytes = kCount * sizeof(float);
+  TrackedBuffer data(tracker, MemoryCategory::kGradients, kBytes, gpu->memory());
+  TrackedBuffer pinned(tracker, MemoryCategory::kCommunication, kBytes, gpu->pinned_host_memory());
+  const std::vector<float> ones(kCount, 1.0f);
+  gpu->copy_from_host(data.data(), ones.data(), kBytes);
+  const std::unique_ptr<detail::CopyEvent> done = gpu->make_copy_event();
+  done->wait();  // nothing marked yet: returns at once
+  gpu->scale(data.data(), DType::kFloat32, kCount, 3.0f);
+  gpu->copy_to_host_async(pinned.data(), data.data(), kBytes, *done);
+  done->wait();
+  const float* host = pinned.as<float>();
+  EXPECT_EQ(std::vector<float>(host, host + kCount), std::vector<float>(kCount, 3.0f));
+  std::fill(pinned.as<float>(), pinned.as<float>() + kCount, 5.0f);
+  gpu->copy_from_host_async(data.data(), pinned.data(), kBytes, *done);
+  done->order_compute_after();
+  gpu->scale(data.data(), DType::kFloat32, kCount, 2.0f);
+  std::vector<float> got(kCount);
+  gpu->copy_to_host(got.data(), data.data(), kBytes);
+  EXPECT_EQ(got, std::vector<float>(kCount, 10.0f));
+}
+
 }  // namespace
 }  // namespace zeroshard
 

@@ -172,10 +172,63 @@ TEST(MemoryEstimator, OffloadMovesMasterWeightsStatesAndGradientShardToTheHost) 
   EXPECT_EQ(e.model_state_bytes(MemoryTier::kDevice), 2 * p);
   EXPECT_EQ(e.at(MemoryCategory::kMasterWeights, MemoryTier::kHost), 4 * p / 4);
   EXPECT_EQ(e.at(MemoryCategory::kOptimizerStates, MemoryTier::kHost), 8 * p / 4);
-  // The fp32 gradient shard; and the scratch the update widens 16-bit gradients in, beside it.
+  // The fp32 gradient shard; the scratch the update widens 16-bit gradients in, beside it; and
+  // two staging halves of the larger of a bucket's share (the whole shard, 16-bit) and a
+  // write-back tile (the whole shard too, below 4M elements).
   EXPECT_EQ(e.at(MemoryCategory::kGradients, MemoryTier::kHost), 4 * p / 4);
-  EXPECT_EQ(e.at(MemoryCategory::kCommunication, MemoryTier::kHost), 4 * kGradientScratchElements);
+  EXPECT_EQ(e.at(MemoryCategory::kCommunication, MemoryTier::kHost),
+            4 * kGradientScratchElements + 2 * 2 * p / 4);
   EXPECT_EQ(e.total(MemoryTier::kNvme), 0);
+}
+
+// What a GPU rank with offload_optimizer allocates beside the update, in pinned host memory
+// (engine/host_staging.h): two halves, each the larger of the largest share of a reduced bucket
+// this rank receives, in the type it is delivered in, and a write-back tile of at most 4M
+// 16-bit elements (min with sub_group_size and the shard).
+TEST(MemoryEstimator, CountsTheOffloadStagingHalvesOfAGpuConfig) {
+  Config config;
+  config.fp16.enabled = true;
+  config.optimizer.type = "adamw";
+  config.zero_optimization.stage = 2;
+  config.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
+  config.zero_optimization.offload_optimizer.pin_memory = true;
+  config.zero_optimization.reduce_bucket_size = 2'000'000;
+  const std::int64_t p = 64'000'000;  // 16M elements per rank on 4 ranks
+  const auto staging = [&](const Config& c) {
+    const MemoryEstimate with = estimate_from_config(c, p, 4);
+    Config resident = c;
+    resident.zero_optimization.offload_optimizer.device = OffloadDevice::kNone;
+    resident.zero_optimization.offload_param.device = OffloadDevice::kNone;
+    const MemoryEstimate without = estimate_from_config(resident, p, 4);
+    EXPECT_TRUE(with.valid) << with.reason;
+    // The scratch moves to the host with the update; everything else in communication stays.
+    return with.at(MemoryCategory::kCommunication, MemoryTier::kHost) +
+           with.at(MemoryCategory::kCommunication, MemoryTier::kDevice) -
+           without.at(MemoryCategory::kCommunication, MemoryTier::kHost) -
+           without.at(MemoryCategory::kCommunication, MemoryTier::kDevice);
+  };
+  // A 4M-element fp16 write-back tile (8 MiB) outweighs the share of a 2M-element bucket, which
+  // may lie within one rank's 16M-element shard: 2M elements, 4 MB.
+  EXPECT_EQ(staging(config), 2 * 2 * (std::int64_t{1} << 22));
+  // A smaller sub_group_size bounds the tile: 100k elements, under the share.
+  config.zero_optimization.sub_group_size = 100'000;
+  EXPECT_EQ(staging(config), 2 * 2 * 2'000'000);
+  // Reduced in fp32 (communication_data_type), the share arrives widened.
+  config.communication_data_type = "fp32";
+  EXPECT_EQ(staging(config), 2 * 4 * 2'000'000);
+  // At stage 1 the whole gradients are reduced in place and delivered in fp16.
+  config.zero_optimization.stage = 1;
+  EXPECT_EQ(staging(config), 2 * 2 * 2'000'000);
+  // Stage 3 with offload_param keeps the parameters on the host: only the shares are staged.
+  config.communication_data_type = "";
+  config.zero_optimization.stage = 3;
+  config.zero_optimization.sub_group_size = 1'000'000'000;
+  config.zero_optimization.offload_param.device = OffloadDevice::kCpu;
+  EXPECT_EQ(staging(config), 2 * 2 * 2'000'000);
+  // Without offload nothing is staged.
+  EXPECT_EQ(
+      estimate_from_config(Config{}, p, 4).at(MemoryCategory::kCommunication, MemoryTier::kHost),
+      0);
 }
 
 TEST(MemoryEstimator, NvmeOffloadAddsPinnedSwapBuffers) {
@@ -201,10 +254,11 @@ TEST(MemoryEstimator, NvmeOffloadAddsPinnedSwapBuffers) {
   EXPECT_EQ(e.at(MemoryCategory::kParameters, MemoryTier::kNvme), 2 * 16 * param_record);
   EXPECT_EQ(e.at(MemoryCategory::kParameters, MemoryTier::kHost), 2 * 200'000 + 5 * param_record);
   // Host: 4 records of each file, the parameters above, the fp32 gradient shard beside the
-  // update, and the update's fp32 scratch.
+  // update, the update's fp32 scratch, and two staging halves of a bucket's bf16 share (the
+  // parameters, in host memory and on NVMe, are not written back through them).
   EXPECT_EQ(e.total(MemoryTier::kHost), 4 * (master_record + states_record) + 2 * 200'000 +
                                             5 * param_record + 4 * p / 4 +
-                                            4 * kGradientScratchElements);
+                                            4 * kGradientScratchElements + 2 * 2 * p / 4);
 }
 
 TEST(MemoryEstimator, RejectsOffloadWhereDeepSpeedDoes) {
@@ -313,9 +367,19 @@ TEST(ActivationEstimate, CheckpointingKeepsOneInputPerBlockAndOneBlocksActivatio
   // 3 blocks of 3, 3 and 1 layers: the second block (2 kept inputs + 3 layers) is the peak.
   EXPECT_EQ(estimate_activations(kA, 7, 3).device, 5 * kA);
   EXPECT_EQ(estimate_activations(kA, 7, 3).host, 0);
+  // cpu_checkpointing: the running block's input and activations, plus one input whose copy is in
+  // flight (the previous block's going out, the next block's coming back) from the second block.
   const ActivationEstimate host = estimate_activations(kA, 16, 4, /*cpu_checkpointing=*/true);
-  EXPECT_EQ(host.device, 5 * kA);
+  EXPECT_EQ(host.device, (2 + 4) * kA);
   EXPECT_EQ(host.host, 4 * kA);
+  // One block: nothing else in flight.
+  EXPECT_EQ(estimate_activations(kA, 3, 4, true).device, (1 + 3) * kA);
+  // Two blocks of 4 and 1 layers: the first block's 4 layers outweigh the second's 1 plus the
+  // prefetched input; of 4 and 3 layers, the second block with it is the peak.
+  EXPECT_EQ(estimate_activations(kA, 5, 4, true).device, (1 + 4) * kA);
+  EXPECT_EQ(estimate_activations(kA, 7, 4, true).device, (2 + 3) * kA);
+  // Three blocks of 3, 3 and 1: the middle one runs beside an input in flight.
+  EXPECT_EQ(estimate_activations(kA, 7, 3, true).device, (2 + 3) * kA);
   EXPECT_THROW(estimate_activations(-1, 4, 2), ConfigError);
 }
 
@@ -331,7 +395,7 @@ TEST(ActivationEstimate, TheEstimateAddsTheChainAndStageThreeGathersForTheRecomp
   in.checkpoint_every = 2;
   in.cpu_checkpointing = true;
   const MemoryEstimate checkpointed = estimate(in);
-  EXPECT_EQ(checkpointed.at(MemoryCategory::kActivations), 500 + 3 * 1000);
+  EXPECT_EQ(checkpointed.at(MemoryCategory::kActivations), 500 + 4 * 1000);
   EXPECT_EQ(checkpointed.at(MemoryCategory::kActivations, MemoryTier::kHost), 4 * 1000);
   EXPECT_EQ(checkpointed.traffic_bytes_per_step * 3, plain.traffic_bytes_per_step * 4);
 }

@@ -88,7 +88,9 @@ struct EstimateInput {
 /// every k layers, n = ceil(L/k) kept inputs plus one block's k activations, (n + k) x A when k
 /// divides L (else max(n + r, n - 1 + k) x A, r the last block's layers). With cpu_checkpointing
 /// the n kept inputs are on the host and the device holds the running block's input and its
-/// activations, (1 + min(k, L)) x A.
+/// activations, and from the second block on one more input whose copy is in flight (going out in
+/// forward, prefetched in backward): (1 + L) x A for one block, (2 + k) x A for three or more,
+/// max(1 + k, 2 + r) x A for two.
 struct ActivationEstimate {
   std::int64_t device = 0;
   std::int64_t host = 0;

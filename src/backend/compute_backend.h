@@ -25,6 +25,18 @@ struct GradientScan {
   bool nonfinite = false;       ///< some element is inf or NaN
 };
 
+/// The end of a copy queued on a backend's copy stream (copy_to_host_async, copy_from_host_async).
+/// Reusable: each copy given it replaces the one it marks. It must not outlive its backend.
+class CopyEvent {
+ public:
+  virtual ~CopyEvent() = default;
+  /// Blocks the host until the marked copy has finished; returns at once when none is marked.
+  virtual void wait() = 0;
+  /// Makes work queued later on the compute stream wait, on the device, for the marked copy; the
+  /// host does not block.
+  virtual void order_compute_after() = 0;
+};
+
 /// Every pointer passed in is memory of this backend (from memory()), unless the name says host.
 /// Work is queued on stream() in call order; only the calls that return a host value (scan) or
 /// fill host memory (copy_to_host) wait for it.
@@ -60,6 +72,17 @@ class ComputeBackend {
   /// Blocking copies between host memory and this backend's memory.
   virtual void copy_to_host(void* host, const void* source, std::size_t bytes) = 0;
   virtual void copy_from_host(void* destination, const void* host, std::size_t bytes) = 0;
+  /// Copies between pinned_host_memory() and this backend's memory on a copy stream of their own,
+  /// so that they overlap the compute stream's work. Each starts after the work queued on the
+  /// compute stream so far (which may write its source or still read its destination) and marks
+  /// its end in `done`; until then its source must not change nor its destination be read or
+  /// freed. `done` must come from this backend's make_copy_event(). On the CPU they are plain
+  /// copies, finished on return.
+  virtual std::unique_ptr<CopyEvent> make_copy_event() = 0;
+  virtual void copy_to_host_async(void* host, const void* source, std::size_t bytes,
+                                  CopyEvent& done) = 0;
+  virtual void copy_from_host_async(void* destination, const void* host, std::size_t bytes,
+                                    CopyEvent& done) = 0;
 
   /// out[i] = float(in[i]) * multiplier. In place (in == out) only when `from` is fp32.
   virtual void widen(const void* in, DType from, float* out, std::int64_t count,

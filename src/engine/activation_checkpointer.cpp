@@ -1,9 +1,12 @@
 // Activation checkpointing: keeps each block's input (as given, in pinned host memory, in one
 // contiguous buffer, or this rank's part of it) and runs the block's forward again in backward.
+// In pinned host memory the copies run on the backend's copy stream: a kept input goes out while
+// the next block's forward runs, and comes back while the block after it in backward runs.
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <utility>
 #include <vector>
@@ -62,10 +65,20 @@ struct ActivationCheckpointer::Impl {
     BlockFunction forward;
   };
 
+  /// cpu_checkpointing: the next block's input being brought back in backward.
+  struct Prefetch {
+    ActivationBuffer buffer;
+    std::size_t index = 0;  ///< the stack entry it belongs to
+  };
+
   Impl(Engine& engine, Communicator* model_parallel)
       : engine(engine),
         state(detail::EngineInternals::state(engine)),
         config(engine.config().activation_checkpointing) {
+    if (config.cpu_checkpointing) {
+      outgoing_done = state.backend_->make_copy_event();
+      incoming_done = state.backend_->make_copy_event();
+    }
     if (config.partition_activations) {
       if (model_parallel == nullptr || model_parallel->size() == 1) {
         if (engine.rank() == 0) {
@@ -102,19 +115,15 @@ struct ActivationCheckpointer::Impl {
     if (config.synchronize_checkpoint_boundary) state.backend_->synchronize();
   }
 
-  /// Copies `bytes` from `source` (engine device memory) to kept storage `destination`.
-  void store(void* destination, const void* source, std::size_t bytes) {
-    if (config.cpu_checkpointing) {
-      state.backend_->copy_to_host(destination, source, bytes);
-    } else {
-      state.backend_->copy(destination, source, bytes);
-    }
-  }
-  void load(void* destination, const void* source, std::size_t bytes) {
-    if (config.cpu_checkpointing) {
-      state.backend_->copy_from_host(destination, source, bytes);
-    } else {
-      state.backend_->copy(destination, source, bytes);
+  ~Impl() {
+    // The copy stream may still read or write buffers that are freed after this body.
+    try {
+      settle();
+    } catch (const std::exception& error) {
+      ZEROSHARD_LOG(kWarning,
+                    "a kept input's copy failed while the activation checkpointer was "
+                    "being destroyed: "
+                        << error.what());
     }
   }
 
@@ -197,12 +206,25 @@ struct ActivationCheckpointer::Impl {
       destination = kept.copy.data();
       add_kept(kept, +1);
     }
-    store(destination, reinterpret_cast<const char*>(input.data()) + kept.part_offset,
-          kept.part_bytes);
-    // `input` is freed here: nothing of it stays on the device but the part kept there.
+    const char* source = reinterpret_cast<const char*>(input.data()) + kept.part_offset;
+    if (!config.cpu_checkpointing) {
+      state.backend_->copy(destination, source, kept.part_bytes);
+      return;  // `input` is freed: nothing of it stays on the device but the part kept there
+    }
+    // The input stays on the device until its copy has left, one block later.
+    state.backend_->copy_to_host_async(destination, source, kept.part_bytes, *outgoing_done);
+    outgoing = std::move(input);
   }
 
-  /// Brings a kept input back whole onto the device.
+  /// The forward's last copy out has been queued long enough: later work on the compute stream
+  /// waits for it (that is where freeing the input is ordered), and the input is freed.
+  void release_outgoing() {
+    if (outgoing.data() == nullptr) return;
+    outgoing_done->order_compute_after();
+    outgoing = ActivationBuffer();
+  }
+
+  /// Brings a kept input back whole onto the device, on the compute stream.
   ActivationBuffer restore(Kept& kept) {
     if (kept.whole.data() != nullptr) {
       add_kept(kept, -1);
@@ -210,15 +232,69 @@ struct ActivationCheckpointer::Impl {
     }
     ActivationBuffer input = engine.allocate_activations(kept.bytes);
     const void* source = kept.slot >= 0 ? slot_data(kept.slot) : kept.copy.data();
-    load(reinterpret_cast<char*>(input.data()) + kept.part_offset, source, kept.part_bytes);
-    if (partition != nullptr) {
-      // In place: this rank's part is in position; the others' parts arrive around it.
-      const std::vector<std::int64_t> counts = part_counts(kept.bytes);
-      partition->all_gather(input.data(), counts, DType::kFloat32);
-    }
+    state.backend_->copy(reinterpret_cast<char*>(input.data()) + kept.part_offset, source,
+                         kept.part_bytes);
+    gather_parts(kept, input);
     if (kept.slot < 0) add_kept(kept, -1);
     kept.copy.reset();
     return input;
+  }
+
+  /// cpu_checkpointing: starts bringing stack entry `index`'s input back on the copy stream.
+  Prefetch start_restore(std::size_t index) {
+    const Kept& kept = stack[index];
+    ActivationBuffer input = engine.allocate_activations(kept.bytes);
+    const void* source = kept.slot >= 0 ? slot_data(kept.slot) : kept.copy.data();
+    state.backend_->copy_from_host_async(reinterpret_cast<char*>(input.data()) + kept.part_offset,
+                                         source, kept.part_bytes, *incoming_done);
+    return {std::move(input), index};
+  }
+
+  /// cpu_checkpointing: the input of the block whose backward runs now, from the prefetch when
+  /// it is this block's. Then starts bringing back the next block's, which overlaps this one's
+  /// recompute and backward. The host copy stays until the backward pass ends (retire()).
+  ActivationBuffer restore_ahead() {
+    const std::size_t top = stack.size() - 1;
+    if (incoming.buffer.data() != nullptr && incoming.index != top) {
+      // A checkpoint came between two backwards: the prefetch is of another block.
+      incoming_done->order_compute_after();
+      incoming.buffer = ActivationBuffer();
+    }
+    if (incoming.buffer.data() == nullptr) incoming = start_restore(top);
+    ActivationBuffer input = std::move(incoming.buffer);
+    // The recompute reads what the copy writes: the compute stream waits on the device.
+    incoming_done->order_compute_after();
+    gather_parts(stack[top], input);
+    if (top > 0) incoming = start_restore(top - 1);
+    return input;
+  }
+
+  /// partition_activations: this rank's part is in position in `input`; the others' parts arrive
+  /// around it, in place.
+  void gather_parts(const Kept& kept, ActivationBuffer& input) {
+    if (partition == nullptr) return;
+    const std::vector<std::int64_t> counts = part_counts(kept.bytes);
+    partition->all_gather(input.data(), counts, DType::kFloat32);
+  }
+
+  /// cpu_checkpointing: a backpropagated block's host copy may still be read by a copy in flight;
+  /// the copies are waited for, and the host copies freed, when the backward pass ends.
+  void retire(Kept kept) {
+    retired.push_back(std::move(kept));
+    if (!stack.empty()) return;
+    settle();
+  }
+
+  /// Waits for every copy in flight, then frees the device inputs they used and the host copies
+  /// of backpropagated blocks.
+  void settle() {
+    if (!config.cpu_checkpointing) return;
+    outgoing_done->wait();
+    incoming_done->wait();
+    outgoing = ActivationBuffer();
+    incoming.buffer = ActivationBuffer();
+    for (const Kept& kept : retired) add_kept(kept, -1);
+    retired.clear();
   }
 
   void add_kept(const Kept& kept, int sign) {
@@ -264,6 +340,14 @@ struct ActivationCheckpointer::Impl {
   Communicator* partition = nullptr;  ///< the model-parallel group kept inputs are split over
   std::vector<RandomState*> random;
   std::vector<Kept> stack;
+  std::vector<Kept> retired;  ///< cpu_checkpointing: backpropagated, host copies not yet freed
+  std::unique_ptr<detail::CopyEvent> outgoing_done;  ///< the last kept input's copy to the host
+  std::unique_ptr<detail::CopyEvent> incoming_done;  ///< the last prefetch's copy to the device
+  // cpu_checkpointing: at most one block input on the device with a copy in flight, so at most
+  // two at once with the running block's: in forward the previous block's, going out; in
+  // backward the next block's, coming back.
+  ActivationBuffer outgoing;
+  Prefetch incoming;
   detail::TrackedBuffer contiguous;  ///< contiguous_memory_optimization's slots
   std::size_t slot_bytes = 0;
   std::int64_t kept_device = 0;
@@ -300,9 +384,11 @@ ActivationBuffer ActivationCheckpointer::checkpoint(ActivationBuffer input, Bloc
   if (context.activations_.empty()) {
     throw UsageError("ActivationCheckpointer::checkpoint: the block allocated no output");
   }
-  m.update_peaks(as_bytes(input.bytes()) + Impl::block_bytes(context));
+  m.update_peaks(as_bytes(input.bytes()) + Impl::block_bytes(context) +
+                 as_bytes(m.outgoing.bytes()));
   ActivationBuffer output = std::move(context.activations_.back());
   context.activations_.clear();
+  m.release_outgoing();
   m.keep(kept, std::move(input));
   kept.forward = std::move(forward);
   m.stack.push_back(std::move(kept));
@@ -322,7 +408,8 @@ void ActivationCheckpointer::backward(const BlockFunction& backward) {
   Impl::Kept& kept = m.stack.back();
   const auto start = Clock::now();
   m.boundary();
-  ActivationBuffer input = m.restore(kept);
+  m.release_outgoing();
+  ActivationBuffer input = m.config.cpu_checkpointing ? m.restore_ahead() : m.restore(kept);
   // The recompute draws what the first forward drew; the generators then go on from where the
   // program left them, so checkpointing changes no random number the rest of the model sees.
   const std::vector<std::vector<std::byte>> now = m.save_random();
@@ -330,7 +417,8 @@ void ActivationCheckpointer::backward(const BlockFunction& backward) {
   BlockContext context(m.engine, input, /*recomputing=*/true);
   kept.forward(context);
   m.restore_random(now);
-  m.update_peaks(as_bytes(input.bytes()) + Impl::block_bytes(context));
+  m.update_peaks(as_bytes(input.bytes()) + Impl::block_bytes(context) +
+                 as_bytes(m.incoming.buffer.bytes()));
   if (m.config.profile) {
     m.boundary();
     m.profile.recompute_seconds += detail::seconds_since(start);
@@ -338,7 +426,11 @@ void ActivationCheckpointer::backward(const BlockFunction& backward) {
   }
   const auto backward_start = Clock::now();
   backward(context);
+  Impl::Kept done = std::move(kept);
   m.stack.pop_back();
+  if (m.config.cpu_checkpointing) {
+    m.retire(std::move(done));
+  }
   m.boundary();
   if (m.config.profile) {
     m.profile.backward_seconds += detail::seconds_since(backward_start);
@@ -360,6 +452,7 @@ int ActivationCheckpointer::pending() const noexcept {
 }
 
 void ActivationCheckpointer::clear() {
+  impl_->settle();
   while (!impl_->stack.empty()) {
     impl_->add_kept(impl_->stack.back(), -1);
     impl_->stack.pop_back();

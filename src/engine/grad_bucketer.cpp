@@ -42,6 +42,12 @@ GradBucketer::~GradBucketer() {
   for (Bucket& bucket : buckets_) bucket.request = Request();
 }
 
+void GradBucketer::deliver_to(ReducedGradientSink& sink) {
+  sink_ = &sink;
+  // Whole gradients are delivered from the whole buffer, in the model's type.
+  sink.expect_deliveries(widest_share_, whole_ ? context_.dtype : comm_dtype_);
+}
+
 double GradBucketer::pre_reduction_factor() const {
   // DeepSpeed's allreduce_bucket: prescale_gradients divides by the world size before the
   // reduction; otherwise gradient_predivide_factor is divided out before and the rest after.
@@ -81,6 +87,7 @@ void GradBucketer::plan() {
     const auto counts = layout.rank_counts(buckets_[b].begin, buckets_[b].end);
     widest_recv = std::max(widest_recv, counts[context_.rank]);
   }
+  widest_share_ = widest_recv;
   if (!whole_) slot_input_elements_ = widest;
   if (comm_dtype_ != context_.dtype) slot_send_elements_ = widest;
   if (scatter_) slot_recv_elements_ = widest_recv;
@@ -101,6 +108,8 @@ int GradBucketer::acquire_slot() {
     for (std::size_t s = 0; s < slots_.size(); ++s) {
       if (!slots_[s].busy) {
         slots_[s].busy = true;
+        // The sink may still be copying what it was handed from this slot.
+        if (sink_ != nullptr) sink_->before_reuse();
         // Only the input area is added to (the model's +=); the send and receive areas are
         // overwritten whole by the widening and the reduction.
         context_.backend.zero(slots_[s].buffer.data(), slot_input_elements_ * context_.dsize);
@@ -176,6 +185,7 @@ void GradBucketer::finish(std::int64_t micro_step) {
   // Slots beyond what the reductions in flight need were held by buckets written out of order:
   // the pool shrinks back so that the next step starts from the bound.
   if (slots_.size() > kMaxInFlight) {
+    if (sink_ != nullptr) sink_->before_reuse();
     slots_.erase(slots_.begin() + static_cast<std::ptrdiff_t>(kMaxInFlight), slots_.end());
   }
   for (ParamInfo& p : context_.params) p.grad_ready = false;
@@ -277,6 +287,7 @@ void GradBucketer::complete_oldest() {
 }
 
 void GradBucketer::zero_full_grads() {
+  if (sink_ != nullptr) sink_->before_reuse();
   context_.backend.zero(grads_full_.data(), grads_full_.bytes());
 }
 

@@ -15,11 +15,17 @@
 namespace zeroshard::detail {
 
 /// Receives this rank's part of each reduced bucket, stages 1-3: elements [lo, hi) of the flat
-/// buffer, summed over the ranks, in `dtype` at `data` (engine memory, valid during the call).
+/// buffer, summed over the ranks, in `dtype` at `data` (engine memory, unchanged until the next
+/// before_reuse()).
 class ReducedGradientSink {
  public:
   virtual ~ReducedGradientSink() = default;
   virtual void accept_reduced(std::int64_t lo, std::int64_t hi, const void* data, DType dtype) = 0;
+  /// Before the first delivery: no delivery holds more than `elements` elements of `dtype`.
+  virtual void expect_deliveries(std::int64_t elements, DType dtype) = 0;
+  /// Called before memory once handed to accept_reduced() is written or freed: a sink that reads
+  /// it with copies in flight makes later work on the compute stream wait for them.
+  virtual void before_reuse() = 0;
 };
 
 class GradBucketer {
@@ -33,7 +39,7 @@ class GradBucketer {
   GradBucketer(const GradBucketer&) = delete;
   GradBucketer& operator=(const GradBucketer&) = delete;
 
-  void deliver_to(ReducedGradientSink& sink) { sink_ = &sink; }
+  void deliver_to(ReducedGradientSink& sink);
 
   /// Where the model writes the gradient of parameter `index` in this micro-step.
   void* grad(int index);
@@ -88,6 +94,7 @@ class GradBucketer {
   std::int64_t slot_input_elements_ = 0;  ///< model dtype
   std::int64_t slot_send_elements_ = 0;   ///< fp32, when 16-bit gradients are sent widened
   std::int64_t slot_recv_elements_ = 0;   ///< communication dtype
+  std::int64_t widest_share_ = 0;         ///< elements of the largest delivery to the sink
   std::vector<Slot> slots_;
   std::deque<int> in_flight_;
   std::size_t next_launch_ = 0;

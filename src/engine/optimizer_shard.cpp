@@ -11,9 +11,6 @@ namespace zeroshard::detail {
 
 namespace {
 
-// Offload on a GPU: elements per write-back of updated parameters through pinned memory, so the
-// staging buffer stays small whatever sub_group_size is (8 MiB of 16-bit values).
-constexpr std::int64_t kWriteBackElements = std::int64_t{1} << 22;
 // Swap files: elements per rule call within a sub-group, between which the I/O in flight is
 // advanced (reaped and refilled), so the reads ahead and writes behind keep the drive busy.
 constexpr std::int64_t kSwapPollElements = std::int64_t{1} << 20;
@@ -90,16 +87,29 @@ OptimizerShard::OptimizerShard(const EngineContext& context, const UpdateRule& r
   }
 }
 
+// Offloaded, the parameters in the device tier are written through staging on either backend (on
+// the CPU the copies are host copies), so the CPU tests run the GPU's order of operations.
 bool OptimizerShard::writes_back_through_staging() const {
-  return !master_aliases_params_ &&
-         (params_.swaps() || params_.owned_location() != update_backend_->memory().location());
+  return offloaded() &&
+         context_.config.zero_optimization.offload_param.device == OffloadDevice::kNone;
 }
 
-char* OptimizerShard::staging(std::size_t bytes) {
-  if (staging_.bytes() < bytes) {
-    staging_ = context_.allocate(Tier::kPinnedHost, MemoryCategory::kCommunication, bytes);
-  }
-  return staging_.as<char>();
+bool OptimizerShard::rounds_params_from_master() const {
+  return !offloaded() && !master_aliases_params_ &&
+         params_.owned_location() != context_.backend.memory().location();
+}
+
+void OptimizerShard::expect_deliveries(std::int64_t elements, DType dtype) {
+  if (!offloaded()) return;
+  const std::int64_t half = host_staging_half_bytes(
+      elements * static_cast<std::int64_t>(size_of(dtype)), writes_back_through_staging(),
+      context_.update_end() - owned_begin_, context_.config.zero_optimization.sub_group_size,
+      static_cast<std::int64_t>(context_.dsize));
+  staging_ = std::make_unique<HostStaging>(context_, static_cast<std::size_t>(half));
+}
+
+void OptimizerShard::before_reuse() {
+  if (staging_) staging_->order_compute_after();
 }
 
 void OptimizerShard::accept_reduced(std::int64_t lo, std::int64_t hi, const void* data,
@@ -108,17 +118,30 @@ void OptimizerShard::accept_reduced(std::int64_t lo, std::int64_t hi, const void
   if (grad_shard_.empty()) return;
   const std::int64_t count = hi - lo;
   void* destination = grad_shard_.as<char>() + (lo - owned_begin_) * size_of(grad_shard_dtype_);
-  const void* source = data;
-  if (offloaded() && context_.backend.memory().location() == MemoryLocation::kDevice) {
-    const std::size_t bytes = count * size_of(dtype);
-    char* host = staging(bytes);
-    context_.backend.copy_to_host(host, data, bytes);
-    source = host;
+  if (!staging_) {
+    update_backend_->accumulate(destination, grad_shard_dtype_, data, dtype, count);
+    return;
   }
-  update_backend_->accumulate(destination, grad_shard_dtype_, source, dtype, count);
+  // Offloaded: the bucket travels to the host on the copy stream while backward goes on, and is
+  // added into the shard once it has arrived (when its half is needed again, or at the step).
+  const char* host = staging_->acquire();
+  staging_->to_host(data, static_cast<std::size_t>(count) * size_of(dtype),
+                    [this, destination, host, dtype, count] {
+                      update_backend_->accumulate(destination, grad_shard_dtype_, host, dtype,
+                                                  count);
+                    });
+}
+
+void OptimizerShard::land_gradients() {
+  if (staging_) staging_->land_all();
+}
+
+void OptimizerShard::finish_write_back() {
+  if (staging_) staging_->order_compute_after();
 }
 
 void OptimizerShard::zero_gradients() {
+  land_gradients();
   update_backend_->zero(grad_shard_.data(), grad_shard_.bytes());
 }
 
@@ -128,6 +151,7 @@ OptimizerShard::GradView OptimizerShard::gradients() const {
 }
 
 GradientScan OptimizerShard::scan(std::int64_t lo, std::int64_t hi) {
+  land_gradients();
   const GradView view = gradients();
   return update_backend_->scan(view.base + (lo - view.first) * size_of(view.dtype), view.dtype,
                                hi - lo);
@@ -244,8 +268,10 @@ void OptimizerShard::update(float grad_factor, const GroupContexts& contexts) {
   // One launch per run and sub-group: the zero padding between the pieces of a fused run stays
   // zero under every rule.
   const std::vector<Run> all_runs = runs();
+  land_gradients();
   if (swapped_) {
     update_swapped(all_runs, grad_factor, contexts);
+    finish_write_back();
     return;
   }
   std::int64_t tile = context_.config.zero_optimization.sub_group_size;
@@ -261,6 +287,7 @@ void OptimizerShard::update(float grad_factor, const GroupContexts& contexts) {
                        array_pointers_);
     }
   }
+  finish_write_back();
 }
 
 void OptimizerShard::update_swapped(const std::vector<Run>& all_runs, float grad_factor,
@@ -275,11 +302,13 @@ void OptimizerShard::update_swapped(const std::vector<Run>& all_runs, float grad
     while (run != all_runs.end() && run->begin < tile_end) {
       const std::int64_t first = std::max(run->begin, tile_begin);
       const std::int64_t last = std::min(run->end, tile_end);
-      for (std::int64_t begin = first; begin < last; begin += kSwapPollElements) {
+      for (std::int64_t begin = first, end = first; begin < last; begin = end) {
         for (std::size_t a = 0; a < arrays.size(); ++a) {
           array_pointers_[a] = arrays[a] + (begin - tile_begin);
         }
-        const std::int64_t end = std::min(last, begin + kSwapPollElements);
+        // A chunk ends where the parameters' memory does (a tile of their swap file), so that the
+        // update writes them in place.
+        end = std::min({last, begin + kSwapPollElements, params_.owned_run_end(begin)});
         written_until_ = end;
         update_sub_group(begin, end, run->first_param, run->offset_in_param + (begin - run->begin),
                          grad_factor, contexts, array_pointers_);
@@ -295,6 +324,7 @@ void OptimizerShard::update_swapped(const std::vector<Run>& all_runs, float grad
 
 void OptimizerShard::roll_back_update() {
   if (!swapped_) return;
+  finish_write_back();
   swapped_->roll_back_pass();
   // The records read back are those this pass read a moment ago; the parameters it wrote are
   // rounded from them again (the model-precision copy is always the rounded master).
@@ -321,18 +351,25 @@ void OptimizerShard::update_sub_group(std::int64_t begin, std::int64_t end, int 
   io.grad_dtype = view.dtype;
   io.grad_factor = grad_factor;
   io.param_copy_dtype = context_.dtype;
-  // Write back: straight into the parameters when the update can reach them, through pinned
-  // memory when they are on the GPU and the update on the host.
-  const std::size_t copy_bytes = slice.size * context_.dsize;
+  // Write back: straight into the parameters when the update can reach them; offloaded, through
+  // a staging half whose copy to the device runs while the next tile is updated.
   const bool staged = writes_back_through_staging();
   if (staged) {
-    io.param_copy = staging(copy_bytes);
-  } else if (!master_aliases_params_) {
+    io.param_copy = staging_->acquire();
+  } else if (params_.swaps()) {
+    // Straight into the parameter file's cached tile: update_swapped() ends chunks at tiles.
+    io.param_copy = params_.writable_owned(begin, slice.size);
+  } else if (!master_aliases_params_ && !rounds_params_from_master()) {
     io.param_copy = params_.owned_at(begin);
   }
   const std::span<float> scratch(scratch_.as<float>(), scratch_.bytes() / sizeof(float));
   update_backend_->apply_rule(slice, io, contexts[p.group], scratch);
-  if (staged) params_.write_owned(begin, io.param_copy, MemoryLocation::kHost, slice.size);
+  if (staged) {
+    staging_->to_device(params_.owned_at(begin),
+                        static_cast<std::size_t>(slice.size) * context_.dsize);
+  } else if (rounds_params_from_master()) {
+    refresh_params(begin, end);
+  }
 }
 
 }  // namespace zeroshard::detail

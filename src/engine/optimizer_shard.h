@@ -10,6 +10,7 @@
 
 #include "engine/engine_context.h"
 #include "engine/grad_bucketer.h"
+#include "engine/host_staging.h"
 #include "engine/param_coordinator.h"
 #include "swapped_arrays.h"
 
@@ -34,6 +35,8 @@ class OptimizerShard final : public ReducedGradientSink {
   void inject_swap_fault(int array, const IoFault& fault) { swapped_->inject_fault(array, fault); }
 
   void accept_reduced(std::int64_t lo, std::int64_t hi, const void* data, DType dtype) override;
+  void expect_deliveries(std::int64_t elements, DType dtype) override;
+  void before_reuse() override;
   void zero_gradients();
   /// Sum of squares and inf/NaN check of the reduced gradients of [lo, hi) (owned elements).
   GradientScan scan(std::int64_t lo, std::int64_t hi);
@@ -59,7 +62,8 @@ class OptimizerShard final : public ReducedGradientSink {
   /// Runs the rule over the owned range, sub-group by sub-group: each reads the gradients times
   /// `grad_factor`, updates master and states, and writes the model-precision copy back to the
   /// parameter coordinator's storage. With swap files, sub-group i + 1 is read and i - 1 written
-  /// while i is updated (as pipeline_read and pipeline_write allow).
+  /// while i is updated (as pipeline_read and pipeline_write allow). Offloaded, the copy of each
+  /// tile to the device runs while the next one is updated.
   void update(float grad_factor, const GroupContexts& contexts);
   /// After update() failed on some rank (an I/O error on swap files): every rank makes the
   /// master and states what they were before it and rounds the owned parameters it wrote back
@@ -99,10 +103,16 @@ class OptimizerShard final : public ReducedGradientSink {
   void update_sub_group(std::int64_t begin, std::int64_t end, int param,
                         std::int64_t offset_in_param, float grad_factor,
                         const GroupContexts& contexts, std::span<float* const> arrays);
-  /// The update runs on the host and the parameters live on the GPU: the 16-bit copy goes
+  /// The update is offloaded and the parameters live on the device: the 16-bit copy goes
   /// through pinned staging, a bounded tile at a time.
   bool writes_back_through_staging() const;
-  char* staging(std::size_t bytes);
+  /// The update runs on the device and the parameters live on the host (offload_param alone):
+  /// they are rounded from the master after each sub-group.
+  bool rounds_params_from_master() const;
+  /// Every reduced gradient in flight to the host is added into the shard.
+  void land_gradients();
+  /// The parameters' copies to the device are ordered before the compute stream's next work.
+  void finish_write_back();
 
   const EngineContext& context_;
   const UpdateRule& rule_;
@@ -117,9 +127,9 @@ class OptimizerShard final : public ReducedGradientSink {
   TrackedBuffer grad_shard_;  ///< stages 2-3 or offloaded: the reduced gradients of the shard
   DType grad_shard_dtype_;
   TrackedBuffer scratch_;  ///< fp32 working chunk for 16-bit gradients (communication bytes)
-  /// Offload on a GPU: pinned host memory where reduced gradients arrive and updated 16-bit
-  /// parameters leave, one sub-group at a time.
-  TrackedBuffer staging_;
+  /// Offloaded: pinned host memory where reduced gradients arrive and updated 16-bit parameters
+  /// leave, each half on the copy stream while the host works on the other.
+  std::unique_ptr<HostStaging> staging_;
   std::vector<float*> state_pointers_;
   std::vector<float*> array_pointers_;
   /// offload_optimizer.device nvme: master (array 0) and states (1 + k) in swap files.

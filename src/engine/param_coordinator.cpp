@@ -133,6 +133,25 @@ void ParamCoordinator::store_owned(std::int64_t flat, const float* values, std::
                       });
 }
 
+std::int64_t ParamCoordinator::owned_run_end(std::int64_t flat) const {
+  const std::int64_t shard_begin = context_.layout.shard_begin(context_.rank);
+  const std::int64_t shard_end = context_.layout.shard_end(context_.rank);
+  if (!swapped_) return shard_end;
+  const std::int64_t resident_end = shard_begin + resident_elements_;
+  if (flat < resident_end) return resident_end;
+  const std::int64_t tile = swapped_->tile_elements();
+  return std::min(shard_end, resident_end + ((flat - resident_end) / tile + 1) * tile);
+}
+
+void* ParamCoordinator::writable_owned(std::int64_t flat, std::int64_t count) {
+  char* part = nullptr;
+  for_each_owned_part(flat, count, true,
+                      [&](char* pointer, MemoryLocation, std::int64_t done, std::int64_t) {
+                        if (done == 0) part = pointer;
+                      });
+  return part;
+}
+
 void ParamCoordinator::begin_update() {
   if (swapped_) swapped_->begin_update();
 }

@@ -39,6 +39,12 @@ class ParamCoordinator {
                    std::int64_t count);
   /// The same from host fp32 values, rounded to the model's type.
   void store_owned(std::int64_t flat, const float* values, std::int64_t count);
+  /// Where the owned elements from `flat` on stop being contiguous in memory: the end of the
+  /// resident part or of a swap tile (the end of the shard when nothing is swapped).
+  std::int64_t owned_run_end(std::int64_t flat) const;
+  /// Host memory for elements [flat, flat + count), which must lie before owned_run_end(flat),
+  /// to be written before the next call on this object (a swapped tile is written back later).
+  void* writable_owned(std::int64_t flat, std::int64_t count);
 
   /// Stage 3 under offload_param.device nvme: part of the shard is in a swap file.
   bool swaps() const noexcept { return swapped_ != nullptr; }

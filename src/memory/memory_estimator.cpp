@@ -6,6 +6,7 @@
 #include <string>
 
 #include "config/config_values.h"
+#include "engine/host_staging.h"  // host_staging_half_bytes
 #include "engine/shard_layout.h"
 #include "nvme_swapper.h"  // swap_record_bytes
 #include "zeroshard/error.h"
@@ -210,6 +211,19 @@ constexpr Rule kRules[] = {
        return 2 * (t.d * input + 4 * send + (widened ? 4 : t.d) * receive);
      },
      on_device},
+    // Offloaded update: two pinned staging halves, each a reduced bucket's share arriving (in the
+    // type it is reduced in from stage 2, in the model's below) or a tile of updated parameters
+    // leaving for the device (not with offload_param, which keeps them on the host); on either
+    // backend, as the engine allocates them.
+    {MemoryCategory::kCommunication,
+     [](const Terms& t) -> std::int64_t {
+       if (!t.optimizer_offloaded) return 0;
+       const bool widened = t.stage >= 2 && t.in.fp32_communication && t.d != 4;
+       return 2 * detail::host_staging_half_bytes(t.receive * (widened ? 4 : t.d),
+                                                  t.in.offload_param == OffloadDevice::kNone,
+                                                  t.updated(), t.in.sub_group_size, t.d);
+     },
+     on_host},
     // NVMe optimizer offload: buffer_count pinned records of each swap file (master, states).
     {MemoryCategory::kMasterWeights,
      [](const Terms& t) -> std::int64_t {
@@ -262,7 +276,12 @@ ActivationEstimate estimate_activations(std::int64_t layer_activation_bytes, int
   const std::int64_t kept = (layers + checkpoint_every - 1) / checkpoint_every;
   const std::int64_t last_block = layers - (kept - 1) * block;
   if (cpu_checkpointing) {
-    estimate.device = (1 + block) * a;  // the running block's input and its activations
+    // The running block's input and activations, and from the second block on one more input
+    // with a copy in flight: the previous block's going out in forward, the next block's coming
+    // back in backward (the first block has neither). The host keeps every input until the
+    // backward pass ends.
+    const std::int64_t later_block = kept >= 3 ? block : last_block;
+    estimate.device = (kept == 1 ? 1 + block : std::max(1 + block, 2 + later_block)) * a;
     estimate.host = kept * a;
   } else {
     // While block j runs (its forward, or its recompute in backward) j + 1 inputs are kept: the

@@ -174,6 +174,59 @@ TEST(OffloadMemory, OptimizerShardBytesFollowTheZeroOffloadLayout) {
   }
 }
 
+// Bytes of communication memory the engine holds after registration, wherever they live.
+std::int64_t communication_bytes(const Config& config) {
+  Engine engine = make_engine(config, make_adamw());
+  register_toy(engine, uneven_toy_tensors());
+  const MemoryReport report = engine.memory_report();
+  return report.at(MemoryCategory::kCommunication, MemoryLocation::kHost).current +
+         report.at(MemoryCategory::kCommunication, MemoryLocation::kDevice).current;
+}
+
+// The offloaded update's staging (two halves of pinned host memory between it and the device, on
+// either backend) is what the estimator counts: each half the larger of a bucket's share and a
+// write-back tile, here the whole 16-bit shard, of which a share is never more.
+TEST(OffloadMemory, StagingIsTwoHalvesAsTheEstimatorCounts) {
+  for (int stage = 1; stage <= 3; ++stage) {
+    for (bool params_too : {false, true}) {
+      if (params_too && stage != 3) continue;
+      const Config resident = case_config(stage, DType::kBFloat16);
+      Config offloaded = resident;
+      offloaded.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
+      if (params_too) offloaded.zero_optimization.offload_param.device = OffloadDevice::kCpu;
+      const std::int64_t measured = communication_bytes(offloaded) - communication_bytes(resident);
+      const auto estimated_communication = [](const Config& config, int world) {
+        EstimateInput in = estimate_input_from_config(config, 0, world);
+        for (const ToyTensor& t : uneven_toy_tensors()) {
+          if (t.trainable) in.tensors.push_back(t.numel);
+        }
+        in.frozen_params = 15;
+        const MemoryEstimate e = estimate(in);
+        return e.at(MemoryCategory::kCommunication, MemoryTier::kHost) +
+               e.at(MemoryCategory::kCommunication, MemoryTier::kDevice);
+      };
+      Engine engine = make_engine(offloaded, make_adamw());
+      register_toy(engine, uneven_toy_tensors());
+      const int world = engine.world_size();
+      const std::int64_t estimated =
+          estimated_communication(offloaded, world) - estimated_communication(resident, world);
+      const std::string what = "stage " + std::to_string(stage) + (params_too ? " + params" : "");
+      if (params_too) {
+        // Only the shares are staged: the estimate is the rank with the largest one.
+        EXPECT_GT(measured, 0) << what;
+        EXPECT_LE(measured, estimated) << what;
+        if (world == 1) {
+          EXPECT_EQ(measured, estimated) << what;
+        }
+      } else {
+        const std::int64_t shard = engine.shard_end() - engine.shard_begin();
+        EXPECT_EQ(measured, 2 * 2 * shard) << what;
+        EXPECT_EQ(measured, estimated) << what;
+      }
+    }
+  }
+}
+
 TEST(OffloadKeys, MaxInCpuBelowTheShardIsRefusedByName) {
   Config config = toy_config(3);
   config.zero_optimization.offload_param.device = OffloadDevice::kCpu;

@@ -1,6 +1,7 @@
 // The engine's memory and arithmetic on one GPU. Every operation is queued on the compute stream
 // and returns at once, except those that hand a value to the host (scan, copy_to_host), so the
-// engine's step runs as a stream of kernels the model's own work is ordered with.
+// engine's step runs as a stream of kernels the model's own work is ordered with; the async host
+// copies run on a copy stream beside it.
 #include "backend/cuda/cuda_backend.h"
 
 #include <cuda_runtime_api.h>
@@ -101,6 +102,34 @@ class PinnedHostMemory final : public detail::MemoryResource {
   int device_;
 };
 
+/// A copy's end on the copy stream. It reads the compute stream through the backend's member, so
+/// it follows set_stream() and detach_stream().
+class StreamCopyEvent final : public detail::CopyEvent {
+ public:
+  StreamCopyEvent(int device, const cudaStream_t& compute_stream)
+      : device_(device), compute_stream_(compute_stream), event_(make_event(device)) {}
+
+  void wait() override {
+    const DeviceGuard guard(device_);
+    event_.synchronize();
+  }
+  void order_compute_after() override {
+    const DeviceGuard guard(device_);
+    event_.make_wait(compute_stream_);
+  }
+  void record(cudaStream_t copy_stream) { event_.record(copy_stream); }
+
+ private:
+  static CudaEvent make_event(int device) {
+    const DeviceGuard guard(device);
+    return CudaEvent();
+  }
+
+  int device_;
+  const cudaStream_t& compute_stream_;
+  CudaEvent event_;
+};
+
 class CudaBackend final : public detail::ComputeBackend {
  public:
   CudaBackend(const Device& device, const UpdateRule& rule, detail::BuiltinRuleOptions options,
@@ -160,6 +189,20 @@ class CudaBackend final : public detail::ComputeBackend {
         cudaMemcpyAsync(destination, host, bytes, cudaMemcpyHostToDevice, stream_));
     // The host buffer may be freed as soon as this returns.
     ZEROSHARD_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  std::unique_ptr<detail::CopyEvent> make_copy_event() override {
+    return std::make_unique<StreamCopyEvent>(device_.index, stream_);
+  }
+
+  void copy_to_host_async(void* host, const void* source, std::size_t bytes,
+                          detail::CopyEvent& done) override {
+    copy_async(host, source, bytes, cudaMemcpyDeviceToHost, done);
+  }
+
+  void copy_from_host_async(void* destination, const void* host, std::size_t bytes,
+                            detail::CopyEvent& done) override {
+    copy_async(destination, host, bytes, cudaMemcpyHostToDevice, done);
   }
 
   void widen(const void* in, DType from, float* out, std::int64_t count,
@@ -241,6 +284,21 @@ class CudaBackend final : public detail::ComputeBackend {
   }
 
  private:
+  void copy_async(void* destination, const void* source, std::size_t bytes, cudaMemcpyKind kind,
+                  detail::CopyEvent& done) {
+    const DeviceGuard guard(device_.index);
+    // The copy stream never syncs with the compute stream by itself (it is non-blocking): the
+    // copy waits, on the device, for the work queued there so far, which writes its source or
+    // still reads its destination. The event is re-recorded at once; the wait keeps the work
+    // captured when it was queued.
+    compute_done_.record(stream_);
+    compute_done_.make_wait(copy_stream_.get());
+    if (bytes > 0) {
+      ZEROSHARD_CUDA_CHECK(cudaMemcpyAsync(destination, source, bytes, kind, copy_stream_.get()));
+    }
+    static_cast<StreamCopyEvent&>(done).record(copy_stream_.get());
+  }
+
   /// The built-in rule's fused kernel over one slice of fp32 gradients.
   void run_rule(const ShardSlice& slice, const StepContext& context) {
     detail::check_apply_arguments(slice, context, rule_.state_count(), rule_.name());
@@ -283,6 +341,9 @@ class CudaBackend final : public detail::ComputeBackend {
   cudaStream_t stream_ = nullptr;
   DeviceMemory memory_;
   PinnedHostMemory pinned_;
+  // Made with the device current (make_cuda_backend's guard).
+  CudaStream copy_stream_;     // the async host copies, beside the compute stream
+  CudaEvent compute_done_;     // the compute stream's work an async copy waits for
   PinnedHostBuffer scalars_;   // where scan's two results land on the host
   TrackedBuffer scan_result_;  // the sum of squares (double) and the non-finite flag (int)
   TrackedBuffer workspace_;    // CUB's scratch for the sum of squares, grown on demand

@@ -1,0 +1,72 @@
+// The two staging halves and the order of their copies and landings.
+#include "engine/host_staging.h"
+
+#include <algorithm>
+#include <exception>
+#include <utility>
+
+#include "util/log.h"
+
+namespace zeroshard::detail {
+
+std::int64_t host_staging_half_bytes(std::int64_t share_bytes, bool writes_back, std::int64_t owned,
+                                     std::int64_t sub_group_size, std::int64_t element_bytes) {
+  const std::int64_t write_back =
+      writes_back ? element_bytes * std::min({owned, sub_group_size, kWriteBackElements}) : 0;
+  return std::max(share_bytes, write_back);
+}
+
+HostStaging::HostStaging(const EngineContext& context, std::size_t half_bytes)
+    : backend_(context.backend), half_bytes_(half_bytes) {
+  for (Half& half : halves_) {
+    half.buffer = context.allocate(Tier::kPinnedHost, MemoryCategory::kCommunication, half_bytes);
+    half.done = backend_.make_copy_event();
+  }
+}
+
+HostStaging::~HostStaging() {
+  // The copy stream may still read or write the halves, which are freed after this body.
+  for (Half& half : halves_) {
+    try {
+      half.done->wait();
+    } catch (const std::exception& error) {
+      ZEROSHARD_LOG(kWarning,
+                    "a staging copy failed while the engine was being destroyed: " << error.what());
+    }
+  }
+}
+
+void HostStaging::settle(Half& half) {
+  half.done->wait();
+  if (half.land) std::exchange(half.land, nullptr)();
+}
+
+char* HostStaging::acquire() {
+  current_ = next_;
+  next_ = 1 - next_;
+  Half& half = halves_[current_];
+  settle(half);
+  return half.buffer.as<char>();
+}
+
+void HostStaging::to_device(void* destination, std::size_t bytes) {
+  Half& half = halves_[current_];
+  backend_.copy_from_host_async(destination, half.buffer.data(), bytes, *half.done);
+}
+
+void HostStaging::to_host(const void* source, std::size_t bytes, std::function<void()> land) {
+  Half& half = halves_[current_];
+  backend_.copy_to_host_async(half.buffer.data(), source, bytes, *half.done);
+  half.land = std::move(land);
+}
+
+void HostStaging::land_all() {
+  settle(halves_[next_]);
+  settle(halves_[1 - next_]);
+}
+
+void HostStaging::order_compute_after() {
+  for (Half& half : halves_) half.done->order_compute_after();
+}
+
+}  // namespace zeroshard::detail

@@ -1,0 +1,65 @@
+// Double-buffered pinned staging between an offloaded (host) update and the parameters and
+// gradients the device holds: while one half's copy runs on the backend's copy stream, the host
+// fills or drains the other.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "engine/engine_context.h"
+
+namespace zeroshard::detail {
+
+/// Offload: elements of updated parameters per write-back through staging (8 MiB of 16-bit
+/// values), so the staging stays small whatever sub_group_size is.
+inline constexpr std::int64_t kWriteBackElements = std::int64_t{1} << 22;
+
+/// Bytes of one staging half: the largest share of a reduced bucket the rank receives
+/// (`share_bytes`), or, when the update writes the parameters back through staging, one
+/// write-back of at most kWriteBackElements, a sub-group and the `owned` elements, whichever is
+/// larger. The memory estimator counts two halves of this.
+std::int64_t host_staging_half_bytes(std::int64_t share_bytes, bool writes_back, std::int64_t owned,
+                                     std::int64_t sub_group_size, std::int64_t element_bytes);
+
+class HostStaging {
+ public:
+  /// Two halves of `half_bytes` of pinned host memory, charged to communication.
+  HostStaging(const EngineContext& context, std::size_t half_bytes);
+  /// Waits for the copies in flight, which still use the halves.
+  ~HostStaging();
+  HostStaging(const HostStaging&) = delete;
+  HostStaging& operator=(const HostStaging&) = delete;
+
+  std::size_t half_bytes() const noexcept { return half_bytes_; }
+  /// The half the next copy uses (the halves take turns), once its previous copy has finished and
+  /// what was to be done with the bytes it brought has been done.
+  char* acquire();
+  /// Copies `bytes` of the acquired half to `destination` (device memory).
+  void to_device(void* destination, std::size_t bytes);
+  /// Copies `bytes` of `source` (device memory) into the acquired half; `land` reads them there
+  /// once they have arrived, at the latest when the half is acquired again or at land_all().
+  void to_host(const void* source, std::size_t bytes, std::function<void()> land);
+  /// Waits for every copy in flight and lands what they brought, oldest first.
+  void land_all();
+  /// Makes work queued later on the compute stream wait for every copy in flight: before
+  /// the device memory they read is written again, or the memory they write is read.
+  void order_compute_after();
+
+ private:
+  struct Half {
+    TrackedBuffer buffer;
+    std::unique_ptr<CopyEvent> done;
+    std::function<void()> land;  ///< empty once landed, and for copies to the device
+  };
+  void settle(Half& half);
+
+  ComputeBackend& backend_;
+  std::size_t half_bytes_;
+  Half halves_[2];
+  int next_ = 0;     ///< the half acquire() hands out next: the older copy
+  int current_ = 1;  ///< the half acquire() handed out last
+};
+
+}  // namespace zeroshard::detail
