@@ -37,6 +37,7 @@ struct ZeroConfig {
   std::int64_t allgather_bucket_size = 500000000;
   bool overlap_comm = false;  ///< defaults to true when stage == 3, as DeepSpeed's validator does
   bool load_from_fp32_weights = true;
+  /// Elements per tile of the optimizer step; 0: one parameter per sub-group (DeepSpeed's 0).
   std::int64_t sub_group_size = 1000000000;
   std::int64_t prefetch_bucket_size = 50000000;          ///< stage3_prefetch_bucket_size
   std::int64_t param_persistence_threshold = 100000;     ///< stage3_param_persistence_threshold

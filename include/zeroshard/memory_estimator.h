@@ -65,6 +65,7 @@ struct EstimateInput {
   std::int64_t max_live_parameters = 1000000000;
   /// offload_optimizer nvme: pinned host swap buffers, each one sub-group tile of fp32 elements.
   std::int64_t optimizer_buffer_count = 4;
+  /// Elements per sub-group tile; 0 = one parameter per sub-group, taken as the largest tensor.
   std::int64_t sub_group_size = 1000000000;
   /// offload_param nvme: pinned host swap buffers of `param_buffer_size` 16-bit elements.
   std::int64_t param_buffer_count = 5;

@@ -102,9 +102,16 @@ struct Terms {
   std::int64_t swap_record(std::int64_t arrays) const {
     return detail::swap_record_bytes(arrays * 4 * swap_tile());
   }
+  /// Elements of a sub-group: sub_group_size, or with 0 (DeepSpeed's one parameter per
+  /// sub-group) the largest trainable tensor, the engine's bound for that case.
+  std::int64_t sub_group() const {
+    if (in.sub_group_size > 0) return in.sub_group_size;
+    if (!in.tensors.empty()) return *std::max_element(in.tensors.begin(), in.tensors.end());
+    return in.largest_tensor > 0 ? in.largest_tensor : in.params;
+  }
   /// Elements per swap slot: a sub-group, or the whole updated range when that is smaller.
   std::int64_t swap_tile() const {
-    return std::max<std::int64_t>(1, std::min(in.sub_group_size, updated()));
+    return std::max<std::int64_t>(1, std::min(sub_group(), updated()));
   }
   /// The swap file: two records (the current generation and the one being written) per slot.
   std::int64_t swap_file(std::int64_t arrays) const {
@@ -164,7 +171,7 @@ constexpr Rule kRules[] = {
      [](const Terms& t) -> std::int64_t {
        if (t.d == 4) return 0;
        return 4 * std::max<std::int64_t>(
-                      2, std::min({t.updated(), t.in.sub_group_size, kGradientScratchElements}));
+                      2, std::min({t.updated(), t.sub_group(), kGradientScratchElements}));
      },
      where_update_runs},
     // fp32 master weights: needed beside 16-bit parameters, and as the copy an offloaded update
