@@ -1064,7 +1064,7 @@ TEST_F(ConfigTool, FillsAutoValuesFromFlags) {
 TEST(ConfigReference, DocsHoldTheGeneratedKeyReference) {
   if (source_dir().empty()) GTEST_SKIP() << "ZEROSHARD_SOURCE_DIR is not set (run via ctest)";
   std::string docs = read_text(source_dir() / "docs" / "config.md");
-  EXPECT_THAT(docs, HasSubstr(detail::config_reference_markdown()))
+  EXPECT_THAT(docs, HasSubstr(config_reference_markdown()))
       << "regenerate the reference block of docs/config.md with zeroshard-config --reference";
 }
 

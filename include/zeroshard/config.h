@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "zeroshard/export.h"
+
 namespace zeroshard {
 
 /// Where optimizer states or parameters live when offloaded.
@@ -135,7 +137,7 @@ struct ConfigOverrides {
 };
 
 /// The whole configuration. Construct it from JSON; every field has DeepSpeed's default.
-class Config {
+class ZEROSHARD_API Config {
  public:
   /// Parses and validates a JSON file; throws ConfigError naming the key path on any problem and
   /// IoError when the file cannot be read. `world_size` (the data-parallel ranks) resolves the
@@ -180,5 +182,9 @@ class Config {
   std::vector<std::string> notices_;
   friend class ConfigParser;
 };
+
+/// Every key, its type, default and meaning, as the Markdown tables of docs/config.md's reference
+/// (what `zeroshard-config --reference` prints).
+ZEROSHARD_API std::string config_reference_markdown();
 
 }  // namespace zeroshard

@@ -285,15 +285,12 @@ std::unique_ptr<Communicator> Communicator::from_nccl(ncclComm* parent, int colo
 #endif
 }
 
-namespace detail {
-
-std::unique_ptr<Communicator> communicator_from_mpi_handle(int fortran_handle) {
-  return make_mpi_communicator({.timeout = collective_timeout_from_environment(),
-                                .reduce_scatter = reduce_scatter_algorithm_from_environment()},
-                               fortran_handle);
+std::unique_ptr<Communicator> Communicator::from_mpi_handle(int fortran_handle) {
+  return detail::make_mpi_communicator(
+      {.timeout = detail::collective_timeout_from_environment(),
+       .reduce_scatter = detail::reduce_scatter_algorithm_from_environment()},
+      fortran_handle);
 }
-
-}  // namespace detail
 
 std::vector<std::string> Communicator::all_gather_text(const std::string& text) {
   return detail::gather_text(text, rank(), size(),
