@@ -227,6 +227,13 @@ TEST(MemoryEstimator, NamesTheBadValue) {
   in = input(1000, 6, 0, DType::kFloat32);
   in.nodes = 4;
   EXPECT_THROW(estimate(in), ConfigError);
+  try {
+    estimate(input(1000, 2, 1, DType::kFloat64));
+    FAIL() << "an fp64 model was estimated";
+  } catch (const ConfigError& error) {
+    EXPECT_EQ(error.key_path(), "precision");
+    EXPECT_NE(std::string(error.what()).find("got fp64"), std::string::npos);
+  }
 }
 
 TEST(MemoryEstimator, LargestModelRoundTrips) {

@@ -199,27 +199,43 @@ class ZEROSHARD_API Communicator {
     broadcast_async(data, count, dtype, root).wait();
   }
 
-  /// Typed overloads for fp32: the element type gives the DType, so a buffer of another type does
-  /// not compile, and the span's size is checked against the counts (UsageError naming the
-  /// collective and both sizes). 16-bit buffers use the overloads above.
+  /// Typed overloads for fp32 and fp64: the element type gives the DType, so a buffer of another
+  /// type does not compile, and the span's size is checked against the counts (UsageError naming
+  /// the collective and both sizes). 16-bit buffers use the overloads above.
   Request all_reduce_async(std::span<float> data, ReduceOp op = ReduceOp::kSum);
+  Request all_reduce_async(std::span<double> data, ReduceOp op = ReduceOp::kSum);
   void all_reduce(std::span<float> data, ReduceOp op = ReduceOp::kSum) {
+    all_reduce_async(data, op).wait();
+  }
+  void all_reduce(std::span<double> data, ReduceOp op = ReduceOp::kSum) {
     all_reduce_async(data, op).wait();
   }
   /// `input` holds sum(counts) elements; `output` holds counts[rank()].
   Request reduce_scatter_async(std::span<const float> input, std::span<float> output,
                                std::span<const std::int64_t> counts, ReduceOp op = ReduceOp::kSum);
+  Request reduce_scatter_async(std::span<const double> input, std::span<double> output,
+                               std::span<const std::int64_t> counts, ReduceOp op = ReduceOp::kSum);
   void reduce_scatter(std::span<const float> input, std::span<float> output,
+                      std::span<const std::int64_t> counts, ReduceOp op = ReduceOp::kSum) {
+    reduce_scatter_async(input, output, counts, op).wait();
+  }
+  void reduce_scatter(std::span<const double> input, std::span<double> output,
                       std::span<const std::int64_t> counts, ReduceOp op = ReduceOp::kSum) {
     reduce_scatter_async(input, output, counts, op).wait();
   }
   /// `data` holds sum(counts) elements.
   Request all_gather_async(std::span<float> data, std::span<const std::int64_t> counts);
+  Request all_gather_async(std::span<double> data, std::span<const std::int64_t> counts);
   void all_gather(std::span<float> data, std::span<const std::int64_t> counts) {
     all_gather_async(data, counts).wait();
   }
+  void all_gather(std::span<double> data, std::span<const std::int64_t> counts) {
+    all_gather_async(data, counts).wait();
+  }
   Request broadcast_async(std::span<float> data, int root);
+  Request broadcast_async(std::span<double> data, int root);
   void broadcast(std::span<float> data, int root) { broadcast_async(data, root).wait(); }
+  void broadcast(std::span<double> data, int root) { broadcast_async(data, root).wait(); }
 
   /// Counters of what this rank has sent since construction or the last reset.
   const TrafficCounters& traffic() const noexcept { return traffic_; }

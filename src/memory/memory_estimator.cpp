@@ -284,6 +284,9 @@ void check_input(const EstimateInput& in) {
     throw ConfigError("zero_optimization.stage",
                       "got " + std::to_string(in.stage) + ", expected 0..3");
   }
+  if (in.precision == DType::kFloat64) {
+    throw ConfigError("precision", "got fp64, expected fp32, fp16 or bf16 (a model precision)");
+  }
 }
 
 /// DeepSpeed's rules for where offload is allowed; empty when this combination is.

@@ -188,6 +188,8 @@ const char* precision_description(DType precision) {
       return "fp16 parameters and gradients, fp32 master weights";
     case DType::kBFloat16:
       return "bf16 parameters and gradients, fp32 master weights";
+    case DType::kFloat64:
+      break;  // not a model precision: the estimator refuses it
   }
   return "?";
 }
