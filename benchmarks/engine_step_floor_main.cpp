@@ -146,6 +146,7 @@ const char* precision_json(DType dtype) {
     case DType::kFloat16:
       return R"(, "fp16": {"enabled": true})";
     case DType::kFloat32:
+    case DType::kFloat64:
       break;
   }
   return "";

@@ -12,8 +12,8 @@
 
 #include "memory_bench_model.h"
 #include "memory_record.h"
-#include "util/quantity.h"
 #include "zeroshard/memory_estimator.h"
+#include "zeroshard/quantity.h"
 #include "zeroshard/zeroshard.h"
 
 namespace zeroshard::bench {
@@ -35,8 +35,8 @@ Record measure(const BenchOptions& options, const Configuration& configuration, 
       Config::from_json_string(engine_config(options, configuration).dump(), world_size);
   Engine engine(config, Communicator::from_environment());
   record.rank = engine.rank();
-  const int checkpoint_every = static_cast<int>(
-      detail::parse_count(configuration.value("checkpoint_every"), "--checkpoint-every"));
+  const int checkpoint_every =
+      static_cast<int>(parse_count(configuration.value("checkpoint_every"), "--checkpoint-every"));
   const std::unique_ptr<BenchModel> model = make_model(options, engine, checkpoint_every);
   engine.finalize();
   model->initialize();

@@ -10,8 +10,8 @@
 #include <utility>
 
 #include "memory_sweep.h"
-#include "util/quantity.h"
 #include "zeroshard/error.h"
+#include "zeroshard/quantity.h"
 
 namespace zeroshard::bench {
 
@@ -206,7 +206,7 @@ void print_table(std::ostream& out, const std::vector<Record>& records) {
     it->second.push_back(&r);
   }
 
-  const auto bytes = [](std::int64_t b) { return detail::format_decimal_bytes(b); };
+  const auto bytes = [](std::int64_t b) { return format_decimal_bytes(b); };
   std::vector<std::vector<std::string>> rows;
   std::vector<std::string> header = {"N"};
   for (const Dimension& d : dimensions()) header.push_back(d.name);

@@ -8,8 +8,8 @@
 #include <sstream>
 #include <string_view>
 
-#include "util/quantity.h"
 #include "zeroshard/error.h"
+#include "zeroshard/quantity.h"
 
 namespace zeroshard::bench {
 
@@ -95,7 +95,7 @@ const std::vector<Dimension>& dimensions() {
        "--checkpoint-every",
        {"0"},
        [](nlohmann::json& config, const std::string& value) {
-         const std::int64_t every = detail::parse_count(value, "--checkpoint-every");
+         const std::int64_t every = parse_count(value, "--checkpoint-every");
          if (every > 0) config["activation_checkpointing"]["profile"] = true;
        }},
   };
@@ -114,8 +114,8 @@ std::string BenchOptions::model_description() const {
            std::to_string(width) + " -> " + std::to_string(classes) + ", micro batch " +
            std::to_string(micro_batch);
   }
-  return "synthetic: " + detail::format_count(params) + " parameters in " +
-         std::to_string(tensors) + " tensors";
+  return "synthetic: " + format_count(params) + " parameters in " + std::to_string(tensors) +
+         " tensors";
 }
 
 namespace {
@@ -164,7 +164,7 @@ output:
 )";
 
 int to_int(const std::string& text, const char* option, int low) {
-  const std::int64_t value = detail::parse_count(text, option);
+  const std::int64_t value = parse_count(text, option);
   if (value < low || value > (1 << 20)) {
     throw UsageError(std::string(option) + ": got " + text + ", expected at least " +
                      std::to_string(low));
@@ -185,7 +185,7 @@ BenchOptions parse_options(int argc, char** argv) {
     Setter set;
   };
   std::vector<Flag> flags = {
-      {"--params", [&](const std::string& v) { o.params = detail::parse_count(v, "--params"); }},
+      {"--params", [&](const std::string& v) { o.params = parse_count(v, "--params"); }},
       {"--tensors", [&](const std::string& v) { o.tensors = to_int(v, "--tensors", 1); }},
       {"--layers", [&](const std::string& v) { o.layers = to_int(v, "--layers", 1); }},
       {"--width", [&](const std::string& v) { o.width = to_int(v, "--width", 1); }},
@@ -211,15 +211,15 @@ BenchOptions parse_options(int argc, char** argv) {
        }},
       {"--reduce-bucket-size",
        [&](const std::string& v) {
-         o.reduce_bucket_size = detail::parse_count(v, "--reduce-bucket-size");
+         o.reduce_bucket_size = parse_count(v, "--reduce-bucket-size");
        }},
       {"--persistence-threshold",
        [&](const std::string& v) {
-         o.persistence_threshold = detail::parse_count(v, "--persistence-threshold");
+         o.persistence_threshold = parse_count(v, "--persistence-threshold");
        }},
       {"--max-reuse-distance",
        [&](const std::string& v) {
-         o.max_reuse_distance = detail::parse_count(v, "--max-reuse-distance");
+         o.max_reuse_distance = parse_count(v, "--max-reuse-distance");
        }},
       {"--warmup", [&](const std::string& v) { o.warmup_steps = to_int(v, "--warmup", 0); }},
       {"--steps", [&](const std::string& v) { o.timed_steps = to_int(v, "--steps", 1); }},

@@ -17,7 +17,7 @@
 
 #include "engine/engine_internals.h"
 #include "memory/memory_tracker.h"  // process_peak_rss_bytes
-#include "util/quantity.h"
+#include "zeroshard/quantity.h"
 #include "zeroshard/zeroshard.h"
 
 namespace {
@@ -141,13 +141,13 @@ bool parse(int argc, char** argv, Options& options) {
       return argv[++i];
     };
     if (arg == "--params") {
-      options.params = detail::parse_count(value(), "--params");
+      options.params = parse_count(value(), "--params");
     } else if (arg == "--sub-group") {
-      options.sub_group = detail::parse_count(value(), "--sub-group");
+      options.sub_group = parse_count(value(), "--sub-group");
     } else if (arg == "--buffers") {
-      options.buffers = detail::parse_count(value(), "--buffers");
+      options.buffers = parse_count(value(), "--buffers");
     } else if (arg == "--steps") {
-      options.steps = static_cast<int>(detail::parse_count(value(), "--steps"));
+      options.steps = static_cast<int>(parse_count(value(), "--steps"));
     } else if (arg == "--dir") {
       options.dir = value();
     } else if (arg == "--check") {
@@ -177,9 +177,8 @@ int main(int argc, char** argv) {
     std::printf(
         "zeroshard-nvme-step-bench: %s fp32 parameters, AdamW, stage 1 on 1 CPU rank, "
         "sub_group_size %s, buffer_count %lld, nvme_path %s\n",
-        detail::format_count(options.params).c_str(),
-        detail::format_count(options.sub_group).c_str(), static_cast<long long>(options.buffers),
-        options.dir.c_str());
+        format_count(options.params).c_str(), format_count(options.sub_group).c_str(),
+        static_cast<long long>(options.buffers), options.dir.c_str());
     std::printf("%-32s %8s %9s %10s %11s %9s %10s %12s %10s %10s\n", "mode", "update s",
                 "read wait", "write wait", "write start", "read GB/s", "write GB/s", "host states",
                 "NVMe", "peak RSS");

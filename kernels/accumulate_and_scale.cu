@@ -71,7 +71,10 @@ void dispatch_source(void* destination, const void* source, DType source_dtype, 
       return launch_accumulate<kDestination, DType::kFloat16>(destination, source, count, stream);
     case DType::kBFloat16:
       return launch_accumulate<kDestination, DType::kBFloat16>(destination, source, count, stream);
+    case DType::kFloat64:
+      break;
   }
+  detail::throw_not_model_dtype("accumulate", source_dtype);
 }
 
 template <DType kDType>
@@ -95,7 +98,10 @@ void accumulate(void* destination, DType destination_dtype, const void* source, 
       return dispatch_source<DType::kFloat16>(destination, source, source_dtype, count, stream);
     case DType::kBFloat16:
       return dispatch_source<DType::kBFloat16>(destination, source, source_dtype, count, stream);
+    case DType::kFloat64:
+      break;
   }
+  detail::throw_not_model_dtype("accumulate", destination_dtype);
 }
 
 void scale_in_place(void* data, DType dtype, std::int64_t count, float factor,
@@ -109,7 +115,10 @@ void scale_in_place(void* data, DType dtype, std::int64_t count, float factor,
       return launch_scale<DType::kFloat16>(data, count, factor, stream);
     case DType::kBFloat16:
       return launch_scale<DType::kBFloat16>(data, count, factor, stream);
+    case DType::kFloat64:
+      break;
   }
+  detail::throw_not_model_dtype("scale_in_place", dtype);
 }
 
 }  // namespace zeroshard::kernels

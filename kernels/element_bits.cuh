@@ -7,11 +7,19 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <string>
 #include <type_traits>
 
 #include "zeroshard/dtype.h"
+#include "zeroshard/error.h"
 
 namespace zeroshard::kernels::detail {
+
+/// The kernels handle the model precisions (fp32, fp16, bf16); fp64 is only ever communicated.
+[[noreturn]] inline void throw_not_model_dtype(const char* kernel, DType dtype) {
+  throw UsageError(std::string(kernel) + ": got " + to_string(dtype) +
+                   " data, expected fp32, fp16 or bf16");
+}
 
 /// The storage type of a DType's elements on the device.
 template <DType kDType>

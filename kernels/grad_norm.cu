@@ -42,7 +42,10 @@ void dispatch(const void* data, DType dtype, std::int64_t count, double* result,
     case DType::kBFloat16:
       return transform_reduce<DType::kBFloat16>(data, count, result, workspace, workspace_bytes,
                                                 stream);
+    case DType::kFloat64:
+      break;
   }
+  detail::throw_not_model_dtype("sum_of_squares", dtype);
 }
 
 }  // namespace

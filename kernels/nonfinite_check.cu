@@ -45,7 +45,10 @@ void check_nonfinite(const void* data, DType dtype, std::int64_t count, int* fla
       return launch_check<DType::kFloat16>(data, count, flag, stream);
     case DType::kBFloat16:
       return launch_check<DType::kBFloat16>(data, count, flag, stream);
+    case DType::kFloat64:
+      break;
   }
+  detail::throw_not_model_dtype("check_nonfinite", dtype);
 }
 
 }  // namespace zeroshard::kernels

@@ -87,7 +87,10 @@ void cast_from_float(const float* in, void* out, DType to, std::int64_t count,
       return launch_from_float<DType::kFloat16>(in, out, count, stream);
     case DType::kBFloat16:
       return launch_from_float<DType::kBFloat16>(in, out, count, stream);
+    case DType::kFloat64:
+      break;
   }
+  detail::throw_not_model_dtype("cast_from_float", to);
 }
 
 void cast_to_float_scaled(const void* in, DType from, float* out, std::int64_t count,
@@ -104,7 +107,10 @@ void cast_to_float_scaled(const void* in, DType from, float* out, std::int64_t c
     case DType::kBFloat16:
       return launch_to_float_scaled<DType::kBFloat16>(in, out, count, multiplier, nonfinite_flag,
                                                       stream);
+    case DType::kFloat64:
+      break;
   }
+  detail::throw_not_model_dtype("cast_to_float_scaled", from);
 }
 
 }  // namespace zeroshard::kernels

@@ -671,11 +671,17 @@ TEST(DeepSpeedParity, ReadsTheOldBooleanZeroSwitch) {
 TEST(DeepSpeedParity, AcceptsDeepSpeedsRangesWithItsMeaning) {
   const Config config = Config::from_json_string(R"({"train_batch_size": 8,
     "gradient_clipping": -1, "steps_per_print": 0,
-    "zero_optimization": {"allgather_bucket_size": 0}, "fp16": {"hysteresis": 0}})");
+    "zero_optimization": {"allgather_bucket_size": 0, "sub_group_size": 0},
+    "fp16": {"hysteresis": 0}})");
   EXPECT_EQ(config.gradient_clipping, -1.0);
   EXPECT_EQ(config.steps_per_print, 0);
   EXPECT_EQ(config.zero_optimization.allgather_bucket_size, 0);
+  EXPECT_EQ(config.zero_optimization.sub_group_size, 0);
   EXPECT_EQ(config.fp16.hysteresis, 0);
+  ConfigError negative =
+      config_error(R"({"train_batch_size": 8, "zero_optimization": {"sub_group_size": -1}})");
+  EXPECT_EQ(negative.key_path(), "zero_optimization.sub_group_size");
+  EXPECT_THAT(negative.what(), HasSubstr("got -1"));
 }
 
 TEST(DeepSpeedParity, KeysRemovedInTheNewestDeepSpeedAreRejectedAtAnyValue) {
@@ -1070,7 +1076,7 @@ TEST_F(ConfigTool, FillsAutoValuesFromFlags) {
 TEST(ConfigReference, DocsHoldTheGeneratedKeyReference) {
   if (source_dir().empty()) GTEST_SKIP() << "ZEROSHARD_SOURCE_DIR is not set (run via ctest)";
   std::string docs = read_text(source_dir() / "docs" / "config.md");
-  EXPECT_THAT(docs, HasSubstr(detail::config_reference_markdown()))
+  EXPECT_THAT(docs, HasSubstr(config_reference_markdown()))
       << "regenerate the reference block of docs/config.md with zeroshard-config --reference";
 }
 

@@ -11,6 +11,8 @@
 #include <random>
 #include <vector>
 
+#include "zeroshard/dtype.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
@@ -356,6 +358,30 @@ TEST(BulkConversion, CopiesFloat32Unchanged) {
   std::vector<float> back(in.size());
   convert_to_float(out.data(), DType::kFloat32, back.data(), static_cast<std::int64_t>(in.size()));
   for (std::size_t i = 0; i < in.size(); ++i) EXPECT_EQ(bits_of(back[i]), bits_of(in[i]));
+}
+
+TEST(BulkConversion, WidensToFp64ExactlyAndNarrowsToTheNearestFloat) {
+  const std::vector<float> in = random_floats(33, 12);
+  std::vector<double> wide(in.size());
+  convert_from_float(in.data(), wide.data(), DType::kFloat64, std::ssize(in));
+  for (std::size_t i = 0; i < in.size(); ++i) EXPECT_EQ(wide[i], static_cast<double>(in[i]));
+  // Halfway between two floats rounds to the even one; just above rounds up.
+  const double one_ulp = std::ldexp(1.0, -23);
+  const std::vector<double> narrow = {1.0 + one_ulp / 2, 1.0 + one_ulp / 2 + std::ldexp(1.0, -40),
+                                      1.0 + 1.5 * one_ulp, 1e300};
+  std::vector<float> out(narrow.size());
+  convert_to_float(narrow.data(), DType::kFloat64, out.data(), std::ssize(narrow));
+  EXPECT_EQ(out[0], 1.0f);
+  EXPECT_EQ(out[1], 1.0f + std::ldexp(1.0f, -23));
+  EXPECT_EQ(out[2], 1.0f + std::ldexp(1.0f, -22));
+  EXPECT_EQ(out[3], std::numeric_limits<float>::infinity());
+  // Between fp64 and a 16-bit type, through fp32.
+  std::vector<std::uint16_t> bf16(narrow.size());
+  convert(narrow.data(), DType::kFloat64, bf16.data(), DType::kBFloat16, std::ssize(narrow));
+  EXPECT_EQ(bf16[0], float_to_bfloat16(1.0f));
+  EXPECT_EQ(bf16[3], float_to_bfloat16(std::numeric_limits<float>::infinity()));
+  EXPECT_EQ(size_of(DType::kFloat64), 8u);
+  EXPECT_STREQ(to_string(DType::kFloat64), "fp64");
 }
 
 TEST(BulkConversion, WritesNothingForANonPositiveCount) {

@@ -7,8 +7,8 @@
 #include <array>
 #include <string>
 
-#include "util/quantity.h"
 #include "zeroshard/error.h"
+#include "zeroshard/quantity.h"
 
 namespace zeroshard {
 namespace {
@@ -29,8 +29,7 @@ TEST(MemoryEstimator, ReproducesZeroPaperFigureOne) {
   const std::array<const char*, 4> expected = {"120.0 GB", "31.4 GB", "16.6 GB", "1.9 GB"};
   for (int stage = 0; stage <= 3; ++stage) {
     const MemoryEstimate e = estimate(input(7'500'000'000, 64, stage, DType::kFloat16));
-    EXPECT_EQ(detail::format_decimal_bytes(e.model_state_bytes()), expected[stage])
-        << "stage " << stage;
+    EXPECT_EQ(format_decimal_bytes(e.model_state_bytes()), expected[stage]) << "stage " << stage;
   }
 }
 
@@ -295,6 +294,13 @@ TEST(MemoryEstimator, NamesTheBadValue) {
   in = input(1000, 6, 0, DType::kFloat32);
   in.nodes = 4;
   EXPECT_THROW(estimate(in), ConfigError);
+  try {
+    estimate(input(1000, 2, 1, DType::kFloat64));
+    FAIL() << "an fp64 model was estimated";
+  } catch (const ConfigError& error) {
+    EXPECT_EQ(error.key_path(), "precision");
+    EXPECT_NE(std::string(error.what()).find("got fp64"), std::string::npos);
+  }
 }
 
 TEST(MemoryEstimator, LargestModelRoundTrips) {

@@ -1,11 +1,11 @@
 // Parsing and printing of the counts and byte sizes the command-line tools take and show.
-#include "util/quantity.h"
+#include "zeroshard/quantity.h"
 
 #include <gtest/gtest.h>
 
 #include "zeroshard/error.h"
 
-namespace zeroshard::detail {
+namespace zeroshard {
 namespace {
 
 TEST(Quantity, ParsesCountsWithSuffixesAndExponents) {
@@ -50,4 +50,4 @@ TEST(Quantity, FormatsBytesAsThePaperDoes) {
 }
 
 }  // namespace
-}  // namespace zeroshard::detail
+}  // namespace zeroshard

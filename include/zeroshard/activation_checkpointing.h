@@ -14,13 +14,14 @@
 
 #include "zeroshard/communicator.h"
 #include "zeroshard/engine.h"
+#include "zeroshard/export.h"
 
 namespace zeroshard {
 
 /// The state of a random generator a checkpointed block draws from (dropout), so that the
 /// recompute draws the same numbers as the first forward: save() before the forward, restore()
 /// before the recompute, and the generator's own state put back after it.
-class RandomState {
+class ZEROSHARD_API RandomState {
  public:
   virtual ~RandomState() = default;
   virtual std::vector<std::byte> save() const = 0;
@@ -50,7 +51,7 @@ class StdRandomState final : public RandomState {
 };
 
 /// What a block's forward and backward functions see.
-class BlockContext {
+class ZEROSHARD_API BlockContext {
  public:
   /// The block's input: in forward the buffer handed to checkpoint(), in backward the same bytes
   /// brought back from where they were kept.
@@ -106,7 +107,7 @@ struct CheckpointProfile {
 /// `activation_checkpointing` section says (docs/activation-checkpointing.md). Blocks are
 /// backpropagated in the reverse order of their forwards. Not copyable; destroy it before its
 /// engine (its buffers come from the engine's allocator).
-class ActivationCheckpointer {
+class ZEROSHARD_API ActivationCheckpointer {
  public:
   /// `model_parallel` (may be null, then partition_activations has nothing to split) is the group
   /// of ranks holding the same activations, over which partition_activations splits kept inputs;

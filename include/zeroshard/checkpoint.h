@@ -4,6 +4,7 @@
 #include <string>
 
 #include "zeroshard/dtype.h"
+#include "zeroshard/export.h"
 
 namespace zeroshard {
 
@@ -12,7 +13,8 @@ namespace zeroshard {
 /// `dtype` (rounded to nearest even from the fp32 master). Streams: memory stays a few MiB at any
 /// model size. Throws CheckpointError naming the file on a missing or damaged checkpoint (no
 /// `out` is left behind then), IoError when `out` cannot be written. Not collective.
-void consolidate_checkpoint(const std::string& dir, const std::string& out,
-                            const std::string& tag = "", DType dtype = DType::kFloat32);
+ZEROSHARD_API void consolidate_checkpoint(const std::string& dir, const std::string& out,
+                                          const std::string& tag = "",
+                                          DType dtype = DType::kFloat32);
 
 }  // namespace zeroshard

@@ -12,6 +12,7 @@
 
 #include "zeroshard/device.h"
 #include "zeroshard/dtype.h"
+#include "zeroshard/export.h"
 
 /// NCCL's communicator (nccl.h: typedef struct ncclComm* ncclComm_t), declared here so that this
 /// header needs no nccl.h.
@@ -26,7 +27,7 @@ class CollectiveTracker;  // sequence numbers, flight recorder and failure state
 /// Which collective a counter or an error refers to.
 enum class Collective { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kBarrier };
 inline constexpr int kCollectiveCount = 5;
-const char* to_string(Collective collective) noexcept;
+ZEROSHARD_API const char* to_string(Collective collective) noexcept;
 
 /// Elements and bytes this rank has sent, per collective, under the convention stated in
 /// docs/architecture.md: an all-reduce of n elements counts 2n (its reduce-scatter and
@@ -34,7 +35,7 @@ const char* to_string(Collective collective) noexcept;
 /// output elements counts n, a broadcast of n counts n, a barrier counts a call and no elements.
 /// Ring factors (N-1)/N are not applied, so the counts do not depend on the algorithm the
 /// transport picks.
-struct TrafficCounters {
+struct ZEROSHARD_API TrafficCounters {
   std::int64_t elements[kCollectiveCount] = {};
   std::int64_t bytes[kCollectiveCount] = {};
   std::int64_t calls[kCollectiveCount] = {};
@@ -54,9 +55,9 @@ struct TrafficCounters {
 /// Destroying a failed request abandons the transfer instead of waiting again, so an error never
 /// turns into a hang; the transport may then still touch the buffers, so treat the communicator
 /// as broken and end the job.
-class Request {
+class ZEROSHARD_API Request {
  public:
-  class Impl {
+  class ZEROSHARD_API Impl {
    public:
     virtual ~Impl() = default;
     /// Blocks until done; throws CommError/TimeoutError naming the rank and collective.
@@ -83,8 +84,8 @@ class Request {
   friend class Communicator;  // attaches the tracker to the requests it numbers
 
   // A request numbered `seq` by `tracker`, which records its completion and failure.
-  Request(std::unique_ptr<Impl> impl, std::shared_ptr<detail::CollectiveTracker> tracker,
-          std::int64_t seq);
+  ZEROSHARD_LOCAL Request(std::unique_ptr<Impl> impl,
+                          std::shared_ptr<detail::CollectiveTracker> tracker, std::int64_t seq);
 
   // Checks the communicator has not timed out, runs `step`, and records its outcome.
   template <class Step>
@@ -109,7 +110,7 @@ enum class ReduceOp { kSum, kMax };
 /// timeout names the collective by number and says what the transport knows of the other ranks;
 /// with ZEROSHARD_TRACE_DIR set, a timeout or abort() writes the ring to DIR/rank-R.json, which
 /// the zeroshard-trace tool reads (docs/troubleshooting.md).
-class Communicator {
+class ZEROSHARD_API Communicator {
  public:
   virtual ~Communicator();
   Communicator();
@@ -134,6 +135,9 @@ class Communicator {
   /// <mpi.h>; a program that does not call it needs no MPI headers.
   template <typename MpiComm>
   static std::unique_ptr<Communicator> from_mpi(MpiComm comm);
+  /// from_mpi's implementation, for `comm` given as its Fortran handle (MPI_Comm_c2f): an integer
+  /// in every MPI, so that the library's symbols do not depend on how an MPI defines MPI_Comm.
+  static std::unique_ptr<Communicator> from_mpi_handle(int fortran_handle);
   /// NCCL over the program's own communicator `comm` (an ncclComm_t), on the current CUDA device:
   /// a new communicator split from it with every rank in the same order (ncclCommSplit), so that
   /// the engine's collectives are never mixed with the program's. Collective over `comm`; the
@@ -195,27 +199,43 @@ class Communicator {
     broadcast_async(data, count, dtype, root).wait();
   }
 
-  /// Typed overloads for fp32: the element type gives the DType, so a buffer of another type does
-  /// not compile, and the span's size is checked against the counts (UsageError naming the
-  /// collective and both sizes). 16-bit buffers use the overloads above.
+  /// Typed overloads for fp32 and fp64: the element type gives the DType, so a buffer of another
+  /// type does not compile, and the span's size is checked against the counts (UsageError naming
+  /// the collective and both sizes). 16-bit buffers use the overloads above.
   Request all_reduce_async(std::span<float> data, ReduceOp op = ReduceOp::kSum);
+  Request all_reduce_async(std::span<double> data, ReduceOp op = ReduceOp::kSum);
   void all_reduce(std::span<float> data, ReduceOp op = ReduceOp::kSum) {
+    all_reduce_async(data, op).wait();
+  }
+  void all_reduce(std::span<double> data, ReduceOp op = ReduceOp::kSum) {
     all_reduce_async(data, op).wait();
   }
   /// `input` holds sum(counts) elements; `output` holds counts[rank()].
   Request reduce_scatter_async(std::span<const float> input, std::span<float> output,
                                std::span<const std::int64_t> counts, ReduceOp op = ReduceOp::kSum);
+  Request reduce_scatter_async(std::span<const double> input, std::span<double> output,
+                               std::span<const std::int64_t> counts, ReduceOp op = ReduceOp::kSum);
   void reduce_scatter(std::span<const float> input, std::span<float> output,
+                      std::span<const std::int64_t> counts, ReduceOp op = ReduceOp::kSum) {
+    reduce_scatter_async(input, output, counts, op).wait();
+  }
+  void reduce_scatter(std::span<const double> input, std::span<double> output,
                       std::span<const std::int64_t> counts, ReduceOp op = ReduceOp::kSum) {
     reduce_scatter_async(input, output, counts, op).wait();
   }
   /// `data` holds sum(counts) elements.
   Request all_gather_async(std::span<float> data, std::span<const std::int64_t> counts);
+  Request all_gather_async(std::span<double> data, std::span<const std::int64_t> counts);
   void all_gather(std::span<float> data, std::span<const std::int64_t> counts) {
     all_gather_async(data, counts).wait();
   }
+  void all_gather(std::span<double> data, std::span<const std::int64_t> counts) {
+    all_gather_async(data, counts).wait();
+  }
   Request broadcast_async(std::span<float> data, int root);
+  Request broadcast_async(std::span<double> data, int root);
   void broadcast(std::span<float> data, int root) { broadcast_async(data, root).wait(); }
+  void broadcast(std::span<double> data, int root) { broadcast_async(data, root).wait(); }
 
   /// Counters of what this rank has sent since construction or the last reset.
   const TrafficCounters& traffic() const noexcept { return traffic_; }

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "zeroshard/export.h"
+
 namespace zeroshard {
 
 /// Where optimizer states or parameters live when offloaded.
@@ -37,6 +39,7 @@ struct ZeroConfig {
   std::int64_t allgather_bucket_size = 500000000;
   bool overlap_comm = false;  ///< defaults to true when stage == 3, as DeepSpeed's validator does
   bool load_from_fp32_weights = true;
+  /// Elements per tile of the optimizer step; 0: one parameter per sub-group (DeepSpeed's 0).
   std::int64_t sub_group_size = 1000000000;
   std::int64_t prefetch_bucket_size = 50000000;          ///< stage3_prefetch_bucket_size
   std::int64_t param_persistence_threshold = 100000;     ///< stage3_param_persistence_threshold
@@ -134,7 +137,7 @@ struct ConfigOverrides {
 };
 
 /// The whole configuration. Construct it from JSON; every field has DeepSpeed's default.
-class Config {
+class ZEROSHARD_API Config {
  public:
   /// Parses and validates a JSON file; throws ConfigError naming the key path on any problem and
   /// IoError when the file cannot be read. `world_size` (the data-parallel ranks) resolves the
@@ -179,5 +182,9 @@ class Config {
   std::vector<std::string> notices_;
   friend class ConfigParser;
 };
+
+/// Every key, its type, default and meaning, as the Markdown tables of docs/config.md's reference
+/// (what `zeroshard-config --reference` prints).
+ZEROSHARD_API std::string config_reference_markdown();
 
 }  // namespace zeroshard

@@ -4,13 +4,15 @@
 #include <cstddef>
 #include <string>
 
+#include "zeroshard/export.h"
+
 namespace zeroshard {
 
 enum class DeviceType { kCpu, kCuda };
 
 /// The processor an Engine computes on. On a CUDA device every buffer the engine hands out
 /// (Parameter::raw_data(), raw_grad(), ActivationBuffer::data()) is device memory on it.
-struct Device {
+struct ZEROSHARD_API Device {
   DeviceType type = DeviceType::kCpu;
   int index = -1;  ///< CUDA device ordinal; -1 for the CPU
 
@@ -30,19 +32,19 @@ struct Device {
 };
 
 /// True when this build of the library contains the CUDA backend.
-bool cuda_built() noexcept;
+ZEROSHARD_API bool cuda_built() noexcept;
 /// True when the CUDA backend is built and a GPU is usable. Never throws.
-bool cuda_available() noexcept;
+ZEROSHARD_API bool cuda_available() noexcept;
 /// Why cuda_available() is false ("built without CUDA", "cudaGetDeviceCount failed: ..."); empty
 /// when it is true.
-std::string cuda_unavailable_reason();
+ZEROSHARD_API std::string cuda_unavailable_reason();
 
 /// Blocking copies between host memory and memory of `device` (a plain memcpy for the CPU), for
 /// models and tools that read or fill engine buffers from the host. They wait for the work queued
 /// on `stream` (a cudaStream_t; null means the legacy default stream) before copying.
-void copy_to_host(const Device& device, void* host, const void* source, std::size_t bytes,
-                  void* stream = nullptr);
-void copy_from_host(const Device& device, void* destination, const void* host, std::size_t bytes,
-                    void* stream = nullptr);
+ZEROSHARD_API void copy_to_host(const Device& device, void* host, const void* source,
+                                std::size_t bytes, void* stream = nullptr);
+ZEROSHARD_API void copy_from_host(const Device& device, void* destination, const void* host,
+                                  std::size_t bytes, void* stream = nullptr);
 
 }  // namespace zeroshard

@@ -16,6 +16,7 @@
 #include "zeroshard/config.h"
 #include "zeroshard/device.h"
 #include "zeroshard/dtype.h"
+#include "zeroshard/export.h"
 #include "zeroshard/memory_report.h"
 #include "zeroshard/optimizer.h"
 
@@ -76,7 +77,7 @@ struct ParamGroupOptions {
 };
 
 /// A handle to one registered parameter. Cheap to copy; valid while its engine lives.
-class Parameter {
+class ZEROSHARD_API Parameter {
  public:
   Parameter() = default;
 
@@ -123,7 +124,7 @@ struct ParamSlice {
 
 /// Memory on the engine's device for the model's activations, charged to the memory report's
 /// "activations".
-class ActivationBuffer {
+class ZEROSHARD_API ActivationBuffer {
  public:
   ActivationBuffer();
   ActivationBuffer(ActivationBuffer&&) noexcept;
@@ -161,7 +162,7 @@ struct CheckpointInfo {
 };
 
 /// Shards a model's optimizer over the ranks of a communicator. Movable, not copyable.
-class Engine {
+class ZEROSHARD_API Engine {
  public:
   /// Computes on the CPU. `rule` may be null: the config's `optimizer` section then chooses it.
   /// With a rule, the config must have no `optimizer` section: ConfigError naming its keys, which

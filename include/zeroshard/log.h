@@ -5,6 +5,8 @@
 #include <functional>
 #include <string_view>
 
+#include "zeroshard/export.h"
+
 namespace zeroshard {
 
 /// Severity, lowest first. kProgress carries the lines the config asks for (steps_per_print,
@@ -12,7 +14,7 @@ namespace zeroshard {
 enum class LogLevel { kDebug, kInfo, kProgress, kWarning, kError, kOff };
 
 /// "debug", "info", "progress", "warning", "error" or "off".
-const char* to_string(LogLevel level) noexcept;
+ZEROSHARD_API const char* to_string(LogLevel level) noexcept;
 
 /// One line the library emits; `rank` is -1 before a communicator knows it.
 struct LogRecord {
@@ -25,12 +27,12 @@ using LogSink = std::function<void(const LogRecord&)>;
 
 /// Replaces where records go; an empty sink restores the default, which writes
 /// "zeroshard [rank R] LEVEL: message" to stderr. Calls to the sink are serialised.
-void set_log_sink(LogSink sink);
+ZEROSHARD_API void set_log_sink(LogSink sink);
 
 /// Records below `level` are dropped before they are formatted. The initial threshold comes from
 /// ZEROSHARD_LOG_LEVEL (a level name above; default "progress"). log_level() throws UsageError for
 /// an unknown name there; the library's own records then warn once and keep the default.
-void set_log_level(LogLevel level) noexcept;
-LogLevel log_level();
+ZEROSHARD_API void set_log_level(LogLevel level) noexcept;
+ZEROSHARD_API LogLevel log_level();
 
 }  // namespace zeroshard

@@ -8,6 +8,8 @@
 #include <optional>
 #include <string>
 
+#include "zeroshard/export.h"
+
 namespace zeroshard {
 
 struct SchedulerConfig;
@@ -22,7 +24,7 @@ struct ScheduledValues {
 
 /// A schedule is a pure function of the iteration, so it holds no state to checkpoint beyond the
 /// iteration count the caller keeps.
-class LrScheduler {
+class ZEROSHARD_API LrScheduler {
  public:
   virtual ~LrScheduler() = default;
   /// DeepSpeed's type name, e.g. "WarmupLR".
@@ -47,7 +49,8 @@ class LrScheduler {
 /// DeepSpeed, OneCycle then does not cycle momentum, and an explicit `cycle_momentum: true` is an
 /// error. Throws ConfigError naming "scheduler.type" or "scheduler.params.<name>" on an unknown
 /// type, an unknown or missing parameter, or a value out of range.
-std::unique_ptr<LrScheduler> make_lr_scheduler(const SchedulerConfig& config, double optimizer_lr,
-                                               std::optional<double> optimizer_beta1);
+ZEROSHARD_API std::unique_ptr<LrScheduler> make_lr_scheduler(const SchedulerConfig& config,
+                                                             double optimizer_lr,
+                                                             std::optional<double> optimizer_beta1);
 
 }  // namespace zeroshard

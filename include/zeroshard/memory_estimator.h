@@ -10,6 +10,7 @@
 
 #include "zeroshard/config.h"
 #include "zeroshard/dtype.h"
+#include "zeroshard/export.h"
 #include "zeroshard/memory_report.h"
 
 namespace zeroshard {
@@ -20,7 +21,7 @@ namespace zeroshard {
 enum class MemoryTier { kDevice, kHost, kNvme };
 inline constexpr int kMemoryTierCount = 3;
 /// "device", "host", "nvme".
-const char* to_string(MemoryTier tier) noexcept;
+ZEROSHARD_API const char* to_string(MemoryTier tier) noexcept;
 
 /// One configuration to estimate. Element counts are in elements, as in DeepSpeed's config;
 /// every default is DeepSpeed's.
@@ -65,6 +66,7 @@ struct EstimateInput {
   std::int64_t max_live_parameters = 1000000000;
   /// offload_optimizer nvme: pinned host swap buffers, each one sub-group tile of fp32 elements.
   std::int64_t optimizer_buffer_count = 4;
+  /// Elements per sub-group tile; 0 = one parameter per sub-group, taken as the largest tensor.
   std::int64_t sub_group_size = 1000000000;
   /// offload_param nvme: the first `param_max_in_cpu` elements of the shard stay in host
   /// memory; the rest go to a swap file through `param_buffer_count` pinned buffers of
@@ -95,11 +97,12 @@ struct ActivationEstimate {
   std::int64_t device = 0;
   std::int64_t host = 0;
 };
-ActivationEstimate estimate_activations(std::int64_t layer_activation_bytes, int layers,
-                                        int checkpoint_every, bool cpu_checkpointing = false);
+ZEROSHARD_API ActivationEstimate estimate_activations(std::int64_t layer_activation_bytes,
+                                                      int layers, int checkpoint_every,
+                                                      bool cpu_checkpointing = false);
 
 /// Bytes one rank needs, per tier and category.
-struct MemoryEstimate {
+struct ZEROSHARD_API MemoryEstimate {
   EstimateInput input;
   /// False when the combination is not valid (e.g. offload_param below stage 3); `reason` says
   /// why and every byte count is 0.
@@ -141,26 +144,29 @@ inline constexpr std::int64_t kGradientScratchElements = std::int64_t{1} << 16;
 /// Estimates one configuration. Throws ConfigError on impossible input (ranks < 1, stage outside
 /// 0..3, unknown optimizer); a valid input that DeepSpeed forbids (offload below the stage that
 /// supports it) returns an estimate with valid == false.
-MemoryEstimate estimate(const EstimateInput& input);
+ZEROSHARD_API MemoryEstimate estimate(const EstimateInput& input);
 
 /// The input a config file describes for a model of `params` trainable elements on `ranks`
 /// ranks: stage, precision, optimizer, offload and bucket settings.
-EstimateInput estimate_input_from_config(const Config& config, std::int64_t params, int ranks);
-MemoryEstimate estimate_from_config(const Config& config, std::int64_t params, int ranks);
+ZEROSHARD_API EstimateInput estimate_input_from_config(const Config& config, std::int64_t params,
+                                                       int ranks);
+ZEROSHARD_API MemoryEstimate estimate_from_config(const Config& config, std::int64_t params,
+                                                  int ranks);
 
 /// The largest P whose device peak fits in `device_bytes_per_rank`, with every other setting
 /// taken from `base` (its params and tensors are ignored: P is one tensor); 0 when nothing fits.
-std::int64_t largest_model(std::int64_t device_bytes_per_rank, const EstimateInput& base);
+ZEROSHARD_API std::int64_t largest_model(std::int64_t device_bytes_per_rank,
+                                         const EstimateInput& base);
 /// The same with `base` defaulted except for ranks and stage.
-std::int64_t largest_model(std::int64_t device_bytes_per_rank, int ranks, int stage,
-                           DType precision = DType::kFloat32,
-                           const std::string& optimizer = "adamw");
+ZEROSHARD_API std::int64_t largest_model(std::int64_t device_bytes_per_rank, int ranks, int stage,
+                                         DType precision = DType::kFloat32,
+                                         const std::string& optimizer = "adamw");
 
 /// fp32 state arrays per element of the named optimizer (adam/adamw 2, lion/adagrad 1, sgd 0);
 /// throws ConfigError naming the allowed names otherwise.
-int optimizer_state_arrays(const std::string& optimizer);
+ZEROSHARD_API int optimizer_state_arrays(const std::string& optimizer);
 
 /// Says what "device" means in this build, for printing beside the figures.
-const char* device_memory_meaning() noexcept;
+ZEROSHARD_API const char* device_memory_meaning() noexcept;
 
 }  // namespace zeroshard

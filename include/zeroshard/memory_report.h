@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "zeroshard/export.h"
+
 namespace zeroshard {
 
 /// What a buffer holds. Master weights are the fp32 copy kept beside 16-bit parameters; with fp32
@@ -23,13 +25,13 @@ enum class MemoryCategory {
 inline constexpr int kMemoryCategoryCount = 6;
 /// "parameters", "gradients", "master_weights", "optimizer_states", "communication",
 /// "activations".
-const char* to_string(MemoryCategory category) noexcept;
+ZEROSHARD_API const char* to_string(MemoryCategory category) noexcept;
 
 /// Host memory, memory on the accelerator, or swap files on NVMe (bytes on disk).
 enum class MemoryLocation { kHost, kDevice, kNvme };
 inline constexpr int kMemoryLocationCount = 3;
 /// "host", "device" or "nvme".
-const char* to_string(MemoryLocation location) noexcept;
+ZEROSHARD_API const char* to_string(MemoryLocation location) noexcept;
 
 /// Bytes held now and the most ever held at once, for one category at one location.
 struct MemoryUsage {
@@ -38,7 +40,7 @@ struct MemoryUsage {
 };
 
 /// A snapshot of one rank's memory, taken from the engine's allocator.
-struct MemoryReport {
+struct ZEROSHARD_API MemoryReport {
   int rank = 0;
   int world_size = 1;
   std::array<std::array<MemoryUsage, kMemoryCategoryCount>, kMemoryLocationCount> usage{};

@@ -9,6 +9,8 @@
 #include <string>
 #include <string_view>
 
+#include "zeroshard/export.h"
+
 namespace zeroshard {
 
 class Config;
@@ -38,7 +40,7 @@ struct StepContext {
 
 /// An element-wise update rule over fp32 shards. Implementations are stateless apart from their
 /// options: the per-element state lives in the arrays the engine hands over.
-class UpdateRule {
+class ZEROSHARD_API UpdateRule {
  public:
   virtual ~UpdateRule() = default;
   /// Lower-case name, e.g. "adamw".
@@ -99,15 +101,15 @@ struct AdagradOptions {
 
 /// Factories; each validates its options in PyTorch's words ("Invalid learning rate: -1") and
 /// throws ConfigError (key path "optimizer.params.<name>") on a bad value.
-std::unique_ptr<UpdateRule> make_adamw(const AdamWOptions& options = {});
-std::unique_ptr<UpdateRule> make_adam(const AdamOptions& options = {});
-std::unique_ptr<UpdateRule> make_sgd(const SgdOptions& options = {});
-std::unique_ptr<UpdateRule> make_lion(const LionOptions& options = {});
-std::unique_ptr<UpdateRule> make_adagrad(const AdagradOptions& options = {});
+ZEROSHARD_API std::unique_ptr<UpdateRule> make_adamw(const AdamWOptions& options = {});
+ZEROSHARD_API std::unique_ptr<UpdateRule> make_adam(const AdamOptions& options = {});
+ZEROSHARD_API std::unique_ptr<UpdateRule> make_sgd(const SgdOptions& options = {});
+ZEROSHARD_API std::unique_ptr<UpdateRule> make_lion(const LionOptions& options = {});
+ZEROSHARD_API std::unique_ptr<UpdateRule> make_adagrad(const AdagradOptions& options = {});
 
 /// The rule a config's `optimizer` section describes (DeepSpeed's names, case-insensitive:
 /// adam, adamw, sgd, lion, adagrad; `adam` honours `adam_w_mode`, default true). Throws
 /// ConfigError when the config has no optimizer section or names one zeroshard does not have.
-std::unique_ptr<UpdateRule> make_update_rule(const Config& config);
+ZEROSHARD_API std::unique_ptr<UpdateRule> make_update_rule(const Config& config);
 
 }  // namespace zeroshard

@@ -58,6 +58,8 @@ const char* safetensors_dtype(DType dtype) noexcept {
       return "F16";
     case DType::kBFloat16:
       return "BF16";
+    case DType::kFloat64:
+      return "F64";
     case DType::kFloat32:
       break;
   }
@@ -120,10 +122,11 @@ std::vector<SafetensorsEntry> read_safetensors_header(const FileHandle& file,
         e.dtype = DType::kFloat16;
       } else if (dtype == "BF16") {
         e.dtype = DType::kBFloat16;
+      } else if (dtype == "F64") {
+        e.dtype = DType::kFloat64;
       } else {
         bad_file(path, "tensor '" + name + "' has dtype " + dtype +
-                           "; zeroshard reads F32, F16 "
-                           "and BF16");
+                           "; zeroshard reads F32, F64, F16 and BF16");
       }
       e.shape = value.at("shape").get<std::vector<std::int64_t>>();
       const auto offsets = value.at("data_offsets").get<std::vector<std::int64_t>>();

@@ -6,6 +6,7 @@
 #include <exception>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "comm/collective_tracker.h"
@@ -234,35 +235,72 @@ void check_span(Collective collective, const char* which, std::size_t got, std::
   }
 }
 
+template <class T>
+constexpr DType kDTypeOf = std::is_same_v<T, double> ? DType::kFloat64 : DType::kFloat32;
+
+template <class T>
+Request typed_all_reduce(Communicator& c, std::span<T> data, ReduceOp op) {
+  return c.all_reduce_async(data.data(), static_cast<std::int64_t>(data.size()), kDTypeOf<T>, op);
+}
+
+template <class T>
+Request typed_reduce_scatter(Communicator& c, std::span<const T> input, std::span<T> output,
+                             std::span<const std::int64_t> counts, ReduceOp op) {
+  ZEROSHARD_CHECK_USAGE(
+      static_cast<int>(counts.size()) == c.size(),
+      "reduce-scatter: got " << counts.size() << " counts for " << c.size() << " ranks");
+  check_span(Collective::kReduceScatter, "input", input.size(), sum_of(counts));
+  check_span(Collective::kReduceScatter, "output", output.size(),
+             counts[static_cast<std::size_t>(c.rank())]);
+  return c.reduce_scatter_async(input.data(), output.data(), counts, kDTypeOf<T>, op);
+}
+
+template <class T>
+Request typed_all_gather(Communicator& c, std::span<T> data, std::span<const std::int64_t> counts) {
+  ZEROSHARD_CHECK_USAGE(
+      static_cast<int>(counts.size()) == c.size(),
+      "all-gather: got " << counts.size() << " counts for " << c.size() << " ranks");
+  check_span(Collective::kAllGather, "data", data.size(), sum_of(counts));
+  return c.all_gather_async(data.data(), counts, kDTypeOf<T>);
+}
+
+template <class T>
+Request typed_broadcast(Communicator& c, std::span<T> data, int root) {
+  return c.broadcast_async(data.data(), static_cast<std::int64_t>(data.size()), kDTypeOf<T>, root);
+}
+
 }  // namespace
 
 Request Communicator::all_reduce_async(std::span<float> data, ReduceOp op) {
-  return all_reduce_async(data.data(), static_cast<std::int64_t>(data.size()), DType::kFloat32, op);
+  return typed_all_reduce(*this, data, op);
+}
+Request Communicator::all_reduce_async(std::span<double> data, ReduceOp op) {
+  return typed_all_reduce(*this, data, op);
 }
 
 Request Communicator::reduce_scatter_async(std::span<const float> input, std::span<float> output,
                                            std::span<const std::int64_t> counts, ReduceOp op) {
-  ZEROSHARD_CHECK_USAGE(
-      static_cast<int>(counts.size()) == size(),
-      "reduce-scatter: got " << counts.size() << " counts for " << size() << " ranks");
-  check_span(Collective::kReduceScatter, "input", input.size(), sum_of(counts));
-  check_span(Collective::kReduceScatter, "output", output.size(),
-             counts[static_cast<std::size_t>(rank())]);
-  return reduce_scatter_async(input.data(), output.data(), counts, DType::kFloat32, op);
+  return typed_reduce_scatter(*this, input, output, counts, op);
+}
+Request Communicator::reduce_scatter_async(std::span<const double> input, std::span<double> output,
+                                           std::span<const std::int64_t> counts, ReduceOp op) {
+  return typed_reduce_scatter(*this, input, output, counts, op);
 }
 
 Request Communicator::all_gather_async(std::span<float> data,
                                        std::span<const std::int64_t> counts) {
-  ZEROSHARD_CHECK_USAGE(
-      static_cast<int>(counts.size()) == size(),
-      "all-gather: got " << counts.size() << " counts for " << size() << " ranks");
-  check_span(Collective::kAllGather, "data", data.size(), sum_of(counts));
-  return all_gather_async(data.data(), counts, DType::kFloat32);
+  return typed_all_gather(*this, data, counts);
+}
+Request Communicator::all_gather_async(std::span<double> data,
+                                       std::span<const std::int64_t> counts) {
+  return typed_all_gather(*this, data, counts);
 }
 
 Request Communicator::broadcast_async(std::span<float> data, int root) {
-  return broadcast_async(data.data(), static_cast<std::int64_t>(data.size()), DType::kFloat32,
-                         root);
+  return typed_broadcast(*this, data, root);
+}
+Request Communicator::broadcast_async(std::span<double> data, int root) {
+  return typed_broadcast(*this, data, root);
 }
 
 std::unique_ptr<Communicator> Communicator::from_nccl(ncclComm* comm) {
@@ -285,15 +323,12 @@ std::unique_ptr<Communicator> Communicator::from_nccl(ncclComm* parent, int colo
 #endif
 }
 
-namespace detail {
-
-std::unique_ptr<Communicator> communicator_from_mpi_handle(int fortran_handle) {
-  return make_mpi_communicator({.timeout = collective_timeout_from_environment(),
-                                .reduce_scatter = reduce_scatter_algorithm_from_environment()},
-                               fortran_handle);
+std::unique_ptr<Communicator> Communicator::from_mpi_handle(int fortran_handle) {
+  return detail::make_mpi_communicator(
+      {.timeout = detail::collective_timeout_from_environment(),
+       .reduce_scatter = detail::reduce_scatter_algorithm_from_environment()},
+      fortran_handle);
 }
-
-}  // namespace detail
 
 std::vector<std::string> Communicator::all_gather_text(const std::string& text) {
   return detail::gather_text(text, rank(), size(),

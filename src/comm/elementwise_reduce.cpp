@@ -1,4 +1,4 @@
-// inout = in (op) inout over fp32, fp16 and bf16, the 16-bit types through fp32 arithmetic.
+// inout = in (op) inout over fp32, fp64, fp16 and bf16, the 16-bit types through fp32 arithmetic.
 #include "comm/elementwise_reduce.h"
 
 #include <cmath>
@@ -9,10 +9,13 @@ namespace zeroshard::detail {
 namespace {
 
 // NaN wins: a > NaN is false, so a NaN in `b` is kept as well.
-float max_propagating_nan(float a, float b) noexcept { return (a > b || std::isnan(a)) ? a : b; }
+template <class T>
+T max_propagating_nan(T a, T b) noexcept {
+  return (a > b || std::isnan(a)) ? a : b;
+}
 
-template <bool kMax>
-void reduce_fp32(const float* a, float* b, std::int64_t count) noexcept {
+template <class T, bool kMax>
+void reduce_wide(const T* a, T* b, std::int64_t count) noexcept {
   for (std::int64_t i = 0; i < count; ++i)
     b[i] = kMax ? max_propagating_nan(a[i], b[i]) : a[i] + b[i];
 }
@@ -37,7 +40,12 @@ void reduce_into(const void* in, void* inout, std::int64_t count, DType dtype,
     case DType::kFloat32: {
       const auto* a = static_cast<const float*>(in);
       auto* b = static_cast<float*>(inout);
-      return max ? reduce_fp32<true>(a, b, count) : reduce_fp32<false>(a, b, count);
+      return max ? reduce_wide<float, true>(a, b, count) : reduce_wide<float, false>(a, b, count);
+    }
+    case DType::kFloat64: {
+      const auto* a = static_cast<const double*>(in);
+      auto* b = static_cast<double*>(inout);
+      return max ? reduce_wide<double, true>(a, b, count) : reduce_wide<double, false>(a, b, count);
     }
     case DType::kFloat16:
       return max ? reduce_16bit<half_to_float, float_to_half, true>(a16, b16, count)

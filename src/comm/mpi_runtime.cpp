@@ -77,13 +77,23 @@ MpiRuntime::~MpiRuntime() {
 }
 
 MPI_Datatype MpiRuntime::datatype(DType dtype) const noexcept {
-  return dtype == DType::kFloat32 ? MPI_FLOAT : two_bytes_;
+  switch (dtype) {
+    case DType::kFloat32:
+      return MPI_FLOAT;
+    case DType::kFloat64:
+      return MPI_DOUBLE;
+    case DType::kFloat16:
+    case DType::kBFloat16:
+      break;
+  }
+  return two_bytes_;
 }
 
 MPI_Op MpiRuntime::op(DType dtype, ReduceOp op) const noexcept {
   const bool max = op == ReduceOp::kMax;
   switch (dtype) {
     case DType::kFloat32:
+    case DType::kFloat64:
       return max ? MPI_MAX : MPI_SUM;
     case DType::kFloat16:
       return max ? fp16_max_ : fp16_sum_;

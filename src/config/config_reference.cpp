@@ -62,8 +62,12 @@ std::string scheduler_param_text(const SchedulerParamSpec& param) {
 }
 
 }  // namespace
+}  // namespace zeroshard::detail
+
+namespace zeroshard {
 
 std::string config_reference_markdown() {
+  using namespace detail;  // the key table and the cell helpers above
   std::ostringstream os;
   os << "| key | type | default | in zeroshard | meaning |\n";
   os << "| --- | --- | --- | --- | --- |\n";
@@ -87,4 +91,4 @@ std::string config_reference_markdown() {
   return os.str();
 }
 
-}  // namespace zeroshard::detail
+}  // namespace zeroshard

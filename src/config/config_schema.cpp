@@ -408,10 +408,10 @@ std::vector<KeySpec> make_key_specs() {
        .kind = K::kInteger,
        .default_json = "1000000000",
        .meaning = "Elements per tile of the optimizer step (bounds the temporary memory of "
-                  "offloaded steps). DeepSpeed's 0 (one parameter per sub-group) is refused: "
-                  "zeroshard tiles by elements, not parameters.",
+                  "offloaded steps). 0, DeepSpeed's one parameter per sub-group: a tile as large "
+                  "as the largest piece of one parameter in the rank's shard.",
        .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.sub_group_size),
-       .range = kPositive},
+       .range = kNonNegative},
       {.path = "zero_optimization.stage3_prefetch_bucket_size",
        .kind = K::kInteger,
        .default_json = "50000000",

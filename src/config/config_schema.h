@@ -123,8 +123,4 @@ nlohmann::json read_field(const FieldRef& field, Config& config);
 /// Stores an already validated JSON value into a field.
 void write_field(const FieldRef& field, Config& config, const nlohmann::json& value);
 
-/// The key reference of docs/config.md as Markdown tables (what `zeroshard-config --reference`
-/// prints).
-std::string config_reference_markdown();
-
 }  // namespace zeroshard::detail

@@ -27,6 +27,13 @@ OptimizerShard::OptimizerShard(const EngineContext& context, const UpdateRule& r
       update_backend_(&context.backend),
       owned_begin_(context.update_begin()),
       grad_shard_dtype_(grad_shard_dtype) {
+  sub_group_ = context_.config.zero_optimization.sub_group_size;
+  if (sub_group_ == 0) {
+    sub_group_ = 1;  // a rank that owns no element still has a (never used) tile size
+    for (const TensorPiece& piece : context_.layout.pieces(owned_begin_, context_.update_end())) {
+      sub_group_ = std::max(sub_group_, piece.size);
+    }
+  }
   const OffloadConfig& offload = context_.config.zero_optimization.offload_optimizer;
   Tier tier = Tier::kDevice;
   if (offload.device != OffloadDevice::kNone) {
@@ -55,7 +62,7 @@ OptimizerShard::OptimizerShard(const EngineContext& context, const UpdateRule& r
     swap.pipeline_read = offload.pipeline_read;
     swap.pipeline_write = offload.pipeline_write;
     swap.elements = owned;
-    swap.tile = context_.config.zero_optimization.sub_group_size;
+    swap.tile = sub_group_;
     swap.files.push_back({"optimizer_master", 1, MemoryCategory::kMasterWeights});
     if (rule_.state_count() > 0) {
       swap.files.push_back(
@@ -80,9 +87,8 @@ OptimizerShard::OptimizerShard(const EngineContext& context, const UpdateRule& r
     // never for the whole shard. The chunk is a bounded working buffer, not a copy of the
     // gradients, so it is counted with the other bounded buffers under communication: the
     // model-state categories then hold exactly the ZeRO paper's bytes.
-    const std::int64_t chunk =
-        std::max<std::int64_t>(2, std::min(context_.config.zero_optimization.sub_group_size,
-                                           update_backend_->working_chunk_elements(owned)));
+    const std::int64_t chunk = std::max<std::int64_t>(
+        2, std::min(sub_group_, update_backend_->working_chunk_elements(owned)));
     scratch_ = context_.allocate(tier, MemoryCategory::kCommunication, chunk * sizeof(float));
   }
 }
@@ -274,7 +280,7 @@ void OptimizerShard::update(float grad_factor, const GroupContexts& contexts) {
     finish_write_back();
     return;
   }
-  std::int64_t tile = context_.config.zero_optimization.sub_group_size;
+  std::int64_t tile = sub_group_;
   if (writes_back_through_staging()) tile = std::min(tile, kWriteBackElements);
   for (const Run& run : all_runs) {
     for (std::int64_t begin = run.begin; begin < run.end; begin += tile) {

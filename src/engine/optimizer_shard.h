@@ -121,6 +121,9 @@ class OptimizerShard final : public ReducedGradientSink {
   std::unique_ptr<ComputeBackend> host_backend_;  ///< offload: the CPU backend the update runs on
   ComputeBackend* update_backend_;
   std::int64_t owned_begin_ = 0;
+  /// Elements per sub-group: zero_optimization.sub_group_size, or for DeepSpeed's 0 (one
+  /// parameter per sub-group) the largest piece of one tensor in this rank's shard.
+  std::int64_t sub_group_ = 0;
   bool master_aliases_params_ = false;  ///< fp32 on the device: the parameters are the master
   TrackedBuffer master_;
   std::vector<TrackedBuffer> states_;

@@ -103,9 +103,16 @@ struct Terms {
   std::int64_t swap_record(std::int64_t arrays) const {
     return detail::swap_record_bytes(arrays * 4 * swap_tile());
   }
+  /// Elements of a sub-group: sub_group_size, or with 0 (DeepSpeed's one parameter per
+  /// sub-group) the largest trainable tensor, the engine's bound for that case.
+  std::int64_t sub_group() const {
+    if (in.sub_group_size > 0) return in.sub_group_size;
+    if (!in.tensors.empty()) return *std::max_element(in.tensors.begin(), in.tensors.end());
+    return in.largest_tensor > 0 ? in.largest_tensor : in.params;
+  }
   /// Elements per swap slot: a sub-group, or the whole updated range when that is smaller.
   std::int64_t swap_tile() const {
-    return std::max<std::int64_t>(1, std::min(in.sub_group_size, updated()));
+    return std::max<std::int64_t>(1, std::min(sub_group(), updated()));
   }
   /// offload_param nvme: shard elements past max_in_cpu, in the parameter swap file.
   std::int64_t params_swapped() const {
@@ -180,7 +187,7 @@ constexpr Rule kRules[] = {
      [](const Terms& t) -> std::int64_t {
        if (t.d == 4) return 0;
        return 4 * std::max<std::int64_t>(
-                      2, std::min({t.updated(), t.in.sub_group_size, kGradientScratchElements}));
+                      2, std::min({t.updated(), t.sub_group(), kGradientScratchElements}));
      },
      where_update_runs},
     // fp32 master weights: needed beside 16-bit parameters, and as the copy an offloaded update
@@ -313,6 +320,9 @@ void check_input(const EstimateInput& in) {
   if (in.stage < 0 || in.stage > 3) {
     throw ConfigError("zero_optimization.stage",
                       "got " + std::to_string(in.stage) + ", expected 0..3");
+  }
+  if (in.precision == DType::kFloat64) {
+    throw ConfigError("precision", "got fp64, expected fp32, fp16 or bf16 (a model precision)");
   }
 }
 

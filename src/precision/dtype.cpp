@@ -16,6 +16,8 @@ const char* to_string(DType dtype) noexcept {
       return "fp16";
     case DType::kBFloat16:
       return "bf16";
+    case DType::kFloat64:
+      return "fp64";
   }
   return "unknown dtype";
 }
@@ -28,12 +30,15 @@ void convert(const void* in, DType from, void* out, DType to, std::int64_t count
   } else if (to == DType::kFloat32) {
     detail::convert_to_float(in, from, static_cast<float*>(out), count);
   } else {
-    // Between the two 16-bit types, through fp32 one block at a time.
+    // Between two types other than fp32, through fp32 one block at a time (from fp64 this
+    // rounds once to fp32 and again to a 16-bit type; fp64 to fp64 took the memmove above).
+    const auto in_size = static_cast<std::int64_t>(size_of(from));
+    const auto out_size = static_cast<std::int64_t>(size_of(to));
     float block[256];
     for (std::int64_t done = 0; done < count; done += 256) {
       const std::int64_t n = std::min<std::int64_t>(256, count - done);
-      detail::convert_to_float(static_cast<const char*>(in) + done * 2, from, block, n);
-      detail::convert_from_float(block, static_cast<char*>(out) + done * 2, to, n);
+      detail::convert_to_float(static_cast<const char*>(in) + done * in_size, from, block, n);
+      detail::convert_from_float(block, static_cast<char*>(out) + done * out_size, to, n);
     }
   }
 }

@@ -260,6 +260,11 @@ void convert_from_float_with(const Kernels& with, const float* in, void* out, DT
     case DType::kBFloat16:
       with.float_to_bfloat16(in, out16, count);
       return;
+    case DType::kFloat64: {
+      auto* out64 = static_cast<double*>(out);
+      for (std::int64_t i = 0; i < count; ++i) out64[i] = in[i];
+      return;
+    }
   }
 }
 
@@ -277,6 +282,13 @@ void convert_to_float_with(const Kernels& with, const void* in, DType from_dtype
     case DType::kBFloat16:
       with.bfloat16_to_float(in16, out, count);
       return;
+    case DType::kFloat64: {
+      // A plain conversion: rounds to nearest even unless the program changed the rounding mode
+      // (the 16-bit paths ignore that mode; fp64 is not a model precision, so none depends on it).
+      const auto* in64 = static_cast<const double*>(in);
+      for (std::int64_t i = 0; i < count; ++i) out[i] = static_cast<float>(in64[i]);
+      return;
+    }
   }
 }
 
@@ -312,6 +324,7 @@ const char* bulk_conversion_isa(DType dtype) noexcept {
     case DType::kBFloat16:
       return kernels().bfloat16_isa;
     case DType::kFloat32:
+    case DType::kFloat64:
       break;
   }
   return "portable";

@@ -5,7 +5,6 @@
 #include <iostream>
 #include <string>
 
-#include "config/config_schema.h"
 #include "tools/config_override_flags.h"
 #include "zeroshard/config.h"
 #include "zeroshard/error.h"
@@ -52,7 +51,7 @@ int main(int argc, char** argv) {
       continue;
     }
     if (argument == "--reference") {
-      std::cout << zeroshard::detail::config_reference_markdown();
+      std::cout << zeroshard::config_reference_markdown();
       return 0;
     }
     if (argument == "--world-size") {

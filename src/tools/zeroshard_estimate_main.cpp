@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "tools/config_override_flags.h"
-#include "util/quantity.h"
 #include "zeroshard/config.h"
 #include "zeroshard/error.h"
 #include "zeroshard/memory_estimator.h"
+#include "zeroshard/quantity.h"
 
 namespace {
 
@@ -27,7 +27,6 @@ using zeroshard::MemoryEstimate;
 using zeroshard::MemoryTier;
 using zeroshard::OffloadDevice;
 using zeroshard::UsageError;
-namespace detail = zeroshard::detail;
 
 constexpr const char* kUsage = R"(usage: zeroshard-estimate --params P [--config FILE] [options]
 
@@ -73,7 +72,7 @@ struct Options {
 };
 
 int parse_int(std::string_view text, std::string_view option, int low, int high) {
-  const std::int64_t value = detail::parse_count(text, option);
+  const std::int64_t value = zeroshard::parse_count(text, option);
   if (value < low || value > high) {
     throw UsageError(std::string(option) + ": got " + std::string(text) + ", expected " +
                      std::to_string(low) + ".." + std::to_string(high));
@@ -116,7 +115,7 @@ Options parse_options(int argc, char** argv) {
     if (zeroshard::tools::is_override_flag(arg)) {
       zeroshard::tools::apply_override_flag(arg, value, options.overrides);
     } else if (arg == "--params") {
-      options.params = detail::parse_count(value, arg);
+      options.params = zeroshard::parse_count(value, arg);
     } else if (arg == "--config") {
       options.config_path = value;
     } else if (arg == "--ranks") {
@@ -136,13 +135,13 @@ Options parse_options(int argc, char** argv) {
     } else if (arg == "--offload-param") {
       options.offload_param = parse_offload(value, arg);
     } else if (arg == "--reduce-bucket-size") {
-      options.reduce_bucket_size = detail::parse_count(value, arg);
+      options.reduce_bucket_size = zeroshard::parse_count(value, arg);
     } else if (arg == "--largest-tensor") {
-      options.largest_tensor = detail::parse_count(value, arg);
+      options.largest_tensor = zeroshard::parse_count(value, arg);
     } else if (arg == "--persistent-params") {
-      options.persistent_params = detail::parse_count(value, arg);
+      options.persistent_params = zeroshard::parse_count(value, arg);
     } else if (arg == "--fit-memory") {
-      options.fit_memory = detail::parse_bytes(value, arg);
+      options.fit_memory = zeroshard::parse_bytes(value, arg);
     } else {
       throw UsageError("unknown option " + arg + " (see --help)");
     }
@@ -189,6 +188,8 @@ const char* precision_description(DType precision) {
       return "fp16 parameters and gradients, fp32 master weights";
     case DType::kBFloat16:
       return "bf16 parameters and gradients, fp32 master weights";
+    case DType::kFloat64:
+      break;  // not a model precision: the estimator refuses it
   }
   return "?";
 }
@@ -208,8 +209,8 @@ const char* offload_name(OffloadDevice device) {
 /// "   31.4 GB  29.25 GiB": the decimal figure the ZeRO paper prints, then the binary one.
 std::string cell(std::int64_t bytes) {
   char text[64];
-  std::snprintf(text, sizeof text, "%10s %11s", detail::format_decimal_bytes(bytes).c_str(),
-                bytes == 0 ? "" : detail::format_binary_bytes(bytes).c_str());
+  std::snprintf(text, sizeof text, "%10s %11s", zeroshard::format_decimal_bytes(bytes).c_str(),
+                bytes == 0 ? "" : zeroshard::format_binary_bytes(bytes).c_str());
   return text;
 }
 
@@ -256,7 +257,7 @@ std::vector<Row> table_rows() {
 }
 
 void print_header(const EstimateInput& in) {
-  std::cout << "zeroshard-estimate: " << detail::format_count(in.params)
+  std::cout << "zeroshard-estimate: " << zeroshard::format_count(in.params)
             << " trainable parameters (" << in.params << "), " << in.ranks
             << (in.ranks == 1 ? " rank" : " ranks") << " on " << in.nodes
             << (in.nodes == 1 ? " node" : " nodes") << "\n"
@@ -312,10 +313,11 @@ void print_estimates(const std::vector<MemoryEstimate>& estimates,
     cells.clear();
     for (const MemoryEstimate& e : estimates) {
       cells.push_back(
-          e.valid ? detail::format_count(zeroshard::largest_model(*fit_memory, e.input)) + " params"
-                  : "n/a");
+          e.valid
+              ? zeroshard::format_count(zeroshard::largest_model(*fit_memory, e.input)) + " params"
+              : "n/a");
     }
-    print_line("largest model in " + detail::format_decimal_bytes(*fit_memory), cells);
+    print_line("largest model in " + zeroshard::format_decimal_bytes(*fit_memory), cells);
   }
   // Each note once, with the stages it applies to.
   std::vector<std::pair<std::string, std::string>> notes;

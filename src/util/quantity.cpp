@@ -1,5 +1,5 @@
 // Parsing and formatting of element counts and byte sizes for the command-line tools.
-#include "util/quantity.h"
+#include "zeroshard/quantity.h"
 
 #include <array>
 #include <cctype>
@@ -11,7 +11,7 @@
 
 #include "zeroshard/error.h"
 
-namespace zeroshard::detail {
+namespace zeroshard {
 
 namespace {
 
@@ -130,4 +130,4 @@ std::string format_count(std::int64_t count) {
   return text;
 }
 
-}  // namespace zeroshard::detail
+}  // namespace zeroshard

@@ -315,13 +315,16 @@ TEST_P(SafetensorsExport, HoldsTheGatheredParametersAndLoadsBack) {
   engine.save_checkpoint(dir, "trained");
   const std::string fp32 = dir + "/model.safetensors";
   const std::string bf16 = dir + "/model.bf16.safetensors";
+  const std::string fp64 = dir + "/model.fp64.safetensors";
   if (engine.rank() == 0) {
     consolidate_checkpoint(dir, fp32);
     consolidate_checkpoint(dir, bf16, "trained", DType::kBFloat16);
+    consolidate_checkpoint(dir, fp64, "trained", DType::kFloat64);
   }
   engine.communicator().barrier();
   const std::map<std::string, ReadTensor> read = read_safetensors(fp32);
   const std::map<std::string, ReadTensor> read16 = read_safetensors(bf16);
+  const std::map<std::string, ReadTensor> read64 = read_safetensors(fp64);
   ASSERT_EQ(read.size(), tensors.size());
   std::int64_t at = 0;
   for (const ToyTensor& t : tensors) {
@@ -340,6 +343,12 @@ TEST_P(SafetensorsExport, HoldsTheGatheredParametersAndLoadsBack) {
     detail::convert_from_float(expected.data(), rounded.data(), DType::kBFloat16, t.numel);
     EXPECT_EQ(read16.at(t.name).dtype, "BF16");
     EXPECT_EQ(read16.at(t.name).bytes, rounded) << t.name;
+    // fp64 holds every fp32 value exactly.
+    const std::vector<double> widened(expected.begin(), expected.end());
+    std::vector<char> widened_bytes(t.numel * sizeof(double));
+    std::memcpy(widened_bytes.data(), widened.data(), widened_bytes.size());
+    EXPECT_EQ(read64.at(t.name).dtype, "F64");
+    EXPECT_EQ(read64.at(t.name).bytes, widened_bytes) << t.name;
   }
 
   // A fresh engine of another stage takes the weights from the file.
@@ -352,6 +361,12 @@ TEST_P(SafetensorsExport, HoldsTheGatheredParametersAndLoadsBack) {
   EXPECT_EQ(loaded.params, trained.params);
   EXPECT_EQ(loaded.frozen, trained.frozen);
   EXPECT_EQ(loaded.step, 0);
+  // The fp64 export loads back to the same fp32 weights.
+  Engine from_fp64 =
+      make_engine(resume_config(3 - stage, DType::kFloat32, false), rule_cases()[0].make());
+  const std::vector<Parameter> fp64_handles = register_toy(from_fp64, tensors);
+  from_fp64.load_weights(fp64);
+  EXPECT_EQ(outcome(from_fp64, fp64_handles).params, trained.params);
 
   // Another model is refused by name, and changes nothing.
   std::vector<ToyTensor> other = tensors;

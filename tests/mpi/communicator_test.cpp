@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -147,6 +148,82 @@ TEST_P(MpiCollective, TypedOverloadsCheckTheSpanAgainstTheCounts) {
                           " elements, but the counts need " + std::to_string(2 * size_)));
   }
   std::vector<float> too_long(static_cast<std::size_t>(2 * size_ + 1));
+  EXPECT_THROW(comm_->all_gather(too_long, counts), UsageError);
+}
+
+// fp64 values that fp32 cannot hold (2^40 plus a multiple of 2^-10): every sum below is exact in
+// fp64, in any order, so a detour through fp32 anywhere would show.
+double fine_value(int rank, std::int64_t i) {
+  return std::ldexp(1.0, 40) + rank + std::ldexp(static_cast<double>(i), -10);
+}
+
+double fine_sum(int size, std::int64_t i) {
+  double sum = 0;
+  for (int r = 0; r < size; ++r) sum += fine_value(r, i);
+  return sum;
+}
+
+TEST_P(MpiCollective, TypedOverloadsTakeSpansOfDoubleAndKeepFp64Precision) {
+  const std::vector<std::int64_t> counts = uneven_counts(size_);
+  const std::vector<std::int64_t> offsets = offsets_of(counts);
+  const std::int64_t total = std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
+  const auto mine = static_cast<std::size_t>(rank_);
+
+  std::vector<double> sum(5);
+  for (std::size_t i = 0; i < sum.size(); ++i) sum[i] = fine_value(rank_, static_cast<int>(i));
+  comm_->all_reduce(std::span<double>(sum));
+  for (std::size_t i = 0; i < sum.size(); ++i) {
+    EXPECT_EQ(sum[i], fine_sum(size_, static_cast<std::int64_t>(i))) << "element " << i;
+  }
+  EXPECT_EQ(comm_->traffic().bytes[static_cast<int>(Collective::kAllReduce)], 2 * 5 * 8);
+
+  std::vector<double> top(5);
+  for (std::size_t i = 0; i < top.size(); ++i) top[i] = fine_value(rank_, static_cast<int>(i));
+  comm_->all_reduce(std::span<double>(top), ReduceOp::kMax);
+  for (std::size_t i = 0; i < top.size(); ++i) {
+    EXPECT_EQ(top[i], fine_value(size_ - 1, static_cast<std::int64_t>(i))) << "element " << i;
+  }
+
+  // The ring (the default) and MPI's own reduce-scatter.
+  for (const detail::ReduceScatterAlgorithm algorithm :
+       {detail::ReduceScatterAlgorithm::kRing, detail::ReduceScatterAlgorithm::kMpi}) {
+    const std::unique_ptr<Communicator> comm = detail::make_mpi_communicator(
+        {.max_elements_per_call = GetParam(), .reduce_scatter = algorithm});
+    std::vector<double> input(static_cast<std::size_t>(total));
+    for (std::size_t j = 0; j < input.size(); ++j) {
+      input[j] = fine_value(rank_, static_cast<std::int64_t>(j));
+    }
+    std::vector<double> output(static_cast<std::size_t>(counts[mine]), -1.0);
+    comm->reduce_scatter(input, output, counts);
+    for (std::size_t k = 0; k < output.size(); ++k) {
+      EXPECT_EQ(output[k], fine_sum(size_, offsets[mine] + static_cast<std::int64_t>(k)))
+          << "element " << k
+          << (algorithm == detail::ReduceScatterAlgorithm::kRing ? " (ring)" : "");
+    }
+  }
+
+  std::vector<double> gathered(static_cast<std::size_t>(total), -1.0);
+  for (std::int64_t k = 0; k < counts[mine]; ++k) {
+    gathered[static_cast<std::size_t>(offsets[mine] + k)] = fine_value(rank_, k);
+  }
+  comm_->all_gather(gathered, counts);
+  for (int r = 0; r < size_; ++r) {
+    const auto rr = static_cast<std::size_t>(r);
+    for (std::int64_t k = 0; k < counts[rr]; ++k) {
+      EXPECT_EQ(gathered[static_cast<std::size_t>(offsets[rr] + k)], fine_value(r, k));
+    }
+  }
+
+  std::vector<double> root_value(3);
+  for (std::size_t i = 0; i < root_value.size(); ++i) {
+    root_value[i] = fine_value(rank_, static_cast<int>(i));
+  }
+  comm_->broadcast(root_value, size_ - 1);
+  for (std::size_t i = 0; i < root_value.size(); ++i) {
+    EXPECT_EQ(root_value[i], fine_value(size_ - 1, static_cast<int>(i)));
+  }
+
+  std::vector<double> too_long(static_cast<std::size_t>(total + 1));
   EXPECT_THROW(comm_->all_gather(too_long, counts), UsageError);
 }
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 
@@ -97,6 +98,60 @@ TEST_P(EngineCommunicationSwitches, DeepSpeedsAlternativesKeepTheMath) {
 
 INSTANTIATE_TEST_SUITE_P(Stages, EngineCommunicationSwitches, ::testing::Values(0, 1, 2, 3),
                          [](const auto& info) { return "stage" + std::to_string(info.param); });
+
+/// A user rule that forwards to another and records the largest slice it was given.
+class LargestSliceRule final : public UpdateRule {
+ public:
+  explicit LargestSliceRule(std::unique_ptr<UpdateRule> inner) : inner_(std::move(inner)) {}
+  std::string name() const override { return "largest-slice"; }
+  int state_count() const override { return inner_->state_count(); }
+  double default_lr() const override { return inner_->default_lr(); }
+  double default_weight_decay() const override { return inner_->default_weight_decay(); }
+  std::optional<double> beta1() const override { return inner_->beta1(); }
+  void apply(const ShardSlice& slice, const StepContext& context) const override {
+    *largest_ = std::max(*largest_, slice.size);
+    inner_->apply(slice, context);
+  }
+  std::shared_ptr<std::int64_t> largest() const { return largest_; }
+
+ private:
+  std::unique_ptr<UpdateRule> inner_;
+  std::shared_ptr<std::int64_t> largest_ = std::make_shared<std::int64_t>(0);
+};
+
+TEST(EngineEquivalence, SubGroupSizeZeroMakesTheLargestParameterPieceTheSubGroup) {
+  // DeepSpeed's sub_group_size: 0 makes every parameter its own sub-group; zeroshard's sub-groups
+  // are tiles of the rank's shard, as large as the largest piece of one parameter in it. The
+  // update is element-wise, so the result is the default tiling's, bit for bit.
+  for (const int stage : {1, 2, 3}) {
+    const auto tensors = uneven_toy_tensors();
+    Config tiled = toy_config(stage);
+    tiled.zero_optimization.sub_group_size = 0;
+    auto rule = std::make_unique<LargestSliceRule>(rule_cases()[0].make());
+    const std::shared_ptr<std::int64_t> largest = rule->largest();
+    Engine engine = make_engine(tiled, std::move(rule));
+    const auto handles = register_toy(engine, tensors);
+    Engine whole =
+        make_engine(toy_config(stage), std::make_unique<LargestSliceRule>(rule_cases()[0].make()));
+    const auto whole_handles = register_toy(whole, tensors);
+    for (std::int64_t step = 0; step < 3; ++step) {
+      toy_micro_step(engine, tensors, handles, step);
+      engine.step();
+      toy_micro_step(whole, tensors, whole_handles, step);
+      whole.step();
+    }
+    EXPECT_EQ(engine.consolidated_parameters(), whole.consolidated_parameters())
+        << "stage " << stage;
+    std::int64_t largest_piece = 0;
+    for (const Parameter& p : handles) {
+      if (!p.trainable()) continue;
+      const std::int64_t begin = std::max(engine.flat_offset(p), engine.shard_begin());
+      const std::int64_t end = std::min(engine.flat_offset(p) + p.numel(), engine.shard_end());
+      largest_piece = std::max(largest_piece, end - begin);
+    }
+    EXPECT_EQ(*largest, largest_piece) << "stage " << stage << " rank " << engine.rank();
+  }
+}
 
 TEST(EngineEquivalence, AllgatherBucketSizeZeroGathersEverythingAtOnce) {
   // DeepSpeed's allgather_bucket_size: 0 (accepted by its config); newest DeepSpeed gathers the

@@ -33,6 +33,7 @@ float round_to(DType dtype, float value) {
     case DType::kBFloat16:
       return detail::bfloat16_to_float(detail::float_to_bfloat16(value));
     case DType::kFloat32:
+    case DType::kFloat64:
       break;
   }
   return value;
@@ -44,6 +45,8 @@ int significand_bits(DType dtype) {
       return 11;
     case DType::kBFloat16:
       return 8;
+    case DType::kFloat64:
+      return 53;
     case DType::kFloat32:
       break;
   }

@@ -74,6 +74,11 @@ float to_float(const std::uint8_t* element, DType dtype) {
     case DType::kBFloat16:
       std::memcpy(&bits, element, sizeof bits);
       return detail::bfloat16_to_float(bits);
+    case DType::kFloat64: {
+      double value = 0;
+      std::memcpy(&value, element, sizeof value);
+      return static_cast<float>(value);
+    }
   }
   return 0;
 }
@@ -82,6 +87,7 @@ float to_float(const std::uint8_t* element, DType dtype) {
 float round_to(float value, DType dtype) {
   switch (dtype) {
     case DType::kFloat32:
+    case DType::kFloat64:
       return value;
     case DType::kFloat16:
       return detail::half_to_float(detail::float_to_half(value));

@@ -71,6 +71,8 @@ ncclDataType_t nccl_type(DType dtype) {
       return ncclFloat16;
     case DType::kBFloat16:
       return ncclBfloat16;
+    case DType::kFloat64:
+      return ncclFloat64;
   }
   throw UsageError("unknown DType " + std::to_string(static_cast<int>(dtype)));
 }
