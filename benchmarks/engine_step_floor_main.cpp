@@ -273,13 +273,13 @@ double ms_since(Clock::time_point start) {
 }
 
 // The floor of one iteration: the collectives the engine's stage needs, with its bucket sizes and
-// its in-flight bound, the scalar all-reduce of the gradient norm (stages 1-3; at stage 0 every
-// rank holds the whole reduced gradient), and one AdamW pass over the elements this rank updates
-// (all of them at stage 0, its shard otherwise), on arrays of its own. What it leaves out is what
-// a perfect engine would fold into those passes: scaling the gradient by 1/world and the clip
-// coefficient, scanning it for the norm, zeroing it, copying it between buffers and, under
-// bf16/fp16, converting gradients and parameters (the floor's update runs on fp32 arrays).
-//   stage 0: all-reduce of each gradient bucket.
+// its in-flight bound, the scalar all-reduce of the gradient norm, and one AdamW pass over the
+// elements this rank updates (all of them at stage 0, its shard otherwise), on arrays of its own.
+// What it leaves out is what a perfect engine would fold into those passes: scaling the gradient
+// by 1/world and the clip coefficient, scanning it for the norm, zeroing it, copying it between
+// buffers and, under bf16/fp16, converting gradients and parameters (the floor's update runs on
+// fp32 arrays).
+//   stage 0: reduce-scatter of each gradient bucket, then the all-gather of its sums.
 //   stage 1, 2: reduce-scatter of each gradient bucket; all-gather of the parameters in
 //            allgather_bucket_size chunks after the update.
 //   stage 3: all-gather of each module for forward and again for backward (kReuseDistance), the
@@ -345,14 +345,20 @@ class Floor {
         }
       }
       pending.drain();
+    } else if (stage_ == 0) {
+      // A bucket's sums are gathered back once its reduce-scatter is complete; the gather
+      // overlaps the next bucket's reduce-scatter.
+      for (std::size_t b = 0; b < buckets_.size(); ++b) {
+        reduce_bucket(b).wait();
+        pending.push(gather_bucket(b));
+      }
+      pending.drain();
     } else {
       for (std::size_t b = 0; b < buckets_.size(); ++b) pending.push(reduce_bucket(b));
       pending.drain();
     }
-    if (stage_ != 0) {
-      float partial[2] = {1.0f, 0.0f};  // sum of squares, non-finite flag, as the engine sends
-      comm_.all_reduce(partial, 2, DType::kFloat32, ReduceOp::kSum);
-    }
+    float partial[2] = {1.0f, 0.0f};  // sum of squares, non-finite flag, as the engine sends
+    comm_.all_reduce(partial, 2, DType::kFloat32, ReduceOp::kSum);
     const Clock::time_point update_start = Clock::now();
     update();
     times.update_ms = ms_since(update_start);
@@ -390,14 +396,17 @@ class Floor {
   Request reduce_bucket(std::size_t b) {
     const Bucket& bucket = buckets_[b];
     const std::size_t dsize = zeroshard::size_of(dtype_);
-    std::byte* input = grads_.data() + bucket.begin * dsize;
-    if (stage_ == 0) {
-      return comm_.all_reduce_async(input, bucket.end - bucket.begin, dtype_, ReduceOp::kSum);
-    }
     // Two receive areas, one per reduction in flight.
-    return comm_.reduce_scatter_async(input, recv_[b % 2].data(),
+    return comm_.reduce_scatter_async(grads_.data() + bucket.begin * dsize, recv_[b % 2].data(),
                                       model_.rank_counts(bucket.begin, bucket.end), dtype_,
                                       ReduceOp::kSum);
+  }
+
+  // Stage 0: every rank's sums of bucket b, gathered in place into the whole gradients.
+  Request gather_bucket(std::size_t b) {
+    const Bucket& bucket = buckets_[b];
+    return comm_.all_gather_async(grads_.data() + bucket.begin * zeroshard::size_of(dtype_),
+                                  model_.rank_counts(bucket.begin, bucket.end), dtype_);
   }
 
   void update() {

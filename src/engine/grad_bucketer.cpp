@@ -15,6 +15,16 @@ namespace {
 // at two buckets (one being reduced while the next fills) as DeepSpeed's double buffering does.
 constexpr std::size_t kMaxInFlight = 2;
 
+// Stage 0 reduces each bucket as stages 1-3 do, a reduce-scatter over the shard boundaries, and
+// then gathers the summed parts back, so that every element is summed in the order stages 1-3 sum
+// it and stage 0 gives their results bit for bit; a ring all-reduce sends the same bytes. NCCL
+// keeps its all-reduce: with uneven shards its reduce-scatter is one reduce per rank and the
+// gather one broadcast per rank, where its all-reduce is one call that picks its algorithm.
+bool gathers_back(const EngineContext& context) {
+  return context.stage == 0 && context.world > 1 &&
+         context.config.zero_optimization.reduce_scatter && context.comm.backend() != "nccl";
+}
+
 }  // namespace
 
 GradBucketer::GradBucketer(const EngineContext& context, DType comm_dtype, bool whole_gradients,
@@ -22,7 +32,9 @@ GradBucketer::GradBucketer(const EngineContext& context, DType comm_dtype, bool 
     : context_(context),
       comm_dtype_(comm_dtype),
       whole_(whole_gradients),
-      scatter_(context.stage >= 1 && context.config.zero_optimization.reduce_scatter) {
+      gather_back_(gathers_back(context)),
+      scatter_(gather_back_ ||
+               (context.stage >= 1 && context.config.zero_optimization.reduce_scatter)) {
   // On one rank a reduce-scatter only copies into a receive area as large as the bucket; stages
   // 2-3 with whole gradients reduce in place instead, so that they never hold more than stage 0.
   if (whole_ && context_.stage >= 2 && context_.world == 1) scatter_ = false;
@@ -231,6 +243,7 @@ void GradBucketer::complete_oldest() {
   Bucket& bucket = buckets_[b];
   const auto start = std::chrono::steady_clock::now();
   bucket.request.wait();
+  if (gather_back_) gather_back(bucket);
   context_.times.reduce += seconds_since(start);
   const int stage = context_.stage;
   const DType dtype = context_.dtype;
@@ -274,6 +287,22 @@ void GradBucketer::complete_oldest() {
     slots_[bucket.slot].busy = false;
     bucket.slot = -1;
   }
+}
+
+void GradBucketer::gather_back(const Bucket& bucket) {
+  // This rank's summed part goes back to its place in the bucket (the fp32 send area when the
+  // gradients travel widened), where the all-gather fills in the other ranks' parts in place.
+  const auto counts = context_.layout.rank_counts(bucket.begin, bucket.end);
+  const auto element = static_cast<std::int64_t>(size_of(comm_dtype_));
+  char* reduced = comm_dtype_ != context_.dtype ? slot_send(bucket.slot)
+                                                : grads_full_.as<char>() + bucket.begin * element;
+  const std::int64_t lo = std::max(bucket.begin, context_.layout.shard_begin(context_.rank));
+  const std::int64_t mine = counts[context_.rank];
+  if (mine > 0) {
+    context_.backend.copy(reduced + (lo - bucket.begin) * element, slot_recv(bucket.slot),
+                          mine * element);
+  }
+  context_.comm.all_gather_async(reduced, counts, comm_dtype_).wait();
 }
 
 void GradBucketer::zero_full_grads() {

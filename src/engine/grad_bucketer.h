@@ -77,11 +77,14 @@ class GradBucketer {
   void launch_ready(std::int64_t micro_step);
   void launch(int bucket);
   void complete_oldest();
+  /// Stage 0: the bucket's reduce-scatter has completed; puts every rank's sum in its place.
+  void gather_back(const Bucket& bucket);
 
   const EngineContext& context_;
   DType comm_dtype_;
-  bool whole_ = false;    ///< the model writes grads_full_, not slots
-  bool scatter_ = false;  ///< stages 1-3 with reduce_scatter: each rank receives its part only
+  bool whole_ = false;        ///< the model writes grads_full_, not slots
+  bool gather_back_ = false;  ///< stage 0 reduces as stages 1-3 do, then all-gathers the sums
+  bool scatter_ = false;      ///< reduce-scatter: each rank receives its part only
   ReducedGradientSink* sink_ = nullptr;
   TrackedBuffer grads_full_;
   std::vector<Bucket> buckets_;           ///< in launch order (last registered parameters first)
