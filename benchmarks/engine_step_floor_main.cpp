@@ -274,11 +274,12 @@ double ms_since(Clock::time_point start) {
 
 // The floor of one iteration: the collectives the engine's stage needs, with its bucket sizes and
 // its in-flight bound, the scalar all-reduce of the gradient norm, and one AdamW pass over the
-// elements this rank updates (all of them at stage 0, its shard otherwise), on arrays of its own.
-// What it leaves out is what a perfect engine would fold into those passes: scaling the gradient
-// by 1/world and the clip coefficient, scanning it for the norm, zeroing it, copying it between
-// buffers and, under bf16/fp16, converting gradients and parameters (the floor's update runs on
-// fp32 arrays).
+// elements this rank updates (all of them at stage 0, its shard otherwise), on arrays of its own,
+// with the engine's arguments (the gradient in the model's type times a factor, and under 16 bits
+// the rounded parameters written in the same pass), so the same kernel moves the same bytes. What
+// it leaves out is what a perfect engine would fold into those passes: scaling the gradient by
+// 1/world and the clip coefficient, scanning it for the norm, zeroing it and copying it between
+// buffers.
 //   stage 0: reduce-scatter of each gradient bucket, then the all-gather of its sums.
 //   stage 1, 2: reduce-scatter of each gradient bucket; all-gather of the parameters in
 //            allgather_bucket_size chunks after the update.
@@ -428,8 +429,17 @@ class Floor {
         .eps = 1e-8f,
     };
     float* states[2] = {exp_avg_.data(), exp_avg_sq_.data()};
+    // The engine's call: the gradient read in the model's type times one factor (unscale x
+    // average x clip), and under 16 bits the rounded parameters written in the same pass.
+    const bool fp32 = dtype_ == DType::kFloat32;
     cpu_optimizer::adam(cpu_optimizer::active_isa(),
-                        {.param = master_.data(), .grad = grad32_.data(), .states = states},
+                        {.param = master_.data(),
+                         .grad = fp32 ? static_cast<const void*>(grad32_.data()) : grads_.data(),
+                         .states = states,
+                         .grad_dtype = dtype_,
+                         .grad_factor = 0.5f,
+                         .param_copy = fp32 ? nullptr : params_.data(),
+                         .param_copy_dtype = dtype_},
                         update_size_, scalars, false);
   }
 
