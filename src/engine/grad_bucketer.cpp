@@ -185,6 +185,7 @@ void GradBucketer::finish(std::int64_t micro_step) {
     while (next_launch_ < buckets_.size()) launch(static_cast<int>(next_launch_++));
   }
   while (!in_flight_.empty()) complete_oldest();
+  sink_->micro_step_reduced();
   // Slots beyond what the reductions in flight need were held by buckets written out of order:
   // the pool shrinks back so that the next step starts from the bound.
   if (slots_.size() > kMaxInFlight) {
@@ -226,8 +227,14 @@ void GradBucketer::launch(int b) {
   if (scatter_) {
     if (bucket.slot < 0) bucket.slot = acquire_slot();
     const auto counts = context_.layout.rank_counts(bucket.begin, bucket.end);
-    bucket.request = context_.comm.reduce_scatter_async(input, slot_recv(bucket.slot), counts,
-                                                        comm_dtype_, ReduceOp::kSum);
+    // Stages 2-3 with slots: this rank's part may go straight into the gradient shard, so that
+    // it is neither copied there nor zeroed before.
+    const std::int64_t lo = std::max(bucket.begin, context_.layout.shard_begin(context_.rank));
+    const std::int64_t hi = std::min(bucket.end, context_.layout.shard_end(context_.rank));
+    bucket.output = !whole_ && hi > lo ? sink_->reduce_target(lo, hi, comm_dtype_) : nullptr;
+    if (bucket.output == nullptr) bucket.output = slot_recv(bucket.slot);
+    bucket.request = context_.comm.reduce_scatter_async(input, bucket.output, counts, comm_dtype_,
+                                                        ReduceOp::kSum);
   } else {
     bucket.request = context_.comm.all_reduce_async(input, length, comm_dtype_, ReduceOp::kSum);
   }
@@ -262,7 +269,7 @@ void GradBucketer::complete_oldest() {
     // This rank's part of the sum: the receive area, or its slice of what was all-reduced.
     const char* reduced = nullptr;
     if (scatter_) {
-      reduced = slot_recv(bucket.slot);
+      reduced = static_cast<const char*>(bucket.output);
     } else if (widened) {
       reduced = slot_send(bucket.slot) + (lo - bucket.begin) * sizeof(float);
     } else if (whole_) {

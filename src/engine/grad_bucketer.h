@@ -19,7 +19,12 @@ namespace zeroshard::detail {
 class ReducedGradientSink {
  public:
   virtual ~ReducedGradientSink() = default;
+  /// Where the reduction may write part [lo, hi) in `dtype` itself, or null for a receive area;
+  /// accept_reduced() is then called with that address.
+  virtual void* reduce_target(std::int64_t lo, std::int64_t hi, DType dtype) = 0;
   virtual void accept_reduced(std::int64_t lo, std::int64_t hi, const void* data, DType dtype) = 0;
+  /// Every part of the micro-step's reductions has been accepted.
+  virtual void micro_step_reduced() = 0;
 };
 
 class GradBucketer {
@@ -60,7 +65,8 @@ class GradBucketer {
     std::int64_t end = 0;
     std::vector<int> params;
     int ready = 0;
-    int slot = -1;  ///< stages 1-3: the communication buffer it uses
+    int slot = -1;           ///< stages 1-3: the communication buffer it uses
+    void* output = nullptr;  ///< where the reduce-scatter writes this rank's part
     Request request;
   };
   /// A reusable communication buffer: input area (stages 2-3), the fp32 send area (16-bit
