@@ -29,8 +29,9 @@ struct Training {
   std::vector<double> grad_norms;
 };
 
-/// Trains the uneven toy model (shards split tensors and buckets) for `steps` optimizer steps.
-Training train(int stage, int accumulation, int steps) {
+/// Trains the uneven toy model (shards split tensors and buckets) for `steps` optimizer steps;
+/// with `drop_first`, Engine::zero_grad() after each window's first micro-step.
+Training train(int stage, int accumulation, int steps, bool drop_first = false) {
   Config config = toy_config(stage);
   // Buckets of at most 40 elements: seven of them, most split over the ranks unevenly.
   config.zero_optimization.reduce_bucket_size = 40;
@@ -53,6 +54,7 @@ Training train(int stage, int accumulation, int steps) {
     });
     const StepResult result = engine.step();
     if (result.updated) run.grad_norms.push_back(result.grad_norm);
+    if (drop_first && micro % accumulation == 0) engine.zero_grad();
   }
   EXPECT_EQ(static_cast<int>(run.grad_norms.size()), steps);
   run.parameters = engine.consolidated_parameters();
@@ -105,6 +107,19 @@ TEST(StageZeroReduction, WithAccumulationGivesStageOnesMasterWeightsBitForBit) {
   const Training actual = train(0, 3, 3);
   EXPECT_EQ(actual.grad_norms, expected.grad_norms);
   EXPECT_EQ(actual.parameters, expected.parameters);
+}
+
+// zero_grad() after a window's first micro-step leaves only the second: one micro-step's sum,
+// which every stage reduces in the same order, so stages 1-3 (stages 2-3 keep a gradient shard
+// that the next arrivals replace rather than a zeroed one) still give stage 0's weights.
+TEST_P(StageZeroReduction, ZeroGradInsideAWindowDropsItsFirstMicroStepAtEveryStage) {
+  const int stage = GetParam();
+  const Training expected = train(0, 2, 3, /*drop_first=*/true);
+  const Training actual = train(stage, 2, 3, /*drop_first=*/true);
+  EXPECT_EQ(actual.grad_norms, expected.grad_norms) << "stage " << stage;
+  EXPECT_EQ(actual.parameters, expected.parameters) << "stage " << stage;
+  EXPECT_NE(actual.parameters, train(stage, 2, 3).parameters)
+      << "the dropped micro-steps changed nothing, so the test cannot tell";
 }
 
 }  // namespace
