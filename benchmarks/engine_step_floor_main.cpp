@@ -274,13 +274,14 @@ double ms_since(Clock::time_point start) {
 }
 
 // The floor of one iteration: the collectives the engine's stage needs, with its bucket sizes and
-// its in-flight bound, the scalar all-reduce of the gradient norm (stages 1-3; at stage 0 every
-// rank holds the whole reduced gradient), and one AdamW pass over the elements this rank updates
-// (all of them at stage 0, its shard otherwise), on arrays of its own. What it leaves out is what
-// a perfect engine would fold into those passes: scaling the gradient by 1/world and the clip
-// coefficient, scanning it for the norm, zeroing it, copying it between buffers and, under
-// bf16/fp16, converting gradients and parameters (the floor's update runs on fp32 arrays).
-//   stage 0: all-reduce of each gradient bucket.
+// its in-flight bound, the scalar all-reduce of the gradient norm, and one AdamW pass over the
+// elements this rank updates (all of them at stage 0, its shard otherwise), on arrays of its own,
+// with the engine's arguments (the gradient in the model's type times a factor, and under 16 bits
+// the rounded parameters written in the same pass), so the same kernel moves the same bytes. What
+// it leaves out is what a perfect engine would fold into those passes: scaling the gradient by
+// 1/world and the clip coefficient, scanning it for the norm, zeroing it and copying it between
+// buffers.
+//   stage 0: reduce-scatter of each gradient bucket, then the all-gather of its sums.
 //   stage 1, 2: reduce-scatter of each gradient bucket; all-gather of the parameters in
 //            allgather_bucket_size chunks after the update.
 //   stage 3: all-gather of each module for forward and again for backward (kReuseDistance), the
@@ -346,14 +347,20 @@ class Floor {
         }
       }
       pending.drain();
+    } else if (stage_ == 0) {
+      // A bucket's sums are gathered back once its reduce-scatter is complete; the gather
+      // overlaps the next bucket's reduce-scatter.
+      for (std::size_t b = 0; b < buckets_.size(); ++b) {
+        reduce_bucket(b).wait();
+        pending.push(gather_bucket(b));
+      }
+      pending.drain();
     } else {
       for (std::size_t b = 0; b < buckets_.size(); ++b) pending.push(reduce_bucket(b));
       pending.drain();
     }
-    if (stage_ != 0) {
-      float partial[2] = {1.0f, 0.0f};  // sum of squares, non-finite flag, as the engine sends
-      comm_.all_reduce(partial, 2, DType::kFloat32, ReduceOp::kSum);
-    }
+    float partial[2] = {1.0f, 0.0f};  // sum of squares, non-finite flag, as the engine sends
+    comm_.all_reduce(partial, 2, DType::kFloat32, ReduceOp::kSum);
     const Clock::time_point update_start = Clock::now();
     update();
     times.update_ms = ms_since(update_start);
@@ -391,14 +398,17 @@ class Floor {
   Request reduce_bucket(std::size_t b) {
     const Bucket& bucket = buckets_[b];
     const std::size_t dsize = zeroshard::size_of(dtype_);
-    std::byte* input = grads_.data() + bucket.begin * dsize;
-    if (stage_ == 0) {
-      return comm_.all_reduce_async(input, bucket.end - bucket.begin, dtype_, ReduceOp::kSum);
-    }
     // Two receive areas, one per reduction in flight.
-    return comm_.reduce_scatter_async(input, recv_[b % 2].data(),
+    return comm_.reduce_scatter_async(grads_.data() + bucket.begin * dsize, recv_[b % 2].data(),
                                       model_.rank_counts(bucket.begin, bucket.end), dtype_,
                                       ReduceOp::kSum);
+  }
+
+  // Stage 0: every rank's sums of bucket b, gathered in place into the whole gradients.
+  Request gather_bucket(std::size_t b) {
+    const Bucket& bucket = buckets_[b];
+    return comm_.all_gather_async(grads_.data() + bucket.begin * zeroshard::size_of(dtype_),
+                                  model_.rank_counts(bucket.begin, bucket.end), dtype_);
   }
 
   void update() {
@@ -420,8 +430,17 @@ class Floor {
         .eps = 1e-8f,
     };
     float* states[2] = {exp_avg_.data(), exp_avg_sq_.data()};
+    // The engine's call: the gradient read in the model's type times one factor (unscale x
+    // average x clip), and under 16 bits the rounded parameters written in the same pass.
+    const bool fp32 = dtype_ == DType::kFloat32;
     cpu_optimizer::adam(cpu_optimizer::active_isa(),
-                        {.param = master_.data(), .grad = grad32_.data(), .states = states},
+                        {.param = master_.data(),
+                         .grad = fp32 ? static_cast<const void*>(grad32_.data()) : grads_.data(),
+                         .states = states,
+                         .grad_dtype = dtype_,
+                         .grad_factor = 0.5f,
+                         .param_copy = fp32 ? nullptr : params_.data(),
+                         .param_copy_dtype = dtype_},
                         update_size_, scalars, false);
   }
 

@@ -45,11 +45,11 @@ TEST(MemoryEstimator, MixedPrecisionAdamFollowsThePaperFormulas) {
       EXPECT_EQ(estimate(input(p, n, 1, precision)).model_state_bytes(), 4 * p + 12 * p / n);
       EXPECT_EQ(estimate(input(p, n, 2, precision)).model_state_bytes(), 2 * p + 14 * p / n);
       EXPECT_EQ(estimate(input(p, n, 3, precision)).model_state_bytes(), 16 * p / n);
-      // The 64Ki-element fp32 chunk 16-bit gradients are widened in is a bounded buffer beside
-      // the bucket slots.
-      const MemoryEstimate e = estimate(input(p, n, 0, precision));
-      EXPECT_EQ(e.at(MemoryCategory::kCommunication), 4 * kGradientScratchElements);
     }
+    // The 64Ki-element fp32 chunk 16-bit gradients are widened in is a bounded buffer beside
+    // the bucket slots (none at stage 0 on one rank).
+    const MemoryEstimate e = estimate(input(p, 1, 0, precision));
+    EXPECT_EQ(e.at(MemoryCategory::kCommunication), 4 * kGradientScratchElements);
   }
 }
 
@@ -150,10 +150,17 @@ TEST(MemoryEstimator, SendsTwoPPerStepAndThreePAtStageThree) {
   }
 }
 
-TEST(MemoryEstimator, CountsBucketsFromStageOne) {
-  EstimateInput in = input(1'000'000, 4, 0, DType::kFloat32);
+TEST(MemoryEstimator, CountsBucketsFromStageOneOnOneRankAndFromStageZeroOnSeveral) {
+  EstimateInput in = input(1'000'000, 1, 0, DType::kFloat32);
   in.reduce_bucket_size = 100'000;
+  // One rank all-reduces in place.
   EXPECT_EQ(estimate(in).at(MemoryCategory::kCommunication), 0);
+  // Several reduce-scatter into a receive area as stage 1 does, and gather the sums back in place.
+  in.ranks = 4;
+  const std::int64_t stage0 = estimate(in).at(MemoryCategory::kCommunication);
+  EXPECT_EQ(stage0, 2 * 4 * 100'000);
+  in.stage = 1;
+  EXPECT_EQ(estimate(in).at(MemoryCategory::kCommunication), stage0);
   for (int stage = 1; stage <= 3; ++stage) {
     in.stage = stage;
     const MemoryEstimate e = estimate(in);

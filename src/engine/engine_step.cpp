@@ -31,8 +31,10 @@ StepResult EngineState::step() {
   params_store_->release_all_after_step();
 
   const auto update_start = std::chrono::steady_clock::now();
-  const std::int64_t lo = context_->update_begin();
-  const std::int64_t hi = context_->update_end();
+  // Every stage scans this rank's shard and sums the ranks' parts: stage 0, which holds the whole
+  // reduced gradients, then finds the norm stages 1-3 find, bit for bit.
+  const std::int64_t lo = layout_.shard_begin(rank_);
+  const std::int64_t hi = layout_.shard_end(rank_);
   // Gradients arrive summed over ranks and micro-steps and multiplied by the loss scale.
   const double unscale = bucketer_->post_reduction_factor() /
                          (static_cast<double>(config_.gradient_accumulation_steps) * loss_scale());
@@ -41,17 +43,11 @@ StepResult EngineState::step() {
   // inspects the gradients; the update then applies unscale x clip as one fp32 factor as it reads
   // them. The owned range is contiguous (padding between tensors stays zero), so it is one scan.
   const GradientScan scan = optimizer_->scan(lo, hi);
-  // Stage 0 holds identical whole gradients on every rank; the other stages sum their shards.
-  bool nonfinite = scan.nonfinite;
-  double squares_total = scan.sum_of_squares * unscale * unscale;
-  if (stage_ != 0) {
-    float partial[2] = {static_cast<float>(squares_total), scan.nonfinite ? 1.0f : 0.0f};
-    all_reduce_host(partial, 2, ReduceOp::kSum);
-    squares_total = partial[0];
-    nonfinite = partial[1] != 0.0f || !std::isfinite(partial[0]);
-  } else {
-    nonfinite = nonfinite || !std::isfinite(squares_total);
-  }
+  float partial[2] = {static_cast<float>(scan.sum_of_squares * unscale * unscale),
+                      scan.nonfinite ? 1.0f : 0.0f};
+  all_reduce_host(partial, 2, ReduceOp::kSum);
+  const double squares_total = partial[0];
+  const bool nonfinite = partial[1] != 0.0f || !std::isfinite(partial[0]);
   // bf16 with check_grad_overflow off trusts the gradients, as DeepSpeed's BF16 optimizer does.
   const bool check = dtype_ != DType::kBFloat16 || config_.bf16.check_grad_overflow;
   if (nonfinite && check) {
@@ -73,12 +69,10 @@ StepResult EngineState::step() {
       }
     }
     zero_grad();
-    if (stage_ != 0) {
-      const auto count = static_cast<float>(params_.size());
-      float key = culprit >= 0 ? count - static_cast<float>(culprit) : 0.0f;
-      all_reduce_host(&key, 1, ReduceOp::kMax);
-      culprit = key > 0.0f ? static_cast<int>(count - key) : -1;
-    }
+    const auto count = static_cast<float>(params_.size());
+    float key = culprit >= 0 ? count - static_cast<float>(culprit) : 0.0f;
+    all_reduce_host(&key, 1, ReduceOp::kMax);
+    culprit = key > 0.0f ? static_cast<int>(count - key) : -1;
     std::ostringstream os;
     os << "non-finite gradient (inf or NaN) ";
     if (culprit >= 0) {

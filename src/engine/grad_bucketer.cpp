@@ -15,6 +15,16 @@ namespace {
 // at two buckets (one being reduced while the next fills) as DeepSpeed's double buffering does.
 constexpr std::size_t kMaxInFlight = 2;
 
+// Stage 0 reduces each bucket as stages 1-3 do, a reduce-scatter over the shard boundaries, and
+// then gathers the summed parts back, so that every element is summed in the order stages 1-3 sum
+// it and stage 0 gives their results bit for bit; a ring all-reduce sends the same bytes. NCCL
+// keeps its all-reduce: with uneven shards its reduce-scatter is one reduce per rank and the
+// gather one broadcast per rank, where its all-reduce is one call that picks its algorithm.
+bool gathers_back(const EngineContext& context) {
+  return context.stage == 0 && context.world > 1 &&
+         context.config.zero_optimization.reduce_scatter && context.comm.backend() != "nccl";
+}
+
 }  // namespace
 
 GradBucketer::GradBucketer(const EngineContext& context, DType comm_dtype, bool whole_gradients,
@@ -22,7 +32,9 @@ GradBucketer::GradBucketer(const EngineContext& context, DType comm_dtype, bool 
     : context_(context),
       comm_dtype_(comm_dtype),
       whole_(whole_gradients),
-      scatter_(context.stage >= 1 && context.config.zero_optimization.reduce_scatter) {
+      gather_back_(gathers_back(context)),
+      scatter_(gather_back_ ||
+               (context.stage >= 1 && context.config.zero_optimization.reduce_scatter)) {
   // On one rank a reduce-scatter only copies into a receive area as large as the bucket; stages
   // 2-3 with whole gradients reduce in place instead, so that they never hold more than stage 0.
   if (whole_ && context_.stage >= 2 && context_.world == 1) scatter_ = false;
@@ -182,6 +194,7 @@ void GradBucketer::finish(std::int64_t micro_step) {
     while (next_launch_ < buckets_.size()) launch(static_cast<int>(next_launch_++));
   }
   while (!in_flight_.empty()) complete_oldest();
+  sink_->micro_step_reduced();
   // Slots beyond what the reductions in flight need were held by buckets written out of order:
   // the pool shrinks back so that the next step starts from the bound.
   if (slots_.size() > kMaxInFlight) {
@@ -224,8 +237,14 @@ void GradBucketer::launch(int b) {
   if (scatter_) {
     if (bucket.slot < 0) bucket.slot = acquire_slot();
     const auto counts = context_.layout.rank_counts(bucket.begin, bucket.end);
-    bucket.request = context_.comm.reduce_scatter_async(input, slot_recv(bucket.slot), counts,
-                                                        comm_dtype_, ReduceOp::kSum);
+    // Stages 2-3 with slots: this rank's part may go straight into the gradient shard, so that
+    // it is neither copied there nor zeroed before.
+    const std::int64_t lo = std::max(bucket.begin, context_.layout.shard_begin(context_.rank));
+    const std::int64_t hi = std::min(bucket.end, context_.layout.shard_end(context_.rank));
+    bucket.output = !whole_ && hi > lo ? sink_->reduce_target(lo, hi, comm_dtype_) : nullptr;
+    if (bucket.output == nullptr) bucket.output = slot_recv(bucket.slot);
+    bucket.request = context_.comm.reduce_scatter_async(input, bucket.output, counts, comm_dtype_,
+                                                        ReduceOp::kSum);
   } else {
     bucket.request = context_.comm.all_reduce_async(input, length, comm_dtype_, ReduceOp::kSum);
   }
@@ -241,6 +260,7 @@ void GradBucketer::complete_oldest() {
   Bucket& bucket = buckets_[b];
   const auto start = std::chrono::steady_clock::now();
   bucket.request.wait();
+  if (gather_back_) gather_back(bucket);
   context_.times.reduce += seconds_since(start);
   const int stage = context_.stage;
   const DType dtype = context_.dtype;
@@ -259,7 +279,7 @@ void GradBucketer::complete_oldest() {
     // This rank's part of the sum: the receive area, or its slice of what was all-reduced.
     const char* reduced = nullptr;
     if (scatter_) {
-      reduced = slot_recv(bucket.slot);
+      reduced = static_cast<const char*>(bucket.output);
     } else if (widened) {
       reduced = slot_send(bucket.slot) + (lo - bucket.begin) * sizeof(float);
     } else if (whole_) {
@@ -284,6 +304,22 @@ void GradBucketer::complete_oldest() {
     slots_[bucket.slot].busy = false;
     bucket.slot = -1;
   }
+}
+
+void GradBucketer::gather_back(const Bucket& bucket) {
+  // This rank's summed part goes back to its place in the bucket (the fp32 send area when the
+  // gradients travel widened), where the all-gather fills in the other ranks' parts in place.
+  const auto counts = context_.layout.rank_counts(bucket.begin, bucket.end);
+  const auto element = static_cast<std::int64_t>(size_of(comm_dtype_));
+  char* reduced = comm_dtype_ != context_.dtype ? slot_send(bucket.slot)
+                                                : grads_full_.as<char>() + bucket.begin * element;
+  const std::int64_t lo = std::max(bucket.begin, context_.layout.shard_begin(context_.rank));
+  const std::int64_t mine = counts[context_.rank];
+  if (mine > 0) {
+    context_.backend.copy(reduced + (lo - bucket.begin) * element, slot_recv(bucket.slot),
+                          mine * element);
+  }
+  context_.comm.all_gather_async(reduced, counts, comm_dtype_).wait();
 }
 
 void GradBucketer::zero_full_grads() {

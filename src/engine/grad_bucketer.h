@@ -20,12 +20,17 @@ namespace zeroshard::detail {
 class ReducedGradientSink {
  public:
   virtual ~ReducedGradientSink() = default;
+  /// Where the reduction may write part [lo, hi) in `dtype` itself, or null for a receive area;
+  /// accept_reduced() is then called with that address.
+  virtual void* reduce_target(std::int64_t lo, std::int64_t hi, DType dtype) = 0;
   virtual void accept_reduced(std::int64_t lo, std::int64_t hi, const void* data, DType dtype) = 0;
   /// Before the first delivery: no delivery holds more than `elements` elements of `dtype`.
   virtual void expect_deliveries(std::int64_t elements, DType dtype) = 0;
   /// Called before memory once handed to accept_reduced() is written or freed: a sink that reads
   /// it with copies in flight makes later work on the compute stream wait for them.
   virtual void before_reuse() = 0;
+  /// Every part of the micro-step's reductions has been accepted.
+  virtual void micro_step_reduced() = 0;
 };
 
 class GradBucketer {
@@ -66,7 +71,8 @@ class GradBucketer {
     std::int64_t end = 0;
     std::vector<int> params;
     int ready = 0;
-    int slot = -1;  ///< stages 1-3: the communication buffer it uses
+    int slot = -1;           ///< stages 1-3: the communication buffer it uses
+    void* output = nullptr;  ///< where the reduce-scatter writes this rank's part
     Request request;
   };
   /// A reusable communication buffer: input area (stages 2-3), the fp32 send area (16-bit
@@ -83,11 +89,14 @@ class GradBucketer {
   void launch_ready(std::int64_t micro_step);
   void launch(int bucket);
   void complete_oldest();
+  /// Stage 0: the bucket's reduce-scatter has completed; puts every rank's sum in its place.
+  void gather_back(const Bucket& bucket);
 
   const EngineContext& context_;
   DType comm_dtype_;
-  bool whole_ = false;    ///< the model writes grads_full_, not slots
-  bool scatter_ = false;  ///< stages 1-3 with reduce_scatter: each rank receives its part only
+  bool whole_ = false;        ///< the model writes grads_full_, not slots
+  bool gather_back_ = false;  ///< stage 0 reduces as stages 1-3 do, then all-gathers the sums
+  bool scatter_ = false;      ///< reduce-scatter: each rank receives its part only
   ReducedGradientSink* sink_ = nullptr;
   TrackedBuffer grads_full_;
   std::vector<Bucket> buckets_;           ///< in launch order (last registered parameters first)

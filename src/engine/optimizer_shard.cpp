@@ -118,24 +118,52 @@ void OptimizerShard::before_reuse() {
   if (staging_) staging_->order_compute_after();
 }
 
+void* OptimizerShard::reduce_target(std::int64_t lo, std::int64_t /*hi*/, DType dtype) {
+  // The collective writes the shard itself when its part replaces what is there and it can reach
+  // it (the communicator's buffers are the device's).
+  if (!replace_ || grad_shard_.empty() || dtype != grad_shard_dtype_ ||
+      grad_shard_.location() != context_.backend.memory().location()) {
+    return nullptr;
+  }
+  return grad_shard_.as<char>() + (lo - owned_begin_) * size_of(grad_shard_dtype_);
+}
+
+void OptimizerShard::micro_step_reduced() {
+  if (!arrived_) return;
+  arrived_ = false;
+  replace_ = false;
+}
+
 void OptimizerShard::accept_reduced(std::int64_t lo, std::int64_t hi, const void* data,
                                     DType dtype) {
   // Stage 1 on the device reads its shard where the bucketer left it.
   if (grad_shard_.empty()) return;
+  arrived_ = true;
   const std::int64_t count = hi - lo;
   void* destination = grad_shard_.as<char>() + (lo - owned_begin_) * size_of(grad_shard_dtype_);
+  if (data == destination) return;  // reduced in place (reduce_target)
+  // The first micro-step of a window stores its parts; later ones add to them.
+  const auto land = [this, destination, dtype, count, replace = replace_](const void* source) {
+    if (!replace) {
+      update_backend_->accumulate(destination, grad_shard_dtype_, source, dtype, count);
+    } else if (dtype == grad_shard_dtype_) {
+      update_backend_->copy(destination, source, count * size_of(dtype));
+    } else if (grad_shard_dtype_ == DType::kFloat32) {
+      update_backend_->widen(source, dtype, static_cast<float*>(destination), count, 1.0f);
+    } else {
+      update_backend_->narrow(static_cast<const float*>(source), destination, grad_shard_dtype_,
+                              count);
+    }
+  };
   if (!staging_) {
-    update_backend_->accumulate(destination, grad_shard_dtype_, data, dtype, count);
+    land(data);
     return;
   }
-  // Offloaded: the bucket travels to the host on the copy stream while backward goes on, and is
-  // added into the shard once it has arrived (when its half is needed again, or at the step).
+  // Offloaded: the bucket travels to the host on the copy stream while backward goes on, and
+  // lands in the shard once it has arrived (when its half is needed again, or at the step).
   const char* host = staging_->acquire();
   staging_->to_host(data, static_cast<std::size_t>(count) * size_of(dtype),
-                    [this, destination, host, dtype, count] {
-                      update_backend_->accumulate(destination, grad_shard_dtype_, host, dtype,
-                                                  count);
-                    });
+                    [land, host] { land(host); });
 }
 
 void OptimizerShard::land_gradients() {
@@ -148,7 +176,13 @@ void OptimizerShard::finish_write_back() {
 
 void OptimizerShard::zero_gradients() {
   land_gradients();
+  if (!arrived_) {
+    replace_ = true;
+    return;
+  }
+  // Part of this micro-step has arrived: the rest adds to zeros.
   update_backend_->zero(grad_shard_.data(), grad_shard_.bytes());
+  replace_ = false;
 }
 
 OptimizerShard::GradView OptimizerShard::gradients() const {

@@ -34,9 +34,12 @@ class OptimizerShard final : public ReducedGradientSink {
   /// Tests only: a fault in the swap file of `array` (0 the master, 1 + k state k).
   void inject_swap_fault(int array, const IoFault& fault) { swapped_->inject_fault(array, fault); }
 
+  void* reduce_target(std::int64_t lo, std::int64_t hi, DType dtype) override;
   void accept_reduced(std::int64_t lo, std::int64_t hi, const void* data, DType dtype) override;
   void expect_deliveries(std::int64_t elements, DType dtype) override;
   void before_reuse() override;
+  void micro_step_reduced() override;
+  /// Drops this window's gradients: the next micro-step's arrivals replace the shard.
   void zero_gradients();
   /// Sum of squares and inf/NaN check of the reduced gradients of [lo, hi) (owned elements).
   GradientScan scan(std::int64_t lo, std::int64_t hi);
@@ -129,6 +132,10 @@ class OptimizerShard final : public ReducedGradientSink {
   std::vector<TrackedBuffer> states_;
   TrackedBuffer grad_shard_;  ///< stages 2-3 or offloaded: the reduced gradients of the shard
   DType grad_shard_dtype_;
+  /// The shard holds nothing of this accumulation window, so arrivals store instead of adding:
+  /// it is never zeroed in a pass of its own.
+  bool replace_ = true;
+  bool arrived_ = false;   ///< some part has arrived in the micro-step in progress
   TrackedBuffer scratch_;  ///< fp32 working chunk for 16-bit gradients (communication bytes)
   /// Offloaded: pinned host memory where reduced gradients arrive and updated 16-bit parameters
   /// leave, each half on the copy stream while the host works on the other.

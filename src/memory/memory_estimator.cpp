@@ -203,14 +203,16 @@ constexpr Rule kRules[] = {
        return swaps_optimizer(t.in) ? t.swap_file(t.k) : 4 * t.k * t.updated();
      },
      where_optimizer_lives},
-    // Communication slots, at most two (one bucket reducing while the next fills): stage 0
-    // all-reduces the gradients in place; from stage 1 each slot has a receive area for this
-    // rank's share of a bucket, and from stage 2 also the bucket itself, as gradients go
-    // straight into it.
+    // Communication slots, at most two (one bucket reducing while the next fills): each slot
+    // has a receive area for this rank's share of a bucket (stage 0 too on several ranks: it
+    // reduce-scatters as stages 1-3 do and gathers the sums back in place; an upper bound under
+    // NCCL, where stage 0 all-reduces in place), and from stage 2 also the bucket itself, as
+    // gradients go straight into it.
     {MemoryCategory::kCommunication,
      [](const Terms& t) -> std::int64_t {
        const std::int64_t input = t.stage >= 2 ? t.bucket : 0;
-       const std::int64_t receive = t.stage >= 1 && t.in.reduce_scatter ? t.receive : 0;
+       const bool scatters = t.stage >= 1 || t.in.ranks > 1;
+       const std::int64_t receive = scatters && t.in.reduce_scatter ? t.receive : 0;
        // communication_data_type fp32 with 16-bit gradients: an fp32 send area for the whole
        // bucket, and the receive area in fp32.
        const bool widened = t.in.fp32_communication && t.d != 4;

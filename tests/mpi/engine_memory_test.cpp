@@ -58,9 +58,10 @@ TEST_P(EngineMemory, ModelStateBytesMatchTheZeroFormulas) {
   }
   const MemoryReport report = engine.memory_report();
   // Communication buffers: at most two buckets in flight, each an input area (stages 2-3) and a
-  // receive area of at most one shard's share of a bucket.
+  // receive area of at most one shard's share of a bucket (stage 0 too on several ranks).
   const std::int64_t bucket = 200;
-  const std::int64_t per_slot = (stage >= 2 ? bucket : 0) + (stage >= 1 ? bucket : 0);
+  const bool receives = stage >= 1 || engine.world_size() > 1;
+  const std::int64_t per_slot = (stage >= 2 ? bucket : 0) + (receives ? bucket : 0);
   EXPECT_LE(report.at(MemoryCategory::kCommunication, where).peak,
             2 * per_slot * 4 + backend_workspace_allowance(engine));
   if (stage == 3) {
@@ -81,16 +82,18 @@ TEST_P(EngineMemory, ElementsSentPerStepMatchTheory) {
     toy_micro_step(engine, tensors, handles, step);
     engine.step();
     const TrafficCounters& t = engine.communicator().traffic();
-    // Stages 1-3 also all-reduce two scalars (sum of squares, non-finite count): 2 x 2.
-    const std::int64_t scalars = stage == 0 ? 0 : 4;
+    // Every stage also all-reduces two scalars (sum of squares, non-finite count): 2 x 2.
+    const std::int64_t scalars = 4;
     const std::int64_t expected = (stage == 3 ? 3 * kP : 2 * kP) + scalars;
     EXPECT_EQ(t.total_elements(), expected) << "stage " << stage << " step " << step;
     const int all_reduce = static_cast<int>(Collective::kAllReduce);
     const int reduce_scatter = static_cast<int>(Collective::kReduceScatter);
     const int all_gather = static_cast<int>(Collective::kAllGather);
-    if (stage == 0) {
-      EXPECT_EQ(t.elements[all_reduce], 2 * kP);
+    if (stage == 0 && engine.world_size() == 1) {
+      // One rank has nothing to scatter: stage 0 all-reduces in place.
+      EXPECT_EQ(t.elements[all_reduce], 2 * kP + scalars);
     } else {
+      // Stage 0 reduce-scatters as stages 1-3 do, then gathers the sums back.
       EXPECT_EQ(t.elements[reduce_scatter], kP);
       EXPECT_EQ(t.elements[all_gather], stage == 3 ? 2 * kP : kP);
     }

@@ -402,8 +402,10 @@ TEST_P(Fp32Communication, RoundsTheSumOnceSoAnyGradientsMatchTheReference) {
     ASSERT_TRUE(engine.step().updated);
     reference.step(step, gradient, scale, 0.0);
     const TrafficCounters& traffic = engine.communicator().traffic();
+    // Stage 0 reduce-scatters as stages 1-3 do, except on one rank, where it all-reduces.
+    const bool all_reduces = stage == 0 && engine.world_size() == 1;
     const int reduction =
-        static_cast<int>(stage == 0 ? Collective::kAllReduce : Collective::kReduceScatter);
+        static_cast<int>(all_reduces ? Collective::kAllReduce : Collective::kReduceScatter);
     EXPECT_EQ(traffic.bytes[reduction], 4 * traffic.elements[reduction]) << "sent as fp32";
   }
   const std::vector<float> actual = engine.consolidated_parameters();
@@ -794,11 +796,12 @@ TEST_P(MixedPrecisionMemory, ModelStateBytesMatchTheZeroFormulas) {
     EXPECT_EQ(report.model_state_bytes(where), params + grads + master + states);
   }
   // Outside the model states, and bounded: at most two buckets in flight, each an input area
-  // (stages 2-3) and a receive area of at most one bucket, in the model's type; plus the fp32
-  // chunk 16-bit gradients are widened in, at most 2^16 elements (2^25 on a GPU) and never more
-  // than the elements this rank updates.
+  // (stages 2-3) and a receive area of at most one bucket (stage 0 too on several ranks), in the
+  // model's type; plus the fp32 chunk 16-bit gradients are widened in, at most 2^16 elements
+  // (2^25 on a GPU) and never more than the elements this rank updates.
   const std::int64_t bucket = 200;
-  const std::int64_t per_slot = (stage >= 2 ? bucket : 0) + (stage >= 1 ? bucket : 0);
+  const bool receives = stage >= 1 || n > 1;
+  const std::int64_t per_slot = (stage >= 2 ? bucket : 0) + (receives ? bucket : 0);
   const std::int64_t owned = stage == 0 ? kP : kP / n;
   const std::int64_t widening =
       std::min<std::int64_t>(owned, engine.device().is_cuda() ? 1 << 25 : 1 << 16) * 4;

@@ -312,7 +312,8 @@ data_bytes_sent() {
 # Whole runs are counted, start-up included, and divided by the steps: an upper bound per step.
 run_trainer_bytes() {
   check_placement
-  # Stage 0 is an all-reduce, a ring in OpenMPI: its bytes are the reference.
+  # Stage 0 (a reduce-scatter and an all-gather of the gradients, a ring all-reduce's bytes) is
+  # the reference.
   local stage algorithm before log per_step stage0='' steps=20
   for stage in 0 1 2 3; do
     for algorithm in ring mpi; do
