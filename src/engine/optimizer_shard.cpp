@@ -116,10 +116,15 @@ void OptimizerShard::accept_reduced(std::int64_t lo, std::int64_t hi, const void
     source = host;
   }
   update_backend_->accumulate(destination, grad_shard_dtype_, source, dtype, count);
+  grad_shard_zero_ = false;
 }
 
 void OptimizerShard::zero_gradients() {
+  // Only accept_reduced() writes the shard (the rules read it), so a shard zeroed since is
+  // still zero: load_checkpoint() then skips a pass over a gigabyte-sized buffer.
+  if (grad_shard_zero_) return;
   update_backend_->zero(grad_shard_.data(), grad_shard_.bytes());
+  grad_shard_zero_ = true;
 }
 
 OptimizerShard::GradView OptimizerShard::gradients() const {

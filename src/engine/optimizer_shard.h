@@ -114,7 +114,8 @@ class OptimizerShard final : public ReducedGradientSink {
   bool master_aliases_params_ = false;  ///< fp32 on the device: the parameters are the master
   TrackedBuffer master_;
   std::vector<TrackedBuffer> states_;
-  TrackedBuffer grad_shard_;  ///< stages 2-3 or offloaded: the reduced gradients of the shard
+  TrackedBuffer grad_shard_;      ///< stages 2-3 or offloaded: the reduced gradients of the shard
+  bool grad_shard_zero_ = false;  ///< zeroed, and no gradient accepted since
   DType grad_shard_dtype_;
   TrackedBuffer scratch_;  ///< fp32 working chunk for 16-bit gradients (communication bytes)
   /// Offload on a GPU: pinned host memory where reduced gradients arrive and updated 16-bit
