@@ -30,7 +30,8 @@ namespace zeroshard::detail {
 
 namespace {
 
-// Elements per read when a section is streamed through a bounce buffer (16 MiB of fp32).
+// Elements per read of a section (16 MiB of fp32): the unit that is read on the worker while the
+// caller checksums the previous one.
 constexpr std::int64_t kReadChunk = std::int64_t{1} << 22;
 
 std::string errno_text() { return std::strerror(errno); }
