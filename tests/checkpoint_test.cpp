@@ -1,6 +1,7 @@
-// The checkpoint format on one rank: CRC-32C, the manifest's round trip, and crash safety: a
-// process killed between its shard writes and the `latest` update leaves the previous checkpoint
-// the one that loads, and a save that never completed is never loaded.
+// The checkpoint format on one rank: CRC-32C, the manifest's round trip, the checked reading of
+// shard sections, and crash safety: a process killed between its shard writes and the `latest`
+// update leaves the previous checkpoint the one that loads, and a save that never completed is
+// never loaded.
 #include <gtest/gtest.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -9,11 +10,13 @@
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include "checkpoint/checkpoint_format.h"
 #include "comm/self_communicator.h"
+#include "crc32c.h"
 #include "mpi/toy_model.h"
 
 extern char** environ;
@@ -150,6 +153,110 @@ TEST_P(CheckpointCrash, LeavesThePreviousCheckpointTheLatest) {
 
 INSTANTIATE_TEST_SUITE_P(AtEachCommitPoint, CheckpointCrash,
                          ::testing::Values("before_rename", "before_latest"));
+
+/// Element `flat` of section `section` in the synthetic rank files (exact in fp32).
+float synthetic_value(int section, std::int64_t flat) {
+  return static_cast<float>(flat % 1000003) + 0.5f * static_cast<float>(section);
+}
+
+/// Two rank files of two sections each, large enough for several read chunks (16 MiB) with a
+/// tail: section 0 starts 4096-aligned (read through O_DIRECT where the file system allows it,
+/// its tail through the page cache), section 1 does not (read through the page cache).
+class ShardReaderFiles : public ::testing::Test {
+ protected:
+  static constexpr std::int64_t kShard = (std::int64_t{1} << 22) + 1008;
+
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("zeroshard-reader-" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    m_.world_size = 2;
+    m_.state_count = 1;
+    m_.shard_size = kShard;
+    m_.padded_total = 2 * kShard;
+    std::vector<float> section(static_cast<std::size_t>(kShard));
+    for (int r = 0; r < 2; ++r) {
+      detail::ManifestFile file{detail::shard_file_name(r), 2 * kShard * 4, {}};
+      std::ofstream out(dir_ / file.name, std::ios::binary);
+      for (int k = 0; k < 2; ++k) {
+        for (std::int64_t i = 0; i < kShard; ++i) section[i] = synthetic_value(k, r * kShard + i);
+        out.write(reinterpret_cast<const char*>(section.data()), kShard * 4);
+        file.section_crc.push_back(detail::crc32c(section.data(), kShard * 4));
+      }
+      m_.shards.push_back(file);
+    }
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Flips one byte at `offset` of rank file `rank`.
+  void damage(int rank, std::int64_t offset) {
+    std::fstream f(dir_ / detail::shard_file_name(rank),
+                   std::ios::binary | std::ios::in | std::ios::out);
+    f.seekg(offset);
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x40);
+    f.seekp(offset);
+    f.write(&c, 1);
+  }
+
+  fs::path dir_;
+  detail::Manifest m_;
+};
+
+TEST_F(ShardReaderFiles, ReadsEveryElementOfAWholeShardAndOfARangeAcrossFiles) {
+  const detail::ShardReader reader(m_, dir_.string());
+  for (int section = 0; section < 2; ++section) {
+    // A whole rank file's section, read into place, and a range across both files, read
+    // through the bounce buffers, padded past the saved total with zeros.
+    const std::int64_t ranges[2][2] = {{kShard, 2 * kShard}, {kShard - 5000, 2 * kShard + 40}};
+    for (const auto& range : ranges) {
+      std::vector<float> out(static_cast<std::size_t>(range[1] - range[0]), -1.0f);
+      reader.read(section, range[0], range[1], out.data());
+      std::int64_t wrong = 0;
+      for (std::int64_t flat = range[0]; flat < range[1]; ++flat) {
+        const float expected = flat < 2 * kShard ? synthetic_value(section, flat) : 0.0f;
+        wrong += out[flat - range[0]] != expected;
+      }
+      EXPECT_EQ(wrong, 0) << "section " << section << ", range [" << range[0] << ", " << range[1]
+                          << ")";
+    }
+  }
+}
+
+TEST_F(ShardReaderFiles, ADamagedByteInAnyChunkIsNamed) {
+  // In the aligned section's last full chunk, in its tail, and in the unaligned section.
+  const std::int64_t offsets[] = {(std::int64_t{1} << 24) - 3, kShard * 4 - 2, kShard * 4 + 777};
+  const char* sections[] = {"section 0", "section 0", "section 1"};
+  for (int i = 0; i < 3; ++i) {
+    damage(1, offsets[i]);
+    std::vector<float> out(static_cast<std::size_t>(kShard));
+    try {
+      detail::ShardReader(m_, dir_.string()).read(i < 2 ? 0 : 1, kShard, 2 * kShard, out.data());
+      ADD_FAILURE() << "a damaged byte at " << offsets[i] << " was read";
+    } catch (const CheckpointError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("rank_00001.bin"), std::string::npos) << what;
+      EXPECT_NE(what.find(sections[i]), std::string::npos) << what;
+      EXPECT_NE(what.find("damaged"), std::string::npos) << what;
+    }
+    damage(1, offsets[i]);  // restored
+  }
+}
+
+TEST_F(ShardReaderFiles, ATruncatedFileIsNamedWhereItEnds) {
+  // Inside the first chunk, not on a block boundary: the direct read comes back short.
+  fs::resize_file(dir_ / detail::shard_file_name(0), (std::int64_t{1} << 24) - 10000);
+  std::vector<float> out(static_cast<std::size_t>(kShard));
+  try {
+    detail::ShardReader(m_, dir_.string()).read(0, 0, kShard, out.data());
+    ADD_FAILURE() << "a truncated file was read";
+  } catch (const CheckpointError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("rank_00000.bin"), std::string::npos) << what;
+    EXPECT_NE(what.find("truncated"), std::string::npos) << what;
+  }
+}
 
 }  // namespace
 }  // namespace zeroshard::testing

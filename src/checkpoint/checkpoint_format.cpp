@@ -9,11 +9,16 @@
 #include <array>
 #include <cerrno>
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <memory>
 #include <nlohmann/json.hpp>  // nlohmann::json
+#include <optional>
 #include <sstream>
 #include <utility>
 
@@ -25,7 +30,8 @@ namespace zeroshard::detail {
 
 namespace {
 
-// Elements per read when a section is streamed through a bounce buffer (16 MiB of fp32).
+// Elements per read of a section (16 MiB of fp32): the unit that is read on the worker while the
+// caller checksums the previous one.
 constexpr std::int64_t kReadChunk = std::int64_t{1} << 22;
 
 std::string errno_text() { return std::strerror(errno); }
@@ -403,32 +409,129 @@ void ShardReader::check_files(std::int64_t lo, std::int64_t hi) const {
   }
 }
 
+namespace {
+
+// O_DIRECT needs the file offset, the length and the memory aligned to the logical block size;
+// 4096 covers every common drive (512 and 4096-byte sectors).
+constexpr std::int64_t kDirectAlign = 4096;
+
+struct AlignedFree {
+  void operator()(float* p) const noexcept { std::free(p); }
+};
+using AlignedChunk = std::unique_ptr<float[], AlignedFree>;
+
+AlignedChunk aligned_chunk(std::int64_t count) {
+  void* p = std::aligned_alloc(kDirectAlign, static_cast<std::size_t>(count) * sizeof(float));
+  if (p == nullptr) {
+    throw OutOfMemoryError("cannot allocate a " + std::to_string(count * 4) +
+                           "-byte read buffer for a checkpoint");
+  }
+  return AlignedChunk(static_cast<float*>(p));
+}
+
+// One file read front to back. Aligned ranges go through O_DIRECT: the drive writes straight
+// into the caller's memory, with no copy out of the page cache (the CPU is then free for the
+// checksum) and no cache filled with a shard that is read once. Anything else, or a file system
+// that refuses O_DIRECT, goes through the page cache with sequential read-ahead.
+class SequentialReader {
+ public:
+  explicit SequentialReader(const std::string& path) : buffered_(FileHandle::open_read(path)) {
+    ::posix_fadvise(buffered_.fd(), 0, 0, POSIX_FADV_SEQUENTIAL);  // advice: failure is harmless
+    const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+    if (fd >= 0) direct_.emplace(fd, path);
+  }
+
+  /// Exactly `bytes` at `offset` into `data`; CheckpointError when the file ends first.
+  void read(void* data, std::size_t bytes, std::int64_t offset) {
+    auto* p = static_cast<char*>(data);
+    if (direct_ && offset % kDirectAlign == 0 &&
+        reinterpret_cast<std::uintptr_t>(p) % kDirectAlign == 0) {
+      const std::size_t aligned = bytes / kDirectAlign * kDirectAlign;
+      const std::size_t done = read_direct(p, aligned, offset);
+      p += done;
+      offset += static_cast<std::int64_t>(done);
+      bytes -= done;
+    }
+    // The unaligned tail, a short direct read at the end of a truncated file (reported here), or
+    // everything when O_DIRECT is unavailable.
+    buffered_.pread_all(p, bytes, offset);
+  }
+
+ private:
+  // Returns how many bytes it read; stops early at the end of the file, and for good when the
+  // file system refuses O_DIRECT reads (EINVAL).
+  std::size_t read_direct(char* p, std::size_t bytes, std::int64_t offset) {
+    std::size_t done = 0;
+    while (done < bytes) {
+      const ssize_t n = ::pread(direct_->fd(), p + done,
+                                std::min<std::size_t>(bytes - done, std::size_t{1} << 30),
+                                offset + static_cast<std::int64_t>(done));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno != EINVAL) io_fail("cannot read", buffered_.path());
+        direct_.reset();
+        break;
+      }
+      done += static_cast<std::size_t>(n);
+      if (n == 0 || n % kDirectAlign != 0) break;
+    }
+    return done;
+  }
+
+  FileHandle buffered_;
+  std::optional<FileHandle> direct_;  ///< empty when the file system refuses O_DIRECT
+};
+
+// Writes one byte of each page of `bytes` at `data`, which is about to be overwritten.
+void touch_pages(float* data, std::int64_t bytes) {
+  constexpr std::int64_t kPage = 4096;
+  auto* p = reinterpret_cast<volatile char*>(data);
+  for (std::int64_t at = 0; at < bytes; at += kPage) p[at] = 0;
+}
+
+}  // namespace
+
 void ShardReader::read(int section, std::int64_t lo, std::int64_t hi, float* out) const {
   const std::int64_t s = manifest_.shard_size;
   const std::int64_t saved_hi = std::min(hi, manifest_.padded_total);
   if (saved_hi < hi)
     std::fill(out + std::max<std::int64_t>(0, saved_hi - lo), out + (hi - lo), 0.0f);
-  std::vector<float> bounce;
+  std::array<AlignedChunk, 2> bounce;
   for (std::int64_t f = lo / s; f < manifest_.world_size && f * s < saved_hi; ++f) {
     const ManifestFile& file = manifest_.shards[f];
     const std::string path = dir_ + "/" + file.name;
-    const FileHandle handle = FileHandle::open_read(path);
+    SequentialReader reader(path);
     const std::int64_t file_lo = f * s;
     const std::int64_t base = static_cast<std::int64_t>(section) * s * 4;
     // The whole section is read to check its checksum; the part inside [lo, hi) is kept. When
-    // the section lies inside the range it is read straight into place.
+    // the section lies inside the range it is read straight into place, else through two
+    // alternating bounce buffers.
     const bool direct = file_lo >= lo && file_lo + s <= hi;
+    if (!direct && !bounce[0]) {
+      bounce[0] = aligned_chunk(kReadChunk);
+      bounce[1] = aligned_chunk(kReadChunk);
+    }
+    const std::int64_t chunks = (s + kReadChunk - 1) / kReadChunk;
+    const auto chunk_at = [&](std::int64_t k) {
+      return direct ? out + (file_lo + k * kReadChunk - lo) : bounce[k % 2].get();
+    };
+    const auto length = [&](std::int64_t k) { return std::min(kReadChunk, s - k * kReadChunk); };
+    const auto read_chunk = [&](std::int64_t k) {
+      reader.read(chunk_at(k), length(k) * 4, base + k * kReadChunk * 4);
+    };
+    // Chunk k + 1 is read on a worker while the caller checksums chunk k: the drive never waits
+    // for the CRC. A pending future's destructor waits for its read, so nothing outlives a throw.
+    std::future<void> pending = std::async(std::launch::async, read_chunk, std::int64_t{0});
     std::uint32_t crc = 0;
-    for (std::int64_t at = 0; at < s; at += kReadChunk) {
-      const std::int64_t n = std::min(kReadChunk, s - at);
-      float* chunk;
-      if (direct) {
-        chunk = out + (file_lo + at - lo);
-      } else {
-        bounce.resize(static_cast<std::size_t>(kReadChunk));
-        chunk = bounce.data();
-      }
-      handle.pread_all(chunk, n * 4, base + at * 4);
+    for (std::int64_t k = 0; k < chunks; ++k) {
+      // The caller maps chunk k + 1's pages while chunk k is read: fresh memory faults page by
+      // page (the kernel zeroes each), and done by the worker it would idle the drive.
+      if (direct && k + 1 < chunks) touch_pages(chunk_at(k + 1), length(k + 1) * 4);
+      pending.get();
+      if (k + 1 < chunks) pending = std::async(std::launch::async, read_chunk, k + 1);
+      const float* chunk = chunk_at(k);
+      const std::int64_t at = k * kReadChunk;
+      const std::int64_t n = length(k);
       crc = crc32c(chunk, n * 4, crc);
       if (!direct) {
         const std::int64_t a = std::max(lo, file_lo + at);

@@ -16,7 +16,6 @@ namespace zeroshard::detail {
 /// Bumped whenever a reader of the previous version could misread a new checkpoint.
 inline constexpr int kCheckpointFormatVersion = 1;
 
-
 struct ManifestTensor {
   std::string name;
   std::vector<std::int64_t> shape;
@@ -110,6 +109,7 @@ class FileHandle {
   static FileHandle open_read(const std::string& path);
 
   const std::string& path() const noexcept { return path_; }
+  int fd() const noexcept { return fd_; }
   std::int64_t size() const;
   void write_all(const void* data, std::size_t bytes);
   void pwrite_all(const void* data, std::size_t bytes, std::int64_t offset);

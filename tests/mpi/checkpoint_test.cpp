@@ -108,7 +108,10 @@ TEST_P(CheckpointResume, GivesTheParametersOfARunThatNeverStopped) {
   }
   Engine resumed = make_engine(resume_config(stage, dtype, offload), rule_cases()[0].make());
   const std::vector<Parameter> handles = register_toy(resumed, tensors);
-  // The fresh engine's own initial values and step must all be replaced.
+  // The fresh engine's own initial values and step must all be replaced, and the gradients of
+  // its half-done accumulation window dropped.
+  toy_micro_step_any_precision(resumed, tensors, handles, 0);
+  resumed.step();
   const CheckpointInfo info = resumed.load_checkpoint(dir);
   EXPECT_EQ(info.tag, "step3");
   EXPECT_EQ(info.global_step, kSaveAt);
