@@ -9,8 +9,10 @@
 #include <deque>
 #include <exception>
 #include <filesystem>
+#include <optional>
 #include <string>
 
+#include "command_line.h"
 #include "nvme_swapper.h"
 #include "zeroshard/error.h"
 
@@ -27,23 +29,46 @@ struct Options {
   bool keep = false;
 };
 
-void usage() {
-  std::fprintf(stderr,
-               "usage: bench_nvme [--path DIR] [--size BYTES] [--slot-bytes BYTES]\n"
-               "                  [--block-size BYTES] [--queue-depth N] [--intra-op N]\n"
-               "                  [--buffers N] [--keep]\n"
-               "sizes take a K, M or G suffix (powers of 1024); defaults: --size 4G,\n"
-               "--slot-bytes 64M, --block-size 1M, --queue-depth 8, --intra-op 1, --buffers 2\n");
-}
-
-std::int64_t parse_size(const char* text) {
+// BYTES with an optional K, M or G suffix (powers of 1024): 4G, 1.5M, 4096.
+std::int64_t parse_size(const std::string& text, const char* flag) {
   char* end = nullptr;
-  const double value = std::strtod(text, &end);
+  const double value = std::strtod(text.c_str(), &end);
   std::int64_t scale = 1;
   if (*end == 'K' || *end == 'k') scale = std::int64_t{1} << 10;
   if (*end == 'M' || *end == 'm') scale = std::int64_t{1} << 20;
   if (*end == 'G' || *end == 'g') scale = std::int64_t{1} << 30;
-  return static_cast<std::int64_t>(value * static_cast<double>(scale));
+  if (scale != 1) ++end;
+  const auto bytes = static_cast<std::int64_t>(value * static_cast<double>(scale));
+  if (end == text.c_str() || *end != '\0' || bytes < 1) {
+    throw zeroshard::UsageError(std::string(flag) + ": got '" + text +
+                                "', expected a size in bytes with an optional K, M or G suffix");
+  }
+  return bytes;
+}
+
+void add_flags(CLI::App& app, Options& o) {
+  const auto size = [](std::int64_t& field, const char* flag) {
+    return [&field, flag](const std::string& text) { field = parse_size(text, flag); };
+  };
+  app.add_option("--path", o.path, "folder of the swap file")
+      ->type_name("DIR")
+      ->capture_default_str();
+  zeroshard::cli::add_read_option(app, "--size", size(o.size, "--size"),
+                                  "bytes written and read (default 4G)")
+      ->type_name("BYTES");
+  zeroshard::cli::add_read_option(app, "--slot-bytes", size(o.slot_bytes, "--slot-bytes"),
+                                  "bytes per request (default 64M)")
+      ->type_name("BYTES");
+  zeroshard::cli::add_read_option(app, "--block-size", size(o.block_size, "--block-size"),
+                                  "aio block_size (default 1M)")
+      ->type_name("BYTES");
+  zeroshard::cli::add_integer(app, "--queue-depth", o.queue_depth, "aio queue_depth")
+      ->capture_default_str();
+  zeroshard::cli::add_integer(app, "--intra-op", o.intra_op, "aio intra_op_parallelism")
+      ->capture_default_str();
+  zeroshard::cli::add_integer(app, "--buffers", o.buffers, "requests in flight (buffer_count)")
+      ->capture_default_str();
+  app.add_flag("--keep", o.keep, "keep the swap file afterwards");
 }
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
@@ -54,35 +79,13 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 int main(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const auto next = [&]() -> const char* {
-      if (i + 1 >= argc) {
-        usage();
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (arg == "--path") {
-      o.path = next();
-    } else if (arg == "--size") {
-      o.size = parse_size(next());
-    } else if (arg == "--slot-bytes") {
-      o.slot_bytes = parse_size(next());
-    } else if (arg == "--block-size") {
-      o.block_size = parse_size(next());
-    } else if (arg == "--queue-depth") {
-      o.queue_depth = std::atoll(next());
-    } else if (arg == "--intra-op") {
-      o.intra_op = std::atoll(next());
-    } else if (arg == "--buffers") {
-      o.buffers = std::atoi(next());
-    } else if (arg == "--keep") {
-      o.keep = true;
-    } else {
-      usage();
-      return 2;
-    }
+  CLI::App app(
+      "The NVMe swapper's sequential write and read throughput on one swap file, in GB/s, with "
+      "--buffers requests in flight.",
+      "bench_nvme");
+  add_flags(app, o);
+  if (const std::optional<int> exit_code = zeroshard::cli::parse(app, argc, argv)) {
+    return *exit_code;
   }
   try {
     namespace zd = zeroshard::detail;

@@ -8,10 +8,13 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "command_line.h"
 
 namespace {
 
@@ -60,14 +63,18 @@ struct Row {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::cerr << "usage: zeroshard-check-memory-bench FILE.csv\n";
-    return 2;
+  std::vector<std::string> files;
+  if (const std::optional<int> exit_code = zeroshard::cli::parse_files(
+          argc, argv, "zeroshard-check-memory-bench",
+          "Holds the CSV of zeroshard-memory-bench to the estimator's figures.", "FILE.csv", 1,
+          files)) {
+    return *exit_code;
   }
-  std::ifstream in(argv[1]);
+  const std::string& path = files[0];
+  std::ifstream in(path);
   std::string line;
   if (!std::getline(in, line)) {
-    std::cerr << "zeroshard-check-memory-bench: cannot read " << argv[1] << "\n";
+    std::cerr << "zeroshard-check-memory-bench: cannot read " << path << "\n";
     return 2;
   }
   const std::vector<std::string> header = split_csv(line);
@@ -76,7 +83,7 @@ int main(int argc, char** argv) {
     if (name.find("ratio") != std::string::npos) ratio_column = name;
   }
   if (ratio_column.empty()) {
-    std::cerr << "zeroshard-check-memory-bench: no column named *ratio* in " << argv[1] << "\n";
+    std::cerr << "zeroshard-check-memory-bench: no column named *ratio* in " << path << "\n";
     return 1;
   }
 

@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -17,9 +16,9 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <string_view>
 #include <vector>
 
+#include "command_line.h"
 #include "zeroshard/zeroshard.h"
 
 namespace {
@@ -27,14 +26,10 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-constexpr const char* kUsage =
-    "usage: zeroshard-checkpoint-bench --dir DIR [--mib M] [--repeats R] [--check]\n"
-    "  --dir      folder for the checkpoints and the baseline files (removed afterwards)\n"
-    "  --mib      MiB of fp32 master weights per rank, the whole shard file (default 1024)\n"
-    "  --repeats  rounds; the median of each figure is reported (default 3)\n"
-    "  --check    exit 1 unless every figure is positive (for the test suite)\n"
-    "Run under mpirun for several ranks, e.g. mpirun -np 2 zeroshard-checkpoint-bench --dir "
-    "/data\n";
+constexpr const char* kDescription =
+    "Save and load throughput per rank beside plain sequential write (with fsync) and read of "
+    "the same bytes in the same folder. Run under mpirun for several ranks, e.g.\n"
+    "  mpirun -np 2 zeroshard-checkpoint-bench --dir /data";
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -116,12 +111,6 @@ double median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
-template <typename T>
-bool parse_number(std::string_view text, T& value) {
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  return error == std::errc() && end == text.data() + text.size() && value > 0;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -129,24 +118,21 @@ int main(int argc, char** argv) {
   std::int64_t mib = 1024;
   int repeats = 3;
   bool check = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view flag = argv[i];
-    if (flag == "--check") {
-      check = true;
-    } else if (flag == "--dir" && i + 1 < argc) {
-      dir = argv[++i];
-    } else if (flag == "--mib" && i + 1 < argc && parse_number(argv[i + 1], mib)) {
-      ++i;
-    } else if (flag == "--repeats" && i + 1 < argc && parse_number(argv[i + 1], repeats)) {
-      ++i;
-    } else {
-      std::fprintf(stderr, "zeroshard-checkpoint-bench: bad argument '%s'\n%s", argv[i], kUsage);
-      return 2;
-    }
-  }
-  if (dir.empty()) {
-    std::fprintf(stderr, "%s", kUsage);
-    return 2;
+  CLI::App app(kDescription, "zeroshard-checkpoint-bench");
+  app.add_option("--dir", dir,
+                 "folder for the checkpoints and the baseline files (removed afterwards)")
+      ->required();
+  zeroshard::cli::add_integer(app, "--mib", mib,
+                              "MiB of fp32 master weights per rank, the whole shard file")
+      ->type_name("M")
+      ->capture_default_str();
+  zeroshard::cli::add_integer(app, "--repeats", repeats,
+                              "rounds; the median of each figure is reported")
+      ->type_name("R")
+      ->capture_default_str();
+  app.add_flag("--check", check, "exit 1 unless every figure is positive (for the test suite)");
+  if (const std::optional<int> exit_code = zeroshard::cli::parse(app, argc, argv)) {
+    return *exit_code;
   }
   try {
     std::unique_ptr<zeroshard::Communicator> program_comm =

@@ -4,7 +4,6 @@
 // engine can avoid: the stage's collectives, the norm's scalar all-reduce and one AdamW pass.
 #include <algorithm>
 #include <array>
-#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -17,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "command_line.h"
 #include "cpu_optimizer.h"  // cpu_optimizer::adam, active_isa: the update rule the engine runs
 #include "zeroshard/zeroshard.h"
 
@@ -31,20 +31,10 @@ using zeroshard::Request;
 using Clock = std::chrono::steady_clock;
 namespace cpu_optimizer = zeroshard::detail::cpu_optimizer;
 
-constexpr const char* kUsage =
-    "usage: zeroshard-step-floor [--params P] [--layers L] [--bucket B] [--iterations N]\n"
-    "                            [--warmup N] [--stages 0123] [--precision fp32,bf16] [--check]\n"
-    "  --params      about P trainable parameters (default 16777216), as L layers of a W x 2W\n"
-    "                weight and a W bias, W a multiple of 64 (at least 64)\n"
-    "  --layers      L, one module each (default 8)\n"
-    "  --bucket      reduce_bucket_size and allgather_bucket_size in elements (default 4194304)\n"
-    "  --iterations  timed iterations of engine and floor each, alternated; medians are reported\n"
-    "                (default 10)\n"
-    "  --warmup      untimed iterations of each first (default 2)\n"
-    "  --stages      the ZeRO stages to measure, as digits (default 0123)\n"
-    "  --precision   comma-separated list of fp32, bf16, fp16: one table each (default fp32)\n"
-    "  --check       exit 1 unless every stage gave a positive, finite ratio (for the test suite)\n"
-    "Run under mpirun, e.g. OMP_NUM_THREADS=1 mpirun -np 2 zeroshard-step-floor\n";
+constexpr const char* kDescription =
+    "Each stage's engine step (model arithmetic left out) against its floor: the stage's "
+    "collectives and one update pass, measured side by side. Run under mpirun, e.g.\n"
+    "  OMP_NUM_THREADS=1 mpirun -np 2 zeroshard-step-floor";
 
 // The engine's placement rule (src/engine/engine.cpp, kTensorAlignment): every tensor starts on a
 // multiple of 16 elements and the total is padded to equal shards of such multiples. The program
@@ -68,20 +58,8 @@ struct Options {
   bool check = false;
 };
 
-template <class T>
-std::optional<std::string> parse_positive(std::string_view flag, std::string_view value, T& out,
-                                          T max) {
-  T parsed{};
-  const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), parsed);
-  if (error != std::errc() || end != value.data() + value.size() || parsed <= 0 || parsed > max) {
-    return std::string(flag) + ": expected an integer in 1.." + std::to_string(max) + ", got '" +
-           std::string(value) + "'";
-  }
-  out = parsed;
-  return std::nullopt;
-}
-
-std::optional<std::string> parse_precisions(std::string_view value, std::vector<DType>& out) {
+// "fp32,bf16": the precisions to measure, in order.
+std::string parse_precisions(std::string_view value, std::vector<DType>& out) {
   out.clear();
   while (true) {
     const std::size_t comma = value.find(',');
@@ -93,46 +71,47 @@ std::optional<std::string> parse_precisions(std::string_view value, std::vector<
     } else if (name == "fp16") {
       out.push_back(DType::kFloat16);
     } else {
-      return "--precision: expected fp32, bf16 or fp16, got '" + std::string(name) + "'";
+      return "expected fp32, bf16 or fp16, got '" + std::string(name) + "'";
     }
-    if (comma == std::string_view::npos) return std::nullopt;
+    if (comma == std::string_view::npos) return {};
     value.remove_prefix(comma + 1);
   }
 }
 
-std::optional<std::string> parse_options(int argc, char** argv, Options& options) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view flag = argv[i];
-    if (flag == "--check") {
-      options.check = true;
-      continue;
-    }
-    if (i + 1 >= argc) return "missing value after " + std::string(flag);
-    const std::string_view value = argv[++i];
-    std::optional<std::string> problem;
-    if (flag == "--params") {
-      problem = parse_positive<std::int64_t>(flag, value, options.params, std::int64_t{1} << 31);
-    } else if (flag == "--layers") {
-      problem = parse_positive(flag, value, options.layers, 4096);
-    } else if (flag == "--bucket") {
-      problem = parse_positive<std::int64_t>(flag, value, options.bucket, std::int64_t{1} << 31);
-    } else if (flag == "--iterations") {
-      problem = parse_positive(flag, value, options.iterations, 100000);
-    } else if (flag == "--warmup") {
-      problem = parse_positive(flag, value, options.warmup, 100000);
-    } else if (flag == "--stages") {
-      if (value.empty() || value.find_first_not_of("0123") != std::string_view::npos) {
-        problem = "--stages: expected digits 0-3, got '" + std::string(value) + "'";
-      }
-      options.stages = value;
-    } else if (flag == "--precision") {
-      problem = parse_precisions(value, options.precisions);
-    } else {
-      return "unknown flag " + std::string(flag);
-    }
-    if (problem) return problem;
-  }
-  return std::nullopt;
+void add_flags(CLI::App& app, Options& options) {
+  using zeroshard::cli::add_integer;
+  add_integer(app, "--params", options.params,
+              "about P trainable parameters, as L layers of a W x 2W weight and a W bias, W a "
+              "multiple of 64 (at least 64)",
+              1, std::int64_t{1} << 31)
+      ->type_name("P")
+      ->capture_default_str();
+  add_integer(app, "--layers", options.layers, "L, one module each", 1, 4096)
+      ->type_name("L")
+      ->capture_default_str();
+  add_integer(app, "--bucket", options.bucket,
+              "reduce_bucket_size and allgather_bucket_size in elements", 1, std::int64_t{1} << 31)
+      ->type_name("B")
+      ->capture_default_str();
+  add_integer(app, "--iterations", options.iterations,
+              "timed iterations of engine and floor each, alternated; medians are reported", 1,
+              100000)
+      ->capture_default_str();
+  add_integer(app, "--warmup", options.warmup, "untimed iterations of each first", 1, 100000)
+      ->capture_default_str();
+  app.add_option("--stages", options.stages, "the ZeRO stages to measure, as digits")
+      ->check(zeroshard::cli::stage_digits())
+      ->capture_default_str();
+  app.add_option_function<std::string>(
+         "--precision",
+         [&options](const std::string& text) {
+           const std::string problem = parse_precisions(text, options.precisions);
+           if (!problem.empty()) throw CLI::ValidationError("--precision", problem);
+         },
+         "comma-separated list of fp32, bf16, fp16: one table each (default fp32)")
+      ->type_name("LIST");
+  app.add_flag("--check", options.check,
+               "exit 1 unless every stage gave a positive, finite ratio (for the test suite)");
 }
 
 std::int64_t round_up(std::int64_t value, std::int64_t multiple) {
@@ -647,13 +626,10 @@ StageResult measure(int stage, DType dtype, const Options& options, const Model&
 
 int main(int argc, char** argv) {
   Options options;
-  if (argc == 2 && (std::string_view(argv[1]) == "--help" || std::string_view(argv[1]) == "-h")) {
-    std::printf("%s", kUsage);
-    return 0;
-  }
-  if (const std::optional<std::string> problem = parse_options(argc, argv, options)) {
-    std::fprintf(stderr, "zeroshard-step-floor: %s\n%s", problem->c_str(), kUsage);
-    return 2;
+  CLI::App app(kDescription, "zeroshard-step-floor");
+  add_flags(app, options);
+  if (const std::optional<int> exit_code = zeroshard::cli::parse(app, argc, argv)) {
+    return *exit_code;
   }
   std::unique_ptr<Communicator> host;
   try {

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -181,8 +182,13 @@ int run_driver(const BenchOptions& options) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  BenchOptions options;
+  CLI::App app("", "zeroshard-memory-bench");
+  zeroshard::bench::add_flags(app, options, argc, argv);
+  if (const std::optional<int> exit_code = zeroshard::cli::parse(app, argc, argv)) {
+    return *exit_code;
+  }
   try {
-    const BenchOptions options = zeroshard::bench::parse_options(argc, argv);
     if (!options.worker_dir.empty()) return zeroshard::bench::run_worker(options);
     return run_driver(options);
   } catch (const zeroshard::Error& error) {

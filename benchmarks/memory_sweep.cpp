@@ -1,12 +1,11 @@
 // The sweep's dimensions, the benchmark's command line, and the config of each configuration.
 #include "memory_sweep.h"
 
-#include <cstdlib>
 #include <filesystem>
 #include <functional>
-#include <iostream>
 #include <sstream>
 #include <string_view>
+#include <utility>
 
 #include "zeroshard/error.h"
 #include "zeroshard/quantity.h"
@@ -120,49 +119,6 @@ std::string BenchOptions::model_description() const {
 
 namespace {
 
-constexpr const char* kUsage = R"(usage: zeroshard-memory-bench [options]
-
-Measures, per rank, the bytes the engine holds for parameters, gradients, master weights,
-optimizer states, communication buffers and activations (current and peak), the process peak
-RSS, the step time and the bytes sent per step, for every combination of ZeRO stage, precision
-and world size, beside the figures of zeroshard-estimate. Launches itself under mpirun once per
-world size.
-
-model (the synthetic one by default):
-  --params P              trainable parameters of the synthetic model (default 16M)
-  --tensors T             equal tensors it is split into, one module each (default 16)
-  --layers L --width W    the MLP example instead: L layers of width W (fp32 only)
-  --inputs N --classes C --micro-batch B    its input size, classes, samples per step
-  --gpt L,C,H,T           the GPT example instead: L blocks, C channels, H heads, context T
-                          (byte vocabulary; --micro-batch sequences per step)
-
-sweep:
-  --world-sizes 1,2,3,4   ranks per run
-  --stages 0,1,2,3
-  --precisions fp32,fp16,bf16
-  --offload-optimizer none,cpu,nvme
-  --offload-param none,cpu,nvme   (combinations refused are left out: optimizer offload at
-                          stage 0, parameter offload below stage 3, and parameters on NVMe
-                          without the optimizer on NVMe; nvme rows swap the whole parameter
-                          shard: max_in_cpu 0, buffer_size 1M)
-  --checkpoint-every 0,K  MLP or GPT: activation checkpointing every K layers (0 = off); with
-                          --inputs and --classes equal to --width the activations are checked
-                          against estimate_activations, and the recompute is timed
-  --reduce-bucket-size N  elements (default 5e8, DeepSpeed's)
-  --persistence-threshold N   stage3_param_persistence_threshold (default 0: all sharded)
-  --max-reuse-distance N      stage3_max_reuse_distance (default 0: re-gather for backward)
-  --warmup N --steps N    untimed and timed steps per configuration (default 1 and 3)
-  --quick                 1M parameters in 8 tensors, buckets of 250K, world sizes 1-4,
-                          one warmup and two timed steps: under a minute on 2 cores
-
-output:
-  --out-dir DIR           JSON, CSV and plots (default memory_bench_results)
-  --csv FILE --json FILE  override their paths
-  --no-plot               skip gnuplot
-  --mpirun CMD            launcher (default mpirun)
-  --mpirun-flags "..."    its flags (default: as the test suite runs it)
-)";
-
 int to_int(const std::string& text, const char* option, int low) {
   const std::int64_t value = parse_count(text, option);
   if (value < low || value > (1 << 20)) {
@@ -174,108 +130,136 @@ int to_int(const std::string& text, const char* option, int low) {
 
 }  // namespace
 
-BenchOptions parse_options(int argc, char** argv) {
-  BenchOptions o;
+void add_flags(CLI::App& app, BenchOptions& o, int argc, char** argv) {
   for (const Dimension& d : dimensions()) o.values.push_back(d.defaults);
   for (int i = 0; i < argc; ++i) o.arguments.emplace_back(argv[i]);
+  app.description(
+      "Measures, per rank, the bytes the engine holds for parameters, gradients, master weights, "
+      "optimizer states, communication buffers and activations (current and peak), the process "
+      "peak RSS, the step time and the bytes sent per step, for every combination of ZeRO stage, "
+      "precision and world size, beside the figures of zeroshard-estimate. Launches itself under "
+      "mpirun once per world size.");
+  // Options run in the order they are added: --quick first, so that flags given with it win.
+  app.add_flag_callback(
+         "--quick",
+         [&o] {
+           o.params = 1'000'000;
+           o.tensors = 8;
+           o.layers = 0;
+           o.reduce_bucket_size = 250'000;
+           o.world_sizes = {1, 2, 3, 4};
+           o.warmup_steps = 1;
+           o.timed_steps = 2;
+         },
+         "1M parameters in 8 tensors, buckets of 250K, world sizes 1-4, one warmup and two timed "
+         "steps: under a minute on 2 cores (the other flags given override it)")
+      ->group("sweep");
 
-  using Setter = std::function<void(const std::string&)>;
-  struct Flag {
-    const char* name;
-    Setter set;
+  // Adds `flag` to `group`, its text handed to `set`.
+  const auto flag = [&app](const char* group, const char* name, const char* type,
+                           std::function<void(const std::string&)> set, const char* description) {
+    cli::add_read_option(app, name, std::move(set), description)->type_name(type)->group(group);
   };
-  std::vector<Flag> flags = {
-      {"--params", [&](const std::string& v) { o.params = parse_count(v, "--params"); }},
-      {"--tensors", [&](const std::string& v) { o.tensors = to_int(v, "--tensors", 1); }},
-      {"--layers", [&](const std::string& v) { o.layers = to_int(v, "--layers", 1); }},
-      {"--width", [&](const std::string& v) { o.width = to_int(v, "--width", 1); }},
-      {"--inputs", [&](const std::string& v) { o.inputs = to_int(v, "--inputs", 1); }},
-      {"--classes", [&](const std::string& v) { o.classes = to_int(v, "--classes", 1); }},
-      {"--gpt",
-       [&](const std::string& v) {
-         const std::vector<std::string> shape = split_list(v);
-         if (shape.size() != 4) throw UsageError("--gpt: expected L,C,H,T, got '" + v + "'");
-         o.gpt_layers = to_int(shape[0], "--gpt", 1);
-         o.gpt_channels = to_int(shape[1], "--gpt", 1);
-         o.gpt_heads = to_int(shape[2], "--gpt", 1);
-         o.gpt_seq = to_int(shape[3], "--gpt", 1);
-       }},
-      {"--micro-batch",
-       [&](const std::string& v) { o.micro_batch = to_int(v, "--micro-batch", 1); }},
-      {"--world-sizes",
-       [&](const std::string& v) {
-         o.world_sizes.clear();
-         for (const std::string& n : split_list(v)) {
-           o.world_sizes.push_back(to_int(n, "--world-sizes", 1));
-         }
-       }},
-      {"--reduce-bucket-size",
-       [&](const std::string& v) {
-         o.reduce_bucket_size = parse_count(v, "--reduce-bucket-size");
-       }},
-      {"--persistence-threshold",
-       [&](const std::string& v) {
-         o.persistence_threshold = parse_count(v, "--persistence-threshold");
-       }},
-      {"--max-reuse-distance",
-       [&](const std::string& v) {
-         o.max_reuse_distance = parse_count(v, "--max-reuse-distance");
-       }},
-      {"--warmup", [&](const std::string& v) { o.warmup_steps = to_int(v, "--warmup", 0); }},
-      {"--steps", [&](const std::string& v) { o.timed_steps = to_int(v, "--steps", 1); }},
-      {"--out-dir", [&](const std::string& v) { o.out_dir = v; }},
-      {"--csv", [&](const std::string& v) { o.csv = v; }},
-      {"--json", [&](const std::string& v) { o.json = v; }},
-      {"--mpirun", [&](const std::string& v) { o.mpirun = v; }},
-      {"--mpirun-flags", [&](const std::string& v) { o.mpirun_flags = v; }},
-      {"--worker-dir", [&](const std::string& v) { o.worker_dir = v; }},
+  const auto integer = [](int& field, const char* name, int low) {
+    return [&field, name, low](const std::string& v) { field = to_int(v, name, low); };
   };
-  for (std::size_t d = 0; d < dimensions().size(); ++d) {
-    flags.push_back(
-        {dimensions()[d].option, [&o, d](const std::string& v) { o.values[d] = split_list(v); }});
-  }
+  const auto count = [](std::int64_t& field, const char* name) {
+    return [&field, name](const std::string& v) { field = parse_count(v, name); };
+  };
+  flag("model", "--params", "P", count(o.params, "--params"),
+       "trainable parameters of the synthetic model (default 16M)");
+  flag("model", "--tensors", "T", integer(o.tensors, "--tensors", 1),
+       "equal tensors it is split into, one module each (default 16)");
+  flag("model", "--layers", "L", integer(o.layers, "--layers", 1),
+       "the MLP example instead: L layers of width --width (fp32 only)");
+  flag("model", "--width", "W", integer(o.width, "--width", 1), "the MLP's width (default 1024)");
+  flag("model", "--inputs", "N", integer(o.inputs, "--inputs", 1),
+       "the MLP's input size (default 64)");
+  flag("model", "--classes", "C", integer(o.classes, "--classes", 1),
+       "the MLP's classes (default 10)");
+  flag("model", "--micro-batch", "B", integer(o.micro_batch, "--micro-batch", 1),
+       "samples (GPT: sequences) per step (default 32)");
+  flag(
+      "model", "--gpt", "L,C,H,T",
+      [&o](const std::string& v) {
+        const std::vector<std::string> shape = split_list(v);
+        if (shape.size() != 4) throw UsageError("--gpt: expected L,C,H,T, got '" + v + "'");
+        o.gpt_layers = to_int(shape[0], "--gpt", 1);
+        o.gpt_channels = to_int(shape[1], "--gpt", 1);
+        o.gpt_heads = to_int(shape[2], "--gpt", 1);
+        o.gpt_seq = to_int(shape[3], "--gpt", 1);
+      },
+      "the GPT example instead: L blocks, C channels, H heads, context T (byte vocabulary)");
 
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      std::cout << kUsage;
-      std::exit(0);
-    }
-    if (arg == "--no-plot") {
-      o.plot = false;
-      continue;
-    }
-    if (arg == "--quick") {
-      o.params = 1'000'000;
-      o.tensors = 8;
-      o.layers = 0;
-      o.reduce_bucket_size = 250'000;
-      o.world_sizes = {1, 2, 3, 4};
-      o.warmup_steps = 1;
-      o.timed_steps = 2;
-      continue;
-    }
-    const Flag* flag = nullptr;
-    for (const Flag& f : flags) {
-      if (arg == f.name) flag = &f;
-    }
-    if (flag == nullptr) throw UsageError("unknown option " + arg + " (see --help)");
-    if (i + 1 >= argc) throw UsageError(arg + ": missing value (see --help)");
-    flag->set(argv[++i]);
-  }
+  flag(
+      "sweep", "--world-sizes", "1,2,3,4",
+      [&o](const std::string& v) {
+        o.world_sizes.clear();
+        for (const std::string& n : split_list(v)) {
+          o.world_sizes.push_back(to_int(n, "--world-sizes", 1));
+        }
+      },
+      "ranks per run");
   for (std::size_t d = 0; d < dimensions().size(); ++d) {
-    if (o.values[d].empty()) {
-      throw UsageError(std::string(dimensions()[d].option) + ": give at least one value");
+    std::string defaults;
+    for (const std::string& value : dimensions()[d].defaults) {
+      defaults += (defaults.empty() ? "" : ",") + value;
     }
+    cli::add_read_option(
+        app, dimensions()[d].option, [&o, d](const std::string& v) { o.values[d] = split_list(v); },
+        std::string(dimensions()[d].name) + " values, comma-separated (default " + defaults + ")")
+        ->type_name("LIST")
+        ->group("sweep");
   }
-  if (o.world_sizes.empty()) throw UsageError("--world-sizes: give at least one");
-  if (!o.mlp() && !o.gpt() && o.params < o.tensors) {
-    throw UsageError("--params: " + std::to_string(o.params) + " is fewer than --tensors " +
-                     std::to_string(o.tensors));
-  }
-  if (o.csv.empty()) o.csv = o.out_dir + "/memory_bench.csv";
-  if (o.json.empty()) o.json = o.out_dir + "/memory_bench.json";
-  return o;
+  flag("sweep", "--reduce-bucket-size", "N", count(o.reduce_bucket_size, "--reduce-bucket-size"),
+       "elements (default 5e8, DeepSpeed's)");
+  flag("sweep", "--persistence-threshold", "N",
+       count(o.persistence_threshold, "--persistence-threshold"),
+       "stage3_param_persistence_threshold (default 0: all sharded)");
+  flag("sweep", "--max-reuse-distance", "N", count(o.max_reuse_distance, "--max-reuse-distance"),
+       "stage3_max_reuse_distance (default 0: re-gather for backward)");
+  flag("sweep", "--warmup", "N", integer(o.warmup_steps, "--warmup", 0),
+       "untimed steps per configuration (default 1)");
+  flag("sweep", "--steps", "N", integer(o.timed_steps, "--steps", 1),
+       "timed steps per configuration (default 3)");
+
+  app.add_option("--out-dir", o.out_dir, "JSON, CSV and plots")
+      ->type_name("DIR")
+      ->capture_default_str()
+      ->group("output");
+  app.add_option("--csv", o.csv, "the CSV's path (default OUT_DIR/memory_bench.csv)")
+      ->type_name("FILE")
+      ->group("output");
+  app.add_option("--json", o.json, "the JSON's path (default OUT_DIR/memory_bench.json)")
+      ->type_name("FILE")
+      ->group("output");
+  app.add_flag_callback(
+         "--no-plot", [&o] { o.plot = false; }, "skip gnuplot")
+      ->group("output");
+  app.add_option("--mpirun", o.mpirun, "launcher")
+      ->type_name("CMD")
+      ->capture_default_str()
+      ->group("output");
+  app.add_option("--mpirun-flags", o.mpirun_flags, "its flags (default: as the test suite runs it)")
+      ->type_name("\"...\"")
+      ->group("output");
+  // Set by the driver when it launches itself as a worker; not for users.
+  app.add_option("--worker-dir", o.worker_dir)->group("");
+  app.callback([&o] {
+    for (std::size_t d = 0; d < dimensions().size(); ++d) {
+      if (o.values[d].empty()) {
+        throw CLI::ValidationError(dimensions()[d].option, "give at least one value");
+      }
+    }
+    if (o.world_sizes.empty()) throw CLI::ValidationError("--world-sizes", "give at least one");
+    if (!o.mlp() && !o.gpt() && o.params < o.tensors) {
+      throw CLI::ValidationError(
+          "--params",
+          std::to_string(o.params) + " is fewer than --tensors " + std::to_string(o.tensors));
+    }
+    if (o.csv.empty()) o.csv = o.out_dir + "/memory_bench.csv";
+    if (o.json.empty()) o.json = o.out_dir + "/memory_bench.json";
+  });
 }
 
 std::string Configuration::label() const {

@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "command_line.h"
+
 namespace zeroshard::bench {
 
 /// One axis of the sweep: its name (a CSV column), the option that lists its values, the values
@@ -77,8 +79,9 @@ struct BenchOptions {
   std::string model_description() const;
 };
 
-/// Parses the command line; prints usage and exits on --help. Throws UsageError on bad input.
-BenchOptions parse_options(int argc, char** argv);
+/// Adds the benchmark's flags to `app`, storing into `options`, which also keeps the command
+/// line `argv` (the driver hands it on to its workers).
+void add_flags(CLI::App& app, BenchOptions& options, int argc, char** argv);
 
 /// One point of the sweep: a value of every dimension, in dimensions() order.
 struct Configuration {

@@ -11,10 +11,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
-#include <string_view>
 #include <vector>
 
+#include "command_line.h"
 #include "engine/engine_internals.h"
 #include "memory/memory_tracker.h"  // process_peak_rss_bytes
 #include "zeroshard/quantity.h"
@@ -24,15 +25,10 @@ namespace {
 
 using namespace zeroshard;
 
-constexpr const char* kUsage =
-    "usage: zeroshard-nvme-step-bench [--params P] [--sub-group S] [--buffers B] [--steps N]\n"
-    "                                 [--dir PATH] [--check]\n"
-    "  --params     trainable fp32 parameters, in 8 tensors (default 64M)\n"
-    "  --sub-group  sub_group_size: elements per swap record (default 4M)\n"
-    "  --buffers    offload_optimizer.buffer_count (default 4)\n"
-    "  --steps      timed steps per mode, after one untimed (default 3)\n"
-    "  --dir        nvme_path, created if missing (default ./nvme_step_bench_swap)\n"
-    "  --check      exit 1 unless every figure is positive and finite (for the test suite)\n";
+constexpr const char* kDescription =
+    "One optimizer step with the master weights and Adam states on NVMe, split into read waits, "
+    "update and write waits, beside the update with the states in host memory and the I/O with "
+    "the pipeline off.";
 
 struct Options {
   std::int64_t params = 64 << 20;
@@ -133,36 +129,33 @@ Measured measure(const Options& options, Mode mode) {
   return m;
 }
 
-bool parse(int argc, char** argv, Options& options) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    const auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw UsageError(std::string(arg) + ": missing value");
-      return argv[++i];
+void add_flags(CLI::App& app, Options& options) {
+  // A count such as 64M or 4e6, at least `low`.
+  const auto count = [](std::int64_t& field, const char* flag, std::int64_t low) {
+    return [&field, flag, low](const std::string& text) {
+      field = parse_count(text, flag);
+      if (field < low) {
+        throw UsageError(std::string(flag) + ": got " + text + ", expected at least " +
+                         std::to_string(low));
+      }
     };
-    if (arg == "--params") {
-      options.params = parse_count(value(), "--params");
-    } else if (arg == "--sub-group") {
-      options.sub_group = parse_count(value(), "--sub-group");
-    } else if (arg == "--buffers") {
-      options.buffers = parse_count(value(), "--buffers");
-    } else if (arg == "--steps") {
-      options.steps = static_cast<int>(parse_count(value(), "--steps"));
-    } else if (arg == "--dir") {
-      options.dir = value();
-    } else if (arg == "--check") {
-      options.check = true;
-    } else if (arg == "--help") {
-      std::fputs(kUsage, stdout);
-      return false;
-    } else {
-      throw UsageError("unknown option " + std::string(arg) + "\n" + kUsage);
-    }
-  }
-  if (options.params < 8 || options.sub_group < 1 || options.buffers < 1 || options.steps < 1) {
-    throw UsageError("--params must be at least 8, the others at least 1\n" + std::string(kUsage));
-  }
-  return true;
+  };
+  cli::add_read_option(app, "--params", count(options.params, "--params", 8),
+                       "trainable fp32 parameters, in 8 tensors (default 64M)")
+      ->type_name("P");
+  cli::add_read_option(app, "--sub-group", count(options.sub_group, "--sub-group", 1),
+                       "sub_group_size: elements per swap record (default 4M)")
+      ->type_name("S");
+  cli::add_read_option(app, "--buffers", count(options.buffers, "--buffers", 1),
+                       "offload_optimizer.buffer_count (default 4)")
+      ->type_name("B");
+  cli::add_integer(app, "--steps", options.steps, "timed steps per mode, after one untimed")
+      ->capture_default_str();
+  app.add_option("--dir", options.dir, "nvme_path, created if missing")
+      ->type_name("PATH")
+      ->capture_default_str();
+  app.add_flag("--check", options.check,
+               "exit 1 unless every figure is positive and finite (for the test suite)");
 }
 
 double mib(std::int64_t bytes) { return static_cast<double>(bytes) / 1048576.0; }
@@ -170,9 +163,11 @@ double mib(std::int64_t bytes) { return static_cast<double>(bytes) / 1048576.0; 
 }  // namespace
 
 int main(int argc, char** argv) {
+  Options options;
+  CLI::App app(kDescription, "zeroshard-nvme-step-bench");
+  add_flags(app, options);
+  if (const std::optional<int> exit_code = cli::parse(app, argc, argv)) return *exit_code;
   try {
-    Options options;
-    if (!parse(argc, argv, options)) return 0;
     std::filesystem::create_directories(options.dir);
     std::printf(
         "zeroshard-nvme-step-bench: %s fp32 parameters, AdamW, stage 1 on 1 CPU rank, "

@@ -4,16 +4,15 @@
 // prefetched), and beside it the same step's compute alone and communication alone. A ratio
 // overlapped / (compute + communication) under 1 is time the overlap saved.
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>
-#include <string_view>
 #include <vector>
 
+#include "command_line.h"
 #include "mlp_math.h"
 #include "zeroshard/zeroshard.h"
 
@@ -25,18 +24,10 @@ using zeroshard::Engine;
 using zeroshard::examples::MlpMath;
 using Clock = std::chrono::steady_clock;
 
-constexpr const char* kUsage =
-    "usage: zeroshard-overlap-bench [--device cpu|cuda] [--stages 0123] [--layers L] [--width W]\n"
-    "                               [--batch B] [--steps N] [--warmup N] [--check]\n"
-    "  --device    where the engine and the model compute (default cpu)\n"
-    "  --stages    the ZeRO stages to measure, as digits (default 0123)\n"
-    "  --layers    linear layers of W x W weights (default 8)\n"
-    "  --width     W (default 512)\n"
-    "  --batch     samples per step and rank (default 64)\n"
-    "  --steps     timed steps per measurement; the median is reported (default 10)\n"
-    "  --warmup    untimed steps first (default 2)\n"
-    "  --check     exit 1 unless every time is positive and finite (for the test suite)\n"
-    "Run under mpirun for several ranks, e.g. mpirun -np 2 zeroshard-overlap-bench\n";
+constexpr const char* kDescription =
+    "Each ZeRO stage's training step on a chain of square linear layers, beside the same step's "
+    "compute alone and communication alone. Run under mpirun for several ranks, e.g.\n"
+    "  mpirun -np 2 zeroshard-overlap-bench";
 
 struct Options {
   std::string device = "cpu";
@@ -49,48 +40,23 @@ struct Options {
   bool check = false;
 };
 
-std::optional<std::string> parse_options(int argc, char** argv, Options& options) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view flag = argv[i];
-    if (flag == "--check") {
-      options.check = true;
-      continue;
-    }
-    if (i + 1 >= argc) return "missing value after " + std::string(flag);
-    const std::string_view value = argv[++i];
-    auto positive = [&](int& target) -> std::optional<std::string> {
-      const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), target);
-      if (error != std::errc() || end != value.data() + value.size() || target <= 0) {
-        return std::string(flag) + ": expected a positive integer, got '" + std::string(value) +
-               "'";
-      }
-      return std::nullopt;
-    };
-    std::optional<std::string> problem;
-    if (flag == "--device") {
-      if (value != "cpu" && value != "cuda") problem = "--device: expected cpu or cuda";
-      options.device = value;
-    } else if (flag == "--stages") {
-      if (value.empty() || value.find_first_not_of("0123") != std::string_view::npos) {
-        problem = "--stages: expected digits 0-3, got '" + std::string(value) + "'";
-      }
-      options.stages = value;
-    } else if (flag == "--layers") {
-      problem = positive(options.layers);
-    } else if (flag == "--width") {
-      problem = positive(options.width);
-    } else if (flag == "--batch") {
-      problem = positive(options.batch);
-    } else if (flag == "--steps") {
-      problem = positive(options.steps);
-    } else if (flag == "--warmup") {
-      problem = positive(options.warmup);
-    } else {
-      return "unknown flag " + std::string(flag);
-    }
-    if (problem) return problem;
-  }
-  return std::nullopt;
+void add_flags(CLI::App& app, Options& options) {
+  using zeroshard::cli::add_integer;
+  app.add_option("--device", options.device, "where the engine and the model compute")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  app.add_option("--stages", options.stages, "the ZeRO stages to measure, as digits")
+      ->check(zeroshard::cli::stage_digits())
+      ->capture_default_str();
+  add_integer(app, "--layers", options.layers, "linear layers of W x W weights")
+      ->capture_default_str();
+  add_integer(app, "--width", options.width, "W")->capture_default_str();
+  add_integer(app, "--batch", options.batch, "samples per step and rank")->capture_default_str();
+  add_integer(app, "--steps", options.steps, "timed steps per measurement; the median is reported")
+      ->capture_default_str();
+  add_integer(app, "--warmup", options.warmup, "untimed steps first")->capture_default_str();
+  app.add_flag("--check", options.check,
+               "exit 1 unless every time is positive and finite (for the test suite)");
 }
 
 std::string config_json(int stage, const Options& options) {
@@ -263,13 +229,10 @@ StageTimes measure(int stage, const Device& device, Communicator& host, const Op
 
 int main(int argc, char** argv) {
   Options options;
-  if (argc == 2 && (std::string_view(argv[1]) == "--help" || std::string_view(argv[1]) == "-h")) {
-    std::printf("%s", kUsage);
-    return 0;
-  }
-  if (const std::optional<std::string> problem = parse_options(argc, argv, options)) {
-    std::fprintf(stderr, "zeroshard-overlap-bench: %s\n%s", problem->c_str(), kUsage);
-    return 2;
+  CLI::App app(kDescription, "zeroshard-overlap-bench");
+  add_flags(app, options);
+  if (const std::optional<int> exit_code = zeroshard::cli::parse(app, argc, argv)) {
+    return *exit_code;
   }
   // The program's own timing collectives go through a host communicator of their own.
   std::unique_ptr<Communicator> host;

@@ -3,31 +3,26 @@
 // reduce-scatters of P fp32 elements and reports bytes per step beside a ring's (N-1)/N * P * 4.
 // Meant for one rank per host (tests/multihost/run_multihost.sh wire-bytes), where every byte a
 // rank sends to another crosses its interface.
-#include <charconv>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
-#include <string_view>
 #include <vector>
 
+#include "command_line.h"
 #include "zeroshard/zeroshard.h"
 
 namespace {
 
 using zeroshard::Communicator;
 
-constexpr const char* kUsage =
-    "usage: zeroshard-reduce-scatter-wire --interface IF [--elements P] [--repeats K]\n"
-    "                                     [--max-ratio R]\n"
-    "  --interface  the network interface the ranks' traffic leaves by (e.g. d0)\n"
-    "  --elements   P, fp32 elements reduce-scattered per step (default 4194304)\n"
-    "  --repeats    K, steps measured (default 4)\n"
-    "  --max-ratio  exit 1 when any rank sends more than R times a ring's bytes per step\n"
-    "The algorithm is ZEROSHARD_REDUCE_SCATTER's (ring, the default, or mpi).\n";
+constexpr const char* kDescription =
+    "The bytes one reduce-scatter puts on the wire, per rank, beside a ring's. The algorithm is "
+    "ZEROSHARD_REDUCE_SCATTER's (ring, the default, or mpi).";
 
 struct Options {
   std::string interface;
@@ -36,30 +31,22 @@ struct Options {
   double max_ratio = 0;  // 0: no check
 };
 
-template <class T>
-bool parse(std::string_view text, T& value) {
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  return ec == std::errc() && end == text.data() + text.size();
-}
-
-bool parse_options(int argc, char** argv, Options& options) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view flag = argv[i];
-    if (i + 1 >= argc) return false;
-    const std::string_view value = argv[++i];
-    if (flag == "--interface") {
-      options.interface = value;
-    } else if (flag == "--elements") {
-      if (!parse(value, options.elements) || options.elements < 1) return false;
-    } else if (flag == "--repeats") {
-      if (!parse(value, options.repeats) || options.repeats < 1) return false;
-    } else if (flag == "--max-ratio") {
-      if (!parse(value, options.max_ratio) || options.max_ratio <= 0) return false;
-    } else {
-      return false;
-    }
-  }
-  return !options.interface.empty();
+void add_flags(CLI::App& app, Options& options) {
+  app.add_option("--interface", options.interface,
+                 "the network interface the ranks' traffic leaves by (e.g. d0)")
+      ->type_name("IF")
+      ->required();
+  zeroshard::cli::add_integer(app, "--elements", options.elements,
+                              "P, fp32 elements reduce-scattered per step")
+      ->type_name("P")
+      ->capture_default_str();
+  zeroshard::cli::add_integer(app, "--repeats", options.repeats, "K, steps measured")
+      ->type_name("K")
+      ->capture_default_str();
+  app.add_option("--max-ratio", options.max_ratio,
+                 "exit 1 when any rank sends more than R times a ring's bytes per step")
+      ->type_name("R")
+      ->check(zeroshard::cli::positive_number());
 }
 
 // The interface's transmitted bytes: /proc/net/dev lists "IF: rx_bytes ... (8 fields) tx_bytes".
@@ -83,9 +70,10 @@ std::int64_t transmitted_bytes(const std::string& interface) {
 
 int main(int argc, char** argv) {
   Options options;
-  if (!parse_options(argc, argv, options)) {
-    std::fputs(kUsage, stderr);
-    return 2;
+  CLI::App app(kDescription, "zeroshard-reduce-scatter-wire");
+  add_flags(app, options);
+  if (const std::optional<int> exit_code = zeroshard::cli::parse(app, argc, argv)) {
+    return *exit_code;
   }
   try {
     const std::unique_ptr<Communicator> comm = Communicator::from_environment();

@@ -9,6 +9,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   libopenblas-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  libcli11-dev  # every program's command line
   gnuplot-nox
   fio  # benchmarks/run_bench_nvme.sh: the swapper's baseline
   iproute2  # ip netns: the multi-host tests' test hosts

@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <exception>
 #include <memory>
-#include <string_view>
+#include <optional>
 
 namespace zeroshard::examples {
 namespace {
@@ -23,14 +23,9 @@ int fail(const char* program, const char* what, const RunProgress& progress) {
 }  // namespace
 
 int run_trainer(int argc, char** argv, const TrainerProgram& program) {
-  if (argc == 2 && (std::string_view(argv[1]) == "--help" || std::string_view(argv[1]) == "-h")) {
-    std::printf("%s", program.usage);
-    return 0;
-  }
-  if (const std::optional<std::string> problem = program.parse(argc, argv)) {
-    std::fprintf(stderr, "%s: %s\n%s", program.name, problem->c_str(), program.usage);
-    return 2;
-  }
+  CLI::App app(program.description, program.name);
+  program.add_flags(app);
+  if (const std::optional<int> exit_code = cli::parse(app, argc, argv)) return *exit_code;
   RunProgress progress;
   // Owned here so that it outlives train() when an error unwinds it: fail() aborts through it.
   std::unique_ptr<Communicator> communicator;

@@ -3,9 +3,8 @@
 #pragma once
 
 #include <functional>
-#include <optional>
-#include <string>
 
+#include "command_line.h"
 #include "zeroshard/zeroshard.h"
 
 namespace zeroshard::examples {
@@ -20,10 +19,10 @@ struct RunProgress {
 };
 
 struct TrainerProgram {
-  const char* name;   ///< prefixes every message, e.g. "zeroshard-train-mlp"
-  const char* usage;  ///< printed for --help and after a command-line problem
-  /// Reads the command line; returns its problem, or nothing when it is usable.
-  std::function<std::optional<std::string>(int argc, char** argv)> parse;
+  const char* name;         ///< prefixes every message, e.g. "zeroshard-train-mlp"
+  const char* description;  ///< the top of --help
+  /// Adds the program's flags to its command line.
+  std::function<void(CLI::App& app)> add_flags;
   /// Trains over `communicator`, which carries the program's own collectives (loss, reports),
   /// apart from the engine's, so they can never interleave with the engine's transfers.
   std::function<int(Communicator& communicator, RunProgress& progress)> train;
@@ -33,18 +32,18 @@ struct TrainerProgram {
 /// command-line problem, 1 for an error (which, once the ranks have parted ways, aborts the job).
 int run_trainer(int argc, char** argv, const TrainerProgram& program);
 
-/// The same for a trainer written as `parse(argc, argv, options)` and
+/// The same for a trainer written as `add_flags(app, options)` and
 /// `train(options, communicator, progress)` over an `Options` of its own.
 template <class Options>
-int run_trainer(int argc, char** argv, const char* name, const char* usage,
-                std::optional<std::string> (*parse)(int, char**, Options&),
+int run_trainer(int argc, char** argv, const char* name, const char* description,
+                void (*add_flags)(CLI::App&, Options&),
                 int (*train)(const Options&, Communicator&, RunProgress&)) {
   Options options;
   return run_trainer(
       argc, argv,
       {.name = name,
-       .usage = usage,
-       .parse = [&](int count, char** arguments) { return parse(count, arguments, options); },
+       .description = description,
+       .add_flags = [&](CLI::App& app) { add_flags(app, options); },
        .train = [&](Communicator& communicator,
                     RunProgress& progress) { return train(options, communicator, progress); }});
 }

@@ -1,85 +1,54 @@
-// The example trainers' shared flags, read in the order they appear on the command line; the
-// first problem found is the one reported.
+// The example trainers' shared flags, with the help lines both trainers print.
 #include "trainer_options.h"
 
 namespace zeroshard::examples {
 
-std::optional<std::string> parse_positive(std::string_view flag, std::string_view value,
-                                          int& target) {
-  if (!parse_number(value, target) || target <= 0) {
-    return std::string(flag) + ": expected a positive integer, got '" + std::string(value) + "'";
-  }
-  return std::nullopt;
-}
-
-namespace {
-
-// Reads one shared flag; nothing when `flag` is not one of them.
-std::optional<std::optional<std::string>> parse_shared_flag(std::string_view flag,
-                                                            std::string_view value,
-                                                            TrainerOptions& options) {
-  std::optional<std::string> problem;
-  if (flag == "--config") {
-    options.config_path = value;
-  } else if (flag == "--steps") {
-    problem = parse_positive(flag, value, options.steps);
-    options.steps_given = true;
-  } else if (flag == "--precision") {
-    if (value != "fp32" && value != "fp16" && value != "bf16") {
-      problem = "--precision: expected fp32, fp16 or bf16, got '" + std::string(value) + "'";
-    }
-    options.precision = value;
-  } else if (flag == "--device") {
-    if (value != "cpu" && value != "cuda" && value != "auto") {
-      problem = "--device: expected cpu, cuda or auto, got '" + std::string(value) + "'";
-    }
-    options.device = value;
-  } else if (flag == "--checkpoint-every") {
-    if (!parse_number(value, options.checkpoint_every) || options.checkpoint_every < 0) {
-      problem =
-          "--checkpoint-every: expected a non-negative integer, got '" + std::string(value) + "'";
-    }
-  } else if (flag == "--report-json") {
-    options.report_json = value;
-  } else if (flag == "--save-dir") {
-    options.save_dir = value;
-  } else if (flag == "--save-every") {
-    problem = parse_positive(flag, value, options.save_every);
-  } else if (flag == "--resume") {
-    options.resume_dir = value;
+void add_trainer_flags(CLI::App& app, TrainerOptions& options, bool steps_required) {
+  app.add_option("--config", options.config_path,
+                 "DeepSpeed-style JSON config (zero_optimization.stage picks the stage)")
+      ->type_name("FILE")
+      ->required();
+  app.add_option_function<int>(
+         "--stage", [&options](int stage) { options.stage = stage; },
+         "ZeRO stage 0-3; overrides the config's zero_optimization.stage")
+      ->type_name("S")
+      ->check(cli::integer_in(0, 3));
+  CLI::Option* steps = cli::add_integer(app, "--steps", options.steps,
+                                        "optimizer steps to run, each over one global batch");
+  if (steps_required) {
+    steps->required();
   } else {
-    return std::nullopt;
+    steps->capture_default_str();
   }
-  return problem;
-}
-
-}  // namespace
-
-std::optional<std::string> parse_trainer_options(int argc, char** argv, TrainerOptions& options,
-                                                 const TrainerFlags& flags) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view flag = argv[i];
-    if (flags.is_switch(flag)) {
-      const OwnFlag own = flags.own(flag, {});
-      if (own.problem) return own.problem;
-      continue;
-    }
-    if (i + 1 >= argc) return "missing value after " + std::string(flag);
-    const std::string_view value = argv[++i];
-    if (std::optional<std::optional<std::string>> shared =
-            parse_shared_flag(flag, value, options)) {
-      if (*shared) return *shared;
-      continue;
-    }
-    const OwnFlag own = flags.own(flag, value);
-    if (!own.known) return "unknown flag " + std::string(flag);
-    if (own.problem) return own.problem;
-  }
-  if (options.config_path.empty()) return "--config is required";
-  if (flags.steps_required && !options.steps_given) return "--steps is required";
-  if (std::optional<std::string> problem = flags.check()) return problem;
-  if (options.save_every > 0 && options.save_dir.empty()) return "--save-every needs --save-dir";
-  return std::nullopt;
+  app.add_option("--precision", options.precision, "overrides the config's fp16/bf16 sections")
+      ->check(CLI::IsMember({"fp32", "fp16", "bf16"}));
+  app.add_option("--device", options.device,
+                 "auto takes the GPU the local rank picks when there is one (see "
+                 "ZEROSHARD_DEVICE), the CPU otherwise")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
+      ->capture_default_str();
+  cli::add_integer(app, "--checkpoint-every", options.checkpoint_every,
+                   "activation checkpointing: blocks of K layers keep only their input and run "
+                   "again in backward (0: off); the config's activation_checkpointing section "
+                   "says where kept inputs go",
+                   0)
+      ->type_name("K")
+      ->capture_default_str();
+  app.add_option("--report-json", options.report_json,
+                 "rank 0 writes losses, parameter checksums and memory reports")
+      ->type_name("FILE");
+  CLI::Option* save_dir =
+      app.add_option("--save-dir", options.save_dir,
+                     "save checkpoints into DIR (tags stepK), at the end of the run and every "
+                     "--save-every steps")
+          ->type_name("DIR");
+  cli::add_integer(app, "--save-every", options.save_every, "save a checkpoint every K steps")
+      ->type_name("K")
+      ->needs(save_dir);
+  app.add_option("--resume", options.resume_dir,
+                 "continue from DIR's latest checkpoint, data position included; --steps stays "
+                 "the total, so the run ends where an uninterrupted one does")
+      ->type_name("DIR");
 }
 
 }  // namespace zeroshard::examples

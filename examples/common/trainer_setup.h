@@ -1,5 +1,5 @@
-// What an example trainer does before it trains: read the config with the command line's
-// precision, and pick the device --device names.
+// What an example trainer does before it trains: read the config with the command line's stage
+// and precision, and pick the device --device names.
 #pragma once
 
 #include "trainer_options.h"
@@ -7,8 +7,8 @@
 
 namespace zeroshard::examples {
 
-/// The config --config names for `world` ranks, with --precision overriding its fp16/bf16
-/// sections.
+/// The config --config names for `world` ranks, with --stage overriding its
+/// zero_optimization.stage and --precision its fp16/bf16 sections.
 Config load_trainer_config(const TrainerOptions& options, int world);
 
 /// Rank 0 prints the notes the config parser left (as "note: ...").

@@ -19,8 +19,11 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "command_line.h"
 
 namespace {
 
@@ -111,28 +114,55 @@ std::string describe(const nlohmann::json& report) {
          std::to_string(report.at("world_size").get<int>());
 }
 
-int usage() {
-  std::fprintf(stderr,
-               "usage: zeroshard-check-gpt learns RATIO REPORT...\n"
-               "       zeroshard-check-gpt same REPORT REPORT...\n"
-               "       zeroshard-check-gpt close TOLERANCE REPORT REPORT...\n"
-               "       zeroshard-check-gpt final TOLERANCE REPORT REPORT...\n"
-               "       zeroshard-check-gpt sharded STAGE0_REPORT REPORT...\n");
-  return 2;
+// Reads the command line into `mode`, `number` and `paths`; returns as cli::parse() does.
+std::optional<int> parse_command_line(int argc, char** argv, std::string& mode, double& number,
+                                      std::vector<std::string>& paths) {
+  struct Mode {
+    const char* name;
+    const char* number;   ///< the number before the reports, if the mode takes one
+    std::size_t reports;  ///< at least
+    const char* description;
+  };
+  const Mode modes[] = {
+      {"learns", "RATIO", 1,
+       "each run's last validation loss is below RATIO x the text's unigram entropy"},
+      {"same", nullptr, 2,
+       "every run has the first one's losses (training and validation) bit for bit, matched by "
+       "step, and when it ends at the same step, its final parameters"},
+      {"close", "TOLERANCE", 2,
+       "the same within a relative TOLERANCE; exits 77 (skipped) when a later report is missing "
+       "because its run was skipped"},
+      {"final", "TOLERANCE", 2,
+       "each run's last validation loss within a relative TOLERANCE of the first run's at that "
+       "step"},
+      {"sharded", nullptr, 2,
+       "stage 0 first: each later run holds 1/world of its optimizer states on rank 0 (plus at "
+       "most the padding's share)"},
+  };
+  CLI::App app("Compares the --report-json files of zeroshard-train-gpt runs.",
+               "zeroshard-check-gpt");
+  app.require_subcommand(1);
+  for (const Mode& m : modes) {
+    CLI::App* sub = app.add_subcommand(m.name, m.description);
+    if (m.number != nullptr) sub->add_option(m.number, number)->required();
+    sub->add_option("REPORTS", paths)
+        ->type_name("REPORT")
+        ->required()
+        ->expected(static_cast<int>(m.reports), CLI::detail::expected_max_vector_size);
+    sub->callback([&mode, name = m.name] { mode = name; });
+  }
+  return zeroshard::cli::parse(app, argc, argv);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 3) return usage();
-  const std::string mode = argv[1];
-  std::vector<std::string> paths(argv + 2, argv + argc);
+  std::string mode;
   double number = 0.0;
-  if (mode == "learns" || mode == "close" || mode == "final") {
-    number = std::stod(paths.front());
-    paths.erase(paths.begin());
+  std::vector<std::string> paths;
+  if (const std::optional<int> exit_code = parse_command_line(argc, argv, mode, number, paths)) {
+    return *exit_code;
   }
-  if (paths.empty() || (mode != "learns" && paths.size() < 2)) return usage();
   if (mode == "close") {
     for (const std::string& path : paths) {
       if (!std::filesystem::exists(path)) {
@@ -212,8 +242,6 @@ int main(int argc, char** argv) {
                       slack);
         expect(states >= ideal - per_element && states <= ideal + slack, line);
       }
-    } else {
-      return usage();
     }
   } catch (const std::exception& error) {
     std::fprintf(stderr, "zeroshard-check-gpt: %s\n", error.what());

@@ -7,9 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <nlohmann/json.hpp>
-#include <optional>
 #include <string>
-#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -31,41 +29,10 @@ using zeroshard::examples::GptTraining;
 using zeroshard::examples::TextCorpus;
 
 constexpr const char* kProgram = "zeroshard-train-gpt";
-constexpr const char* kUsage =
-    "usage: zeroshard-train-gpt --config FILE [--steps N] [--layers L] [--d-model C]\n"
-    "                           [--heads H] [--seq-len T] [--batch B] [--seed S]\n"
-    "                           [--lr LR] [--precision P] [--device D] [--checkpoint-every K]\n"
-    "                           [--eval-every K] [--eval-batches N] [--data FILE]...\n"
-    "                           [--peak-tflops F] [--report-json FILE]\n"
-    "                           [--save-dir DIR [--save-every K]] [--resume DIR]\n"
-    "  --config FILE       DeepSpeed-style JSON config (zero_optimization.stage picks the stage)\n"
-    "  --steps N           optimizer steps to run (default 150)\n"
-    "  --layers L          transformer blocks (default 4)\n"
-    "  --d-model C         channels of the residual stream (default 128)\n"
-    "  --heads H           attention heads; must divide C (default 4)\n"
-    "  --seq-len T         context length in bytes (default 64)\n"
-    "  --batch B           sequences per rank per micro-step; overrides the config's\n"
-    "                      train_micro_batch_size_per_gpu\n"
-    "  --seed S            seed of the weights and of the training windows (default 1)\n"
-    "  --lr LR             learning rate; overrides the config's optimizer.params.lr\n"
-    "  --precision P       fp32, fp16 or bf16; overrides the config's fp16/bf16 sections\n"
-    "  --device D          cpu, cuda or auto (default): auto takes the GPU the local rank picks\n"
-    "                      when there is one (see ZEROSHARD_DEVICE), the CPU otherwise\n"
-    "  --checkpoint-every K  activation checkpointing: runs of K blocks keep only their input\n"
-    "                      and run again in backward (default 0, off)\n"
-    "  --eval-every K      validation loss every K steps and at the end (default 25)\n"
-    "  --eval-batches N    validation micro-batches per rank (default 2)\n"
-    "  --data FILE         a text file to train on (repeatable); default: the regular files in\n"
-    "                      /usr/share/common-licenses\n"
-    "  --peak-tflops F     the device's peak TFLOP/s: the progress line adds the model FLOPs\n"
-    "                      utilisation (achieved / peak)\n"
-    "  --report-json FILE  rank 0 writes losses, parameter checksums and memory reports\n"
-    "  --save-dir DIR      save checkpoints into DIR (tags stepK), at the end of the run and\n"
-    "  --save-every K      every K steps\n"
-    "  --resume DIR        continue from DIR's latest checkpoint, data position included; --steps\n"
-    "                      stays the total, so the run ends where an uninterrupted one does\n"
-    "Run under mpirun for several ranks, e.g.\n"
-    "  mpirun -np 4 zeroshard-train-gpt --config examples/configs/zero3.json\n";
+constexpr const char* kDescription =
+    "Trains the example GPT on byte-level text with the ZeRO stage the config (or --stage) "
+    "picks. Run under mpirun for several ranks, e.g.\n"
+    "  mpirun -np 4 zeroshard-train-gpt --config examples/configs/zero3.json";
 
 struct Options {
   Options() { common.steps = 150; }  // --steps is optional here
@@ -82,60 +49,51 @@ struct Options {
   double peak_tflops = 0.0;
 };
 
-// Returns the problem with the command line, or nothing when it is usable.
-std::optional<std::string> parse_options(int argc, char** argv, Options& options) {
-  using zeroshard::examples::OwnFlag;
-  using zeroshard::examples::parse_number;
-  using zeroshard::examples::parse_positive;
-  zeroshard::examples::TrainerFlags flags;
-  flags.own = [&](std::string_view flag, std::string_view value) {
-    OwnFlag result;
-    result.known = true;
-    std::optional<std::string>& problem = result.problem;
-    if (flag == "--layers") {
-      problem = parse_positive(flag, value, options.shape.layers);
-    } else if (flag == "--d-model") {
-      problem = parse_positive(flag, value, options.shape.channels);
-    } else if (flag == "--heads") {
-      problem = parse_positive(flag, value, options.shape.heads);
-    } else if (flag == "--seq-len") {
-      problem = parse_positive(flag, value, options.shape.seq);
-    } else if (flag == "--batch") {
-      problem = parse_positive(flag, value, options.batch);
-    } else if (flag == "--seed") {
-      if (!parse_number(value, options.seed)) {
-        problem = "--seed: expected a non-negative integer, got '" + std::string(value) + "'";
-      }
-    } else if (flag == "--lr") {
-      if (!parse_number(value, options.lr) || !(options.lr > 0.0)) {
-        problem = "--lr: expected a positive number, got '" + std::string(value) + "'";
-      }
-    } else if (flag == "--eval-every") {
-      problem = parse_positive(flag, value, options.eval_every);
-    } else if (flag == "--eval-batches") {
-      problem = parse_positive(flag, value, options.eval_batches);
-    } else if (flag == "--data") {
-      options.data.emplace_back(value);
-    } else if (flag == "--peak-tflops") {
-      if (!parse_number(value, options.peak_tflops) || !(options.peak_tflops > 0.0)) {
-        problem = "--peak-tflops: expected a positive number, got '" + std::string(value) + "'";
-      }
-    } else {
-      result.known = false;
-    }
-    return result;
-  };
-  flags.check = [&]() -> std::optional<std::string> {
+void add_flags(CLI::App& app, Options& options) {
+  using zeroshard::cli::add_integer;
+  using zeroshard::cli::positive_number;
+  zeroshard::examples::add_trainer_flags(app, options.common, /*steps_required=*/false);
+  add_integer(app, "--layers", options.shape.layers, "transformer blocks")->capture_default_str();
+  add_integer(app, "--d-model", options.shape.channels, "channels of the residual stream")
+      ->type_name("C")
+      ->capture_default_str();
+  add_integer(app, "--heads", options.shape.heads, "attention heads; must divide C")
+      ->capture_default_str();
+  add_integer(app, "--seq-len", options.shape.seq, "context length in bytes")
+      ->capture_default_str();
+  add_integer(app, "--batch", options.batch,
+              "sequences per rank per micro-step; overrides the config's "
+              "train_micro_batch_size_per_gpu")
+      ->type_name("B");
+  add_integer(app, "--seed", options.seed, "seed of the weights and of the training windows", 0)
+      ->capture_default_str();
+  app.add_option("--lr", options.lr, "learning rate; overrides the config's optimizer.params.lr")
+      ->type_name("LR")
+      ->check(positive_number());
+  add_integer(app, "--eval-every", options.eval_every,
+              "validation loss every K steps and at the end")
+      ->type_name("K")
+      ->capture_default_str();
+  add_integer(app, "--eval-batches", options.eval_batches, "validation micro-batches per rank")
+      ->capture_default_str();
+  app.add_option("--data", options.data,
+                 "a text file to train on (repeatable); default: the regular files in "
+                 "/usr/share/common-licenses")
+      ->type_name("FILE")
+      ->allow_extra_args(false);
+  app.add_option("--peak-tflops", options.peak_tflops,
+                 "the device's peak TFLOP/s: the progress line adds the model FLOPs utilisation "
+                 "(achieved / peak)")
+      ->type_name("F")
+      ->check(positive_number());
+  app.callback([&options] {
     if (options.shape.channels % options.shape.heads != 0) {
-      return "--heads " + std::to_string(options.shape.heads) + " does not divide --d-model " +
-             std::to_string(options.shape.channels);
+      throw CLI::ValidationError("--heads " + std::to_string(options.shape.heads) +
+                                 " does not divide --d-model " +
+                                 std::to_string(options.shape.channels));
     }
-    return std::nullopt;
-  };
-  std::optional<std::string> problem =
-      zeroshard::examples::parse_trainer_options(argc, argv, options.common, flags);
-  options.training.checkpoint_every = options.common.checkpoint_every;
-  return problem;
+    options.training.checkpoint_every = options.common.checkpoint_every;
+  });
 }
 
 // The sum over ranks, added in rank order on every rank, so every world size and stage that
@@ -326,5 +284,5 @@ int train(const Options& options, Communicator& communicator,
 }  // namespace
 
 int main(int argc, char** argv) {
-  return zeroshard::examples::run_trainer(argc, argv, kProgram, kUsage, parse_options, train);
+  return zeroshard::examples::run_trainer(argc, argv, kProgram, kDescription, add_flags, train);
 }

@@ -33,8 +33,11 @@ std::string row(const nlohmann::json& r) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  zeroshard::examples::ReportPairs pairs("zeroshard-check-mlp-adopt",
-                                         "OWNED.json ADOPTED.json [OWNED.json ADOPTED.json ...]");
+  zeroshard::examples::ReportPairs pairs(
+      "zeroshard-check-mlp-adopt",
+      "Compares zeroshard-train-mlp reports pairwise, each run with engine-owned buffers followed "
+      "by the same run with --adopt-memory.",
+      "OWNED.json ADOPTED.json [OWNED.json ADOPTED.json ...]");
   std::vector<std::string> rows;
   const int code =
       pairs.run(argc, argv, [&](const nlohmann::json& owned, const nlohmann::json& adopted) {

@@ -10,9 +10,11 @@
 #include "report_pairs.h"
 
 int main(int argc, char** argv) {
-  zeroshard::examples::ReportPairs pairs("zeroshard-check-mlp-checkpointing",
-                                         "PLAIN.json CHECKPOINTED.json [PLAIN.json "
-                                         "CHECKPOINTED.json ...]");
+  zeroshard::examples::ReportPairs pairs(
+      "zeroshard-check-mlp-checkpointing",
+      "Compares zeroshard-train-mlp reports pairwise, each run without activation checkpointing "
+      "followed by the same run with it.",
+      "PLAIN.json CHECKPOINTED.json [PLAIN.json CHECKPOINTED.json ...]");
   return pairs.run(
       argc, argv, [&](const nlohmann::json& plain_run, const nlohmann::json& checkpointed_run) {
         const int stage = checkpointed_run.at("stage").get<int>();

@@ -6,8 +6,11 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "command_line.h"
 
 namespace {
 
@@ -24,18 +27,22 @@ nlohmann::json read(const char* path) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: zeroshard-check-mlp-devices CPU_REPORT.json GPU_REPORT.json\n");
-    return 2;
+  std::vector<std::string> files;
+  if (const std::optional<int> exit_code = zeroshard::cli::parse_files(
+          argc, argv, "zeroshard-check-mlp-devices",
+          "Compares the --report-json file of a zeroshard-train-mlp run on the CPU with the same "
+          "run's on a GPU.",
+          "CPU_REPORT.json GPU_REPORT.json", 2, files)) {
+    return *exit_code;
   }
-  if (!std::filesystem::exists(argv[2])) {
-    std::printf("SKIPPED: %s does not exist (the GPU run was skipped: no GPU)\n", argv[2]);
+  if (!std::filesystem::exists(files[1])) {
+    std::printf("SKIPPED: %s does not exist (the GPU run was skipped: no GPU)\n", files[1].c_str());
     return 77;
   }
   int failures = 0;
   try {
-    const nlohmann::json cpu = read(argv[1]);
-    const nlohmann::json gpu = read(argv[2]);
+    const nlohmann::json cpu = read(files[0].c_str());
+    const nlohmann::json gpu = read(files[1].c_str());
     const std::string device = gpu.at("device").get<std::string>();
     const bool on_gpu = device.rfind("cuda:", 0) == 0;
     std::printf("%s GPU report ran on %s\n", on_gpu ? "[ ok ]" : "[FAIL]", device.c_str());

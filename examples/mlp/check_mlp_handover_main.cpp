@@ -8,16 +8,15 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "command_line.h"
 
 #include "report_pairs.h"
 
 namespace {
-
-constexpr const char* kUsage =
-    "usage: zeroshard-check-mlp-handover LAYER0.json LAYER1.json LAYER2.json LAYER3.json "
-    "END0.json END1.json END2.json END3.json END2_SMALL_BUCKETS.json\n";
 
 int failures = 0;
 
@@ -55,16 +54,22 @@ void print_table(const std::vector<nlohmann::json>& reports) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 10) {
-    std::fprintf(stderr, "%s", kUsage);
-    return 2;
+  std::vector<std::string> files;
+  if (const std::optional<int> exit_code = zeroshard::cli::parse_files(
+          argc, argv, "zeroshard-check-mlp-handover",
+          "Compares zeroshard-train-mlp runs that hand gradients over per layer with the same "
+          "runs handing them over at the end of backward.",
+          "LAYER0.json LAYER1.json LAYER2.json LAYER3.json END0.json END1.json END2.json "
+          "END3.json END2_SMALL_BUCKETS.json",
+          9, files)) {
+    return *exit_code;
   }
   std::vector<nlohmann::json> reports;
   try {
-    for (int i = 1; i < argc; ++i) {
-      std::ifstream file(argv[i]);
+    for (const std::string& path : files) {
+      std::ifstream file(path);
       if (!file) {
-        std::fprintf(stderr, "zeroshard-check-mlp-handover: cannot read %s\n", argv[i]);
+        std::fprintf(stderr, "zeroshard-check-mlp-handover: cannot read %s\n", path.c_str());
         return 1;
       }
       reports.push_back(nlohmann::json::parse(file));

@@ -10,9 +10,11 @@
 #include "report_pairs.h"
 
 int main(int argc, char** argv) {
-  zeroshard::examples::ReportPairs pairs("zeroshard-check-mlp-offload",
-                                         "RESIDENT.json OFFLOADED.json [RESIDENT.json "
-                                         "OFFLOADED.json ...]");
+  zeroshard::examples::ReportPairs pairs(
+      "zeroshard-check-mlp-offload",
+      "Compares zeroshard-train-mlp reports pairwise, each run without offload followed by the "
+      "same run with it.",
+      "RESIDENT.json OFFLOADED.json [RESIDENT.json OFFLOADED.json ...]");
   return pairs.run(
       argc, argv, [&](const nlohmann::json& resident, const nlohmann::json& offloaded) {
         const int stage = offloaded.at("stage").get<int>();

@@ -6,7 +6,11 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <vector>
+
+#include "command_line.h"
 
 namespace {
 
@@ -44,14 +48,18 @@ std::int64_t rank0_model_states(const nlohmann::json& report) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 4) {
-    std::fprintf(stderr, "usage: zeroshard-check-mlp-precision FP32.json FP16.json BF16.json\n");
-    return 2;
+  std::vector<std::string> files;
+  if (const std::optional<int> exit_code = zeroshard::cli::parse_files(
+          argc, argv, "zeroshard-check-mlp-precision",
+          "Compares --report-json files of zeroshard-train-mlp runs of the same model in fp32, "
+          "fp16 and bf16.",
+          "FP32.json FP16.json BF16.json", 3, files)) {
+    return *exit_code;
   }
-  const nlohmann::json fp32 = read(argv[1]);
+  const nlohmann::json fp32 = read(files[0].c_str());
   const double reference = fp32.at("final_loss").get<double>();
-  for (int i = 2; i <= 3; ++i) {
-    const nlohmann::json run = read(argv[i]);
+  for (std::size_t i = 1; i < files.size(); ++i) {
+    const nlohmann::json run = read(files[i].c_str());
     const std::string name = run.at("precision").get<std::string>();
     const double final_loss = run.at("final_loss").get<double>();
     const double first = run.at("losses").at(0).get<double>();

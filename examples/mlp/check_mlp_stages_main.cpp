@@ -5,8 +5,11 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "command_line.h"
 
 namespace {
 
@@ -38,23 +41,24 @@ std::int64_t rank0_optimizer_states(const nlohmann::json& report) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 5) {
-    std::fprintf(stderr,
-                 "usage: zeroshard-check-mlp-stages ZERO0.json ZERO1.json ZERO2.json "
-                 "ZERO3.json\n");
-    return 2;
+  std::vector<std::string> files;
+  if (const std::optional<int> exit_code = zeroshard::cli::parse_files(
+          argc, argv, "zeroshard-check-mlp-stages",
+          "Compares the --report-json files of zeroshard-train-mlp runs at stages 0, 1, 2, 3.",
+          "ZERO0.json ZERO1.json ZERO2.json ZERO3.json", 4, files)) {
+    return *exit_code;
   }
   std::vector<nlohmann::json> reports;
-  for (int i = 1; i < argc; ++i) {
-    std::ifstream file(argv[i]);
+  for (const std::string& path : files) {
+    std::ifstream file(path);
     if (!file) {
-      std::fprintf(stderr, "zeroshard-check-mlp-stages: cannot read %s\n", argv[i]);
+      std::fprintf(stderr, "zeroshard-check-mlp-stages: cannot read %s\n", path.c_str());
       return 1;
     }
     try {
       reports.push_back(nlohmann::json::parse(file));
     } catch (const nlohmann::json::exception& error) {
-      std::fprintf(stderr, "zeroshard-check-mlp-stages: %s: %s\n", argv[i], error.what());
+      std::fprintf(stderr, "zeroshard-check-mlp-stages: %s: %s\n", path.c_str(), error.what());
       return 1;
     }
   }

@@ -10,14 +10,20 @@
 #include <functional>
 #include <initializer_list>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <vector>
+
+#include "command_line.h"
 
 namespace zeroshard::examples {
 
 class ReportPairs {
  public:
-  /// `usage` is printed when the arguments are not pairs of files.
-  ReportPairs(const char* program, const char* usage) : program_(program), usage_(usage) {}
+  /// `description` (what the program checks) and `names` (the file names it takes) make its
+  /// --help.
+  ReportPairs(const char* program, const char* description, const char* names)
+      : program_(program), description_(description), names_(names) {}
 
   void expect(bool ok, const std::string& what) {
     std::printf("%s %s\n", ok ? "[ ok ]" : "[FAIL]", what.c_str());
@@ -28,17 +34,21 @@ class ReportPairs {
   /// code: 0 when every check passed, 1 on a failed check or an unreadable report, 2 on usage.
   int run(int argc, char** argv,
           const std::function<void(const nlohmann::json&, const nlohmann::json&)>& check) {
-    if (argc < 3 || argc % 2 != 1) {
-      std::fprintf(stderr, "usage: %s %s\n", program_, usage_);
-      return 2;
+    std::vector<std::string> files;
+    if (const std::optional<int> exit_code =
+            cli::parse_files(argc, argv, program_, description_, names_, 0, files)) {
+      return *exit_code;
+    }
+    if (files.size() % 2 != 0) {
+      return cli::bad_command_line(program_, "give the reports in pairs: " + std::string(names_));
     }
     try {
-      for (int i = 1; i + 1 < argc; i += 2) {
+      for (std::size_t i = 0; i < files.size(); i += 2) {
         nlohmann::json pair[2];
-        for (int k = 0; k < 2; ++k) {
-          std::ifstream file(argv[i + k]);
+        for (std::size_t k = 0; k < 2; ++k) {
+          std::ifstream file(files[i + k]);
           if (!file) {
-            std::fprintf(stderr, "%s: cannot read %s\n", program_, argv[i + k]);
+            std::fprintf(stderr, "%s: cannot read %s\n", program_, files[i + k].c_str());
             return 1;
           }
           pair[k] = nlohmann::json::parse(file);
@@ -55,7 +65,8 @@ class ReportPairs {
 
  private:
   const char* program_;
-  const char* usage_;
+  const char* description_;
+  const char* names_;
   int failures_ = 0;
 };
 

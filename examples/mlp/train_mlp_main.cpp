@@ -5,9 +5,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <nlohmann/json.hpp>
-#include <optional>
 #include <string>
-#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -30,40 +28,10 @@ using zeroshard::examples::MlpTraining;
 using zeroshard::examples::SyntheticClassification;
 
 constexpr const char* kProgram = "zeroshard-train-mlp";
-constexpr const char* kUsage =
-    "usage: zeroshard-train-mlp --config FILE --steps N [--layers L] [--width W] [--inputs I]\n"
-    "                           [--classes C] [--seed S] [--precision P] [--device D]\n"
-    "                           [--checkpoint-every K] [--dropout P] [--report-json FILE]\n"
-    "                           [--save-dir DIR [--save-every K]] [--resume DIR]\n"
-    "                           [--init-from FILE.safetensors] [--grad-handover H]\n"
-    "                           [--adopt-memory]\n"
-    "  --config FILE       DeepSpeed-style JSON config (zero_optimization.stage picks the stage)\n"
-    "  --steps N           optimizer steps to run, each over one global batch\n"
-    "  --layers L          linear layers (default 4)\n"
-    "  --width W           hidden width (default 256)\n"
-    "  --inputs I          input features (default 64)\n"
-    "  --classes C         classes of the synthetic task (default 10)\n"
-    "  --seed S            seed of the weights and the data (default 1)\n"
-    "  --precision P       fp32, fp16 or bf16; overrides the config's fp16/bf16 sections\n"
-    "  --device D          cpu, cuda or auto (default): auto takes the GPU the local rank picks\n"
-    "                      when there is one (see ZEROSHARD_DEVICE), the CPU otherwise\n"
-    "  --checkpoint-every K  activation checkpointing: blocks of K layers keep only their input\n"
-    "                      and run again in backward (default 0, off); the config's\n"
-    "                      activation_checkpointing section says where kept inputs go\n"
-    "  --dropout P         dropout probability after each hidden layer (default 0)\n"
-    "  --report-json FILE  rank 0 writes losses, parameter checksums and memory reports\n"
-    "  --save-dir DIR      save checkpoints into DIR (tags stepK), at the end of the run and\n"
-    "  --save-every K      every K steps\n"
-    "  --resume DIR        continue from DIR's latest checkpoint, data position included; --steps\n"
-    "                      stays the total, so the run ends where an uninterrupted one does\n"
-    "  --init-from FILE    start from the weights of a safetensors file (zeroshard-consolidate)\n"
-    "  --grad-handover H   layer (default): each layer hands its gradients over as its backward\n"
-    "                      ends; end: all at once after the whole backward, as a model with\n"
-    "                      weights stacked over layers must (GradHandover::kAtEnd)\n"
-    "  --adopt-memory      the model allocates its parameters and gradients itself and lends\n"
-    "                      them to the engine (Engine::adopt_memory)\n"
-    "Run under mpirun for several ranks, e.g.\n"
-    "  mpirun -np 4 zeroshard-train-mlp --config examples/configs/zero3.json --steps 30\n";
+constexpr const char* kDescription =
+    "Trains the example MLP on a synthetic classification task with the ZeRO stage the config "
+    "(or --stage) picks. Run under mpirun for several ranks, e.g.\n"
+    "  mpirun -np 4 zeroshard-train-mlp --config examples/configs/zero3.json --steps 30";
 
 struct Options {
   zeroshard::examples::TrainerOptions common;
@@ -73,54 +41,45 @@ struct Options {
   std::string init_from;
 };
 
-// Returns the problem with the command line, or nothing when it is usable.
-std::optional<std::string> parse_options(int argc, char** argv, Options& options) {
-  using zeroshard::examples::OwnFlag;
-  using zeroshard::examples::parse_number;
-  using zeroshard::examples::parse_positive;
-  zeroshard::examples::TrainerFlags flags;
-  flags.steps_required = true;
-  flags.is_switch = [](std::string_view flag) { return flag == "--adopt-memory"; };
-  flags.own = [&](std::string_view flag, std::string_view value) {
-    OwnFlag result;
-    result.known = true;
-    std::optional<std::string>& problem = result.problem;
-    if (flag == "--adopt-memory") {
-      options.training.adopt_memory = true;
-    } else if (flag == "--layers") {
-      problem = parse_positive(flag, value, options.shape.layers);
-    } else if (flag == "--width") {
-      problem = parse_positive(flag, value, options.shape.width);
-    } else if (flag == "--inputs") {
-      problem = parse_positive(flag, value, options.shape.inputs);
-    } else if (flag == "--classes") {
-      problem = parse_positive(flag, value, options.shape.classes);
-    } else if (flag == "--seed") {
-      if (!parse_number(value, options.seed)) {
-        problem = "--seed: expected a non-negative integer, got '" + std::string(value) + "'";
-      }
-    } else if (flag == "--dropout") {
-      float& p = options.training.dropout;
-      if (!parse_number(value, p) || !(p >= 0.0f && p < 1.0f)) {
-        problem = "--dropout: expected a probability in [0, 1), got '" + std::string(value) + "'";
-      }
-    } else if (flag == "--init-from") {
-      options.init_from = value;
-    } else if (flag == "--grad-handover") {
-      if (value != "layer" && value != "end") {
-        problem = "--grad-handover: expected layer or end, got '" + std::string(value) + "'";
-      }
-      options.training.grad_handover =
-          value == "end" ? zeroshard::GradHandover::kAtEnd : zeroshard::GradHandover::kPerParameter;
-    } else {
-      result.known = false;
-    }
-    return result;
-  };
-  std::optional<std::string> problem =
-      zeroshard::examples::parse_trainer_options(argc, argv, options.common, flags);
-  options.training.checkpoint_every = options.common.checkpoint_every;
-  return problem;
+void add_flags(CLI::App& app, Options& options) {
+  using zeroshard::cli::add_integer;
+  zeroshard::examples::add_trainer_flags(app, options.common, /*steps_required=*/true);
+  add_integer(app, "--layers", options.shape.layers, "linear layers")->capture_default_str();
+  add_integer(app, "--width", options.shape.width, "hidden width")->capture_default_str();
+  add_integer(app, "--inputs", options.shape.inputs, "input features")->capture_default_str();
+  add_integer(app, "--classes", options.shape.classes, "classes of the synthetic task")
+      ->capture_default_str();
+  add_integer(app, "--seed", options.seed, "seed of the weights and the data", 0)
+      ->capture_default_str();
+  app.add_option("--dropout", options.training.dropout,
+                 "dropout probability after each hidden layer")
+      ->type_name("P")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            float p = 0.0f;
+            if (zeroshard::examples::parse_number(text, p) && p >= 0.0f && p < 1.0f) return {};
+            return "got '" + text + "', expected a probability in [0, 1)";
+          },
+          ""))
+      ->capture_default_str();
+  app.add_option("--init-from", options.init_from,
+                 "start from the weights of a safetensors file (zeroshard-consolidate)")
+      ->type_name("FILE");
+  app.add_option_function<std::string>(
+         "--grad-handover",
+         [&options](const std::string& handover) {
+           options.training.grad_handover = handover == "end"
+                                                ? zeroshard::GradHandover::kAtEnd
+                                                : zeroshard::GradHandover::kPerParameter;
+         },
+         "layer (default): each layer hands its gradients over as its backward ends; end: all at "
+         "once after the whole backward, as a model with weights stacked over layers must "
+         "(GradHandover::kAtEnd)")
+      ->check(CLI::IsMember({"layer", "end"}));
+  app.add_flag("--adopt-memory", options.training.adopt_memory,
+               "the model allocates its parameters and gradients itself and lends them to the "
+               "engine (Engine::adopt_memory)");
+  app.callback([&options] { options.training.checkpoint_every = options.common.checkpoint_every; });
 }
 
 double mib(std::int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
@@ -241,5 +200,5 @@ int train(const Options& options, Communicator& communicator,
 }  // namespace
 
 int main(int argc, char** argv) {
-  return zeroshard::examples::run_trainer(argc, argv, kProgram, kUsage, parse_options, train);
+  return zeroshard::examples::run_trainer(argc, argv, kProgram, kDescription, add_flags, train);
 }

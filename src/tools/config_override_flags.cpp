@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "zeroshard/error.h"
 
@@ -41,70 +42,46 @@ bool boolean(std::string_view flag, std::string_view value) {
   throw UsageError(bad_value(flag, value, "true or false"));
 }
 
-struct Flag {
-  const char* name;
-  void (*apply)(std::string_view flag, std::string_view value, ConfigOverrides& overrides);
-};
-
-// One line per ConfigOverrides field.
-#define ZEROSHARD_OVERRIDE(flag, field, read)                                                     \
-  Flag {                                                                                          \
-    flag,                                                                                         \
-        +[](std::string_view f, std::string_view v, ConfigOverrides& o) { o.field = read(f, v); } \
-  }
-
-const Flag kFlags[] = {
-    ZEROSHARD_OVERRIDE("--per-device-train-batch-size", per_device_train_batch_size,
-                       positive_integer),
-    ZEROSHARD_OVERRIDE("--gradient-accumulation-steps", gradient_accumulation_steps,
-                       positive_integer),
-    ZEROSHARD_OVERRIDE("--max-grad-norm", max_grad_norm, finite_number),
-    ZEROSHARD_OVERRIDE("--learning-rate", learning_rate, finite_number),
-    ZEROSHARD_OVERRIDE("--adam-beta1", adam_beta1, finite_number),
-    ZEROSHARD_OVERRIDE("--adam-beta2", adam_beta2, finite_number),
-    ZEROSHARD_OVERRIDE("--adam-epsilon", adam_epsilon, finite_number),
-    ZEROSHARD_OVERRIDE("--weight-decay", weight_decay, finite_number),
-    ZEROSHARD_OVERRIDE("--num-training-steps", num_training_steps, positive_integer),
-    ZEROSHARD_OVERRIDE("--warmup-steps", warmup_steps, positive_integer),
-    ZEROSHARD_OVERRIDE("--fp16", fp16, boolean),
-    ZEROSHARD_OVERRIDE("--bf16", bf16, boolean),
-    ZEROSHARD_OVERRIDE("--hidden-size", hidden_size, positive_integer),
-};
-
-#undef ZEROSHARD_OVERRIDE
+// Adds `flag`, whose text `read` turns into `field`; `fills` names the config keys it fills.
+template <class T>
+void add_flag(CLI::App& group, const char* flag, std::optional<T>& field,
+              T (*read)(std::string_view, std::string_view), const char* type, const char* fills) {
+  cli::add_read_option(
+      group, flag, [flag, &field, read](const std::string& text) { field = read(flag, text); },
+      fills)
+      ->type_name(type);
+}
 
 }  // namespace
 
-const char* const kOverrideFlagsHelp =
-    R"(Values for "auto" in the config (as the Hugging Face Trainer fills them):
-  --per-device-train-batch-size N   train_micro_batch_size_per_gpu (and train_batch_size)
-  --gradient-accumulation-steps N   gradient_accumulation_steps (and train_batch_size)
-  --max-grad-norm X                 gradient_clipping
-  --learning-rate X                 optimizer.params.lr, scheduler.params.warmup_max_lr
-  --adam-beta1 X --adam-beta2 X     optimizer.params.betas
-  --adam-epsilon X                  optimizer.params.eps
-  --weight-decay X                  optimizer.params.weight_decay
-  --num-training-steps N            scheduler.params.total_num_steps
-  --warmup-steps N                  scheduler.params.warmup_num_steps
-  --fp16 true|false, --bf16 true|false   fp16.enabled, bf16.enabled
-  --hidden-size H                   reduce_bucket_size = H*H; at stage 3 also
-                                    stage3_prefetch_bucket_size = 0.9*H*H and
-                                    stage3_param_persistence_threshold = 10*H
-)";
-
-bool is_override_flag(std::string_view flag) {
-  for (const Flag& known : kFlags) {
-    if (flag == known.name) return true;
-  }
-  return false;
-}
-
-void apply_override_flag(std::string_view flag, std::string_view value,
-                         ConfigOverrides& overrides) {
-  for (const Flag& known : kFlags) {
-    if (flag == known.name) return known.apply(flag, value, overrides);
-  }
-  throw UsageError("unknown option " + std::string(flag));
+void add_override_flags(CLI::App& app, ConfigOverrides& overrides) {
+  CLI::App& group = *app.add_option_group(
+      "Values for \"auto\" in the config (as the Hugging Face Trainer fills them)");
+  add_flag(group, "--per-device-train-batch-size", overrides.per_device_train_batch_size,
+           positive_integer, "N", "train_micro_batch_size_per_gpu (and train_batch_size)");
+  add_flag(group, "--gradient-accumulation-steps", overrides.gradient_accumulation_steps,
+           positive_integer, "N", "gradient_accumulation_steps (and train_batch_size)");
+  add_flag(group, "--max-grad-norm", overrides.max_grad_norm, finite_number, "X",
+           "gradient_clipping");
+  add_flag(group, "--learning-rate", overrides.learning_rate, finite_number, "X",
+           "optimizer.params.lr, scheduler.params.warmup_max_lr");
+  add_flag(group, "--adam-beta1", overrides.adam_beta1, finite_number, "X",
+           "optimizer.params.betas[0]");
+  add_flag(group, "--adam-beta2", overrides.adam_beta2, finite_number, "X",
+           "optimizer.params.betas[1]");
+  add_flag(group, "--adam-epsilon", overrides.adam_epsilon, finite_number, "X",
+           "optimizer.params.eps");
+  add_flag(group, "--weight-decay", overrides.weight_decay, finite_number, "X",
+           "optimizer.params.weight_decay");
+  add_flag(group, "--num-training-steps", overrides.num_training_steps, positive_integer, "N",
+           "scheduler.params.total_num_steps");
+  add_flag(group, "--warmup-steps", overrides.warmup_steps, positive_integer, "N",
+           "scheduler.params.warmup_num_steps");
+  add_flag(group, "--fp16", overrides.fp16, boolean, "true|false", "fp16.enabled");
+  add_flag(group, "--bf16", overrides.bf16, boolean, "true|false", "bf16.enabled");
+  add_flag(group, "--hidden-size", overrides.hidden_size, positive_integer, "H",
+           "reduce_bucket_size = H*H; at stage 3 also stage3_prefetch_bucket_size = 0.9*H*H and "
+           "stage3_param_persistence_threshold = 10*H");
 }
 
 }  // namespace zeroshard::tools

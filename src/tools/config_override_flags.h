@@ -2,19 +2,14 @@
 // tools that load configs.
 #pragma once
 
-#include <string_view>
-
+#include "command_line.h"
 #include "zeroshard/config.h"
 
 namespace zeroshard::tools {
 
-/// The flags' lines for a tool's --help.
-extern const char* const kOverrideFlagsHelp;
-
-/// Whether `flag` ("--learning-rate") is an override flag.
-bool is_override_flag(std::string_view flag);
-
-/// Stores `value` for override flag `flag`; throws UsageError naming the flag on a bad value.
-void apply_override_flag(std::string_view flag, std::string_view value, ConfigOverrides& overrides);
+/// Adds the flags, one per ConfigOverrides field, that store their values into `overrides`; a
+/// bad value is rejected naming the flag ("--learning-rate: got 'fast', expected a finite
+/// number").
+void add_override_flags(CLI::App& app, ConfigOverrides& overrides);
 
 }  // namespace zeroshard::tools

@@ -2,7 +2,6 @@
 // stage or every stage side by side, without running anything; and the largest model that fits.
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <functional>
 #include <iostream>
 #include <optional>
@@ -12,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "command_line.h"
 #include "tools/config_override_flags.h"
 #include "zeroshard/config.h"
 #include "zeroshard/error.h"
@@ -28,30 +28,10 @@ using zeroshard::MemoryTier;
 using zeroshard::OffloadDevice;
 using zeroshard::UsageError;
 
-constexpr const char* kUsage = R"(usage: zeroshard-estimate --params P [--config FILE] [options]
-
-Per-rank memory a ZeRO configuration needs, computed from the engine's allocation rules.
-
-  --params P                 trainable parameters: 7500000000, 7.5e9, 7.5B, 1.3M
-  --config FILE              a DeepSpeed-style JSON config: stage, precision, optimizer,
-                             offload and bucket sizes come from it (the flags below override)
-  --ranks N                  data-parallel world size (default 1)
-  --nodes K                  nodes the ranks span; host memory is also shown per node (default 1)
-  --stage S|all              ZeRO stage 0-3, or all side by side (default: all, or the config's)
-  --precision fp32|fp16|bf16 parameter and gradient type; 16-bit adds fp32 master weights
-  --optimizer NAME           adamw|adam|sgd|lion|adagrad (default adamw)
-  --offload-optimizer none|cpu|nvme
-  --offload-param none|cpu|nvme
-  --reduce-bucket-size N     elements (default 5e8, DeepSpeed's)
-  --largest-tensor N         elements of the largest parameter tensor (default: none is
-                             larger than a bucket)
-  --persistent-params N      stage 3: elements kept whole on every rank (default 0)
-  --fit-memory BYTES         also print the largest model that fits in BYTES of device memory
-                             per rank, per stage: 80GB, 80e9, 40GiB
-  --help
-
-Decimal GB (10^9 bytes, as the ZeRO paper counts) beside GiB (2^30 bytes).
-)";
+constexpr const char* kDescription =
+    "Per-rank memory a ZeRO configuration needs, computed from the engine's allocation rules.\n"
+    "Decimal GB (10^9 bytes, as the ZeRO paper counts) beside GiB (2^30 bytes). Exit status 2 "
+    "for a bad command line or config.";
 
 struct Options {
   std::optional<std::int64_t> params;
@@ -95,59 +75,85 @@ OffloadDevice parse_offload(std::string_view text, std::string_view option) {
                    "\", expected none, cpu or nvme");
 }
 
-Options parse_options(int argc, char** argv) {
-  Options options;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      std::cout << kUsage << "\n" << zeroshard::tools::kOverrideFlagsHelp;
-      std::exit(0);
-    }
-    std::string value;
-    if (const auto eq = arg.find('='); eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg.resize(eq);
-    } else if (i + 1 < argc) {
-      value = argv[++i];
-    } else {
-      throw UsageError(arg + ": missing value (see --help)");
-    }
-    if (zeroshard::tools::is_override_flag(arg)) {
-      zeroshard::tools::apply_override_flag(arg, value, options.overrides);
-    } else if (arg == "--params") {
-      options.params = zeroshard::parse_count(value, arg);
-    } else if (arg == "--config") {
-      options.config_path = value;
-    } else if (arg == "--ranks") {
-      options.ranks = parse_int(value, arg, 1, 1 << 24);
-    } else if (arg == "--nodes") {
-      options.nodes = parse_int(value, arg, 1, 1 << 24);
-    } else if (arg == "--stage") {
-      options.stage_given = true;
-      if (value != "all") options.stage = parse_int(value, arg, 0, 3);
-    } else if (arg == "--precision") {
-      options.precision = parse_precision(value);
-    } else if (arg == "--optimizer") {
-      zeroshard::optimizer_state_arrays(value);  // rejects unknown names with the allowed ones
-      options.optimizer = value;
-    } else if (arg == "--offload-optimizer") {
-      options.offload_optimizer = parse_offload(value, arg);
-    } else if (arg == "--offload-param") {
-      options.offload_param = parse_offload(value, arg);
-    } else if (arg == "--reduce-bucket-size") {
-      options.reduce_bucket_size = zeroshard::parse_count(value, arg);
-    } else if (arg == "--largest-tensor") {
-      options.largest_tensor = zeroshard::parse_count(value, arg);
-    } else if (arg == "--persistent-params") {
-      options.persistent_params = zeroshard::parse_count(value, arg);
-    } else if (arg == "--fit-memory") {
-      options.fit_memory = zeroshard::parse_bytes(value, arg);
-    } else {
-      throw UsageError("unknown option " + arg + " (see --help)");
-    }
-  }
-  if (!options.params) throw UsageError("--params is required (see --help)");
-  return options;
+/// Adds the flags that fill `options`; each rejects a bad value with a message naming it.
+void add_flags(CLI::App& app, Options& options) {
+  using zeroshard::cli::add_read_option;
+  const auto count = [](std::optional<std::int64_t>& field, const char* flag) {
+    return [&field, flag](const std::string& text) { field = zeroshard::parse_count(text, flag); };
+  };
+  const auto integer = [](std::optional<int>& field, const char* flag) {
+    return [&field, flag](const std::string& text) { field = parse_int(text, flag, 1, 1 << 24); };
+  };
+  const auto offload = [](std::optional<OffloadDevice>& field, const char* flag) {
+    return [&field, flag](const std::string& text) { field = parse_offload(text, flag); };
+  };
+  add_read_option(app, "--params", count(options.params, "--params"),
+                  "trainable parameters: 7500000000, 7.5e9, 7.5B, 1.3M")
+      ->type_name("P")
+      ->required();
+  app.add_option("--config", options.config_path,
+                 "a DeepSpeed-style JSON config: stage, precision, optimizer, offload and bucket "
+                 "sizes come from it (the flags below override)")
+      ->type_name("FILE");
+  add_read_option(app, "--ranks", integer(options.ranks, "--ranks"),
+                  "data-parallel world size (default 1)")
+      ->type_name("N");
+  add_read_option(app, "--nodes", integer(options.nodes, "--nodes"),
+                  "nodes the ranks span; host memory is also shown per node (default 1)")
+      ->type_name("K");
+  add_read_option(
+      app, "--stage",
+      [&options](const std::string& text) {
+        options.stage_given = true;
+        if (text != "all") options.stage = parse_int(text, "--stage", 0, 3);
+      },
+      "ZeRO stage 0-3, or all side by side (default: all, or the config's)")
+      ->type_name("S|all");
+  add_read_option(
+      app, "--precision",
+      [&options](const std::string& text) { options.precision = parse_precision(text); },
+      "parameter and gradient type; 16-bit adds fp32 master weights")
+      ->type_name("fp32|fp16|bf16");
+  add_read_option(
+      app, "--optimizer",
+      [&options](const std::string& text) {
+        try {
+          zeroshard::optimizer_state_arrays(text);  // rejects unknown names with the allowed ones
+        } catch (const zeroshard::Error& error) {
+          throw UsageError(std::string("--optimizer: ") + error.what());
+        }
+        options.optimizer = text;
+      },
+      "adamw|adam|sgd|lion|adagrad (default adamw)")
+      ->type_name("NAME");
+  add_read_option(app, "--offload-optimizer",
+                  offload(options.offload_optimizer, "--offload-optimizer"),
+                  "where the optimizer states live")
+      ->type_name("none|cpu|nvme");
+  add_read_option(app, "--offload-param", offload(options.offload_param, "--offload-param"),
+                  "where the parameters live (stage 3)")
+      ->type_name("none|cpu|nvme");
+  add_read_option(app, "--reduce-bucket-size",
+                  count(options.reduce_bucket_size, "--reduce-bucket-size"),
+                  "elements (default 5e8, DeepSpeed's)")
+      ->type_name("N");
+  add_read_option(app, "--largest-tensor", count(options.largest_tensor, "--largest-tensor"),
+                  "elements of the largest parameter tensor (default: none is larger than a "
+                  "bucket)")
+      ->type_name("N");
+  add_read_option(app, "--persistent-params",
+                  count(options.persistent_params, "--persistent-params"),
+                  "stage 3: elements kept whole on every rank (default 0)")
+      ->type_name("N");
+  add_read_option(
+      app, "--fit-memory",
+      [&options](const std::string& text) {
+        options.fit_memory = zeroshard::parse_bytes(text, "--fit-memory");
+      },
+      "also print the largest model that fits in BYTES of device memory per rank, per stage: "
+      "80GB, 80e9, 40GiB")
+      ->type_name("BYTES");
+  zeroshard::tools::add_override_flags(app, options.overrides);
 }
 
 /// The input the options describe: the config's settings first, then every flag given.
@@ -341,8 +347,11 @@ void print_estimates(const std::vector<MemoryEstimate>& estimates,
 }  // namespace
 
 int main(int argc, char** argv) {
+  Options options;
+  CLI::App app(kDescription, "zeroshard-estimate");
+  add_flags(app, options);
+  if (const auto exit_code = zeroshard::cli::parse(app, argc, argv)) return *exit_code;
   try {
-    const Options options = parse_options(argc, argv);
     std::vector<std::string> notices;
     const EstimateInput base = make_input(options, notices);
     for (const std::string& notice : notices) std::cerr << "notice: " << notice << "\n";

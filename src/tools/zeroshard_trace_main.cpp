@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "command_line.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -23,16 +25,14 @@ constexpr int kCulpritNamed = 0;  // a rank is behind, missing, or issued a diff
 constexpr int kNothingSingledOut = 1;  // every dump agrees; no rank stands out
 constexpr int kBadInput = 2;           // bad command line, no dumps, or a dump that cannot be read
 
-constexpr const char* kUsage = R"(usage: zeroshard-trace DIR
-
-Reads the flight-recorder dumps (rank-R.json, rank-R.comm-N.json) that ranks write to
+constexpr const char* kDescription =
+    R"(Reads the flight-recorder dumps (rank-R.json, rank-R.comm-N.json) that ranks write to
 ZEROSHARD_TRACE_DIR=DIR when a collective times out or the job is aborted, and prints, per
 communicator, which rank is behind or missing and at which collective.
 
 Exit status: 0 a rank was named (behind, missing, or issuing a different collective);
 1 the dumps agree and no rank stands out; 2 bad command line, no dumps in DIR, or an
-unreadable dump.
-)";
+unreadable dump.)";
 
 struct Entry {
   std::int64_t seq = 0;
@@ -219,11 +219,10 @@ bool analyse(int communicator, const std::map<int, Dump>& dumps) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
-    std::cerr << kUsage;
-    return argc == 2 ? 0 : kBadInput;
-  }
-  const fs::path dir = argv[1];
+  fs::path dir;
+  CLI::App app(kDescription, "zeroshard-trace");
+  app.add_option("DIR", dir, "the folder ZEROSHARD_TRACE_DIR named")->required();
+  if (const auto exit_code = zeroshard::cli::parse(app, argc, argv)) return *exit_code;
   std::map<int, std::map<int, Dump>> communicators;  // communicator -> rank -> dump
   try {
     for (const fs::directory_entry& file : fs::directory_iterator(dir)) {

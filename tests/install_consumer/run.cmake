@@ -1,6 +1,7 @@
 # Installs the built tree into a scratch prefix, then configures, builds and runs a tiny consumer
 # project that uses find_package(zeroshard), and builds and runs the same program with the flags
-# pkg-config gives — proof that both package descriptions are complete.
+# pkg-config gives — proof that both package descriptions are complete. Every installed program
+# then prints its --help from the prefix, finding the installed library on its own.
 file(REMOVE_RECURSE ${WORK_DIR})
 execute_process(COMMAND ${CMAKE_COMMAND} --install ${ZEROSHARD_BINARY_DIR} --prefix ${WORK_DIR}/prefix
                 RESULT_VARIABLE rc)
@@ -42,3 +43,33 @@ execute_process(COMMAND ${CMAKE_COMMAND} -E env LD_LIBRARY_PATH=${pc_libdir}
 if(rc)
   message(FATAL_ERROR "the consumer built with pkg-config's flags exited with ${rc}")
 endif()
+
+# The programs a user runs: the tools, and with the examples and benchmarks built, the trainers
+# and benchmarks too.
+file(GLOB programs ${WORK_DIR}/prefix/bin/*)
+string(REPLACE "," ";" EXPECTED_PROGRAMS "${EXPECTED_PROGRAMS}")
+foreach(expected zeroshard-config zeroshard-estimate zeroshard-trace zeroshard-consolidate
+                 ${EXPECTED_PROGRAMS})
+  if(NOT EXISTS ${WORK_DIR}/prefix/bin/${expected})
+    message(FATAL_ERROR "cmake --install did not install ${expected}")
+  endif()
+endforeach()
+foreach(program ${programs})
+  execute_process(COMMAND ${program} --help RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                  ERROR_VARIABLE err)
+  if(rc)
+    message(FATAL_ERROR "installed ${program} --help exited with ${rc}: ${out}${err}")
+  endif()
+  get_filename_component(name ${program} NAME)
+  # The zeroshard programs print CLI11's usage; Google Benchmark's print its own.
+  if(name MATCHES "^zeroshard-|^bench_nvme$")
+    string(FIND "${out}" "Usage: ${name} [OPTIONS]" at)
+  else()
+    string(FIND "${out}" "--benchmark_filter" at)
+  endif()
+  if(at EQUAL -1)
+    message(FATAL_ERROR "installed ${program} --help printed no usage:\n${out}")
+  endif()
+endforeach()
+list(LENGTH programs count)
+message(STATUS "${count} installed programs printed their --help")
