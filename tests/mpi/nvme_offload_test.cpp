@@ -204,7 +204,9 @@ TEST(NvmeOffloadFaults, ShortTransfersAndEagainAreCompletedTransparently) {
   }
 }
 
-void damage_first_rank(Trainer& run, const char* kind, bool truncate) {
+/// Rank 0's swap file of `kind`, whose slots hold `slot_bytes`: cut short, or one byte flipped.
+void damage_first_rank(Trainer& run, const char* kind, bool truncate,
+                       std::int64_t slot_bytes = 4 * kSubGroup) {
   if (run.engine.rank() != 0) return;
   const std::string path = swap_path(run, kind);
   const int fd = ::open(path.c_str(), O_RDWR);
@@ -213,8 +215,8 @@ void damage_first_rank(Trainer& run, const char* kind, bool truncate) {
     ASSERT_EQ(::ftruncate(fd, 4096), 0);
   } else {
     // One byte of slot 0's payload, in both of its records: whichever is current is damaged.
-    const std::int64_t record = detail::swap_record_bytes(4 * kSubGroup);
-    for (const std::int64_t offset : {std::int64_t{4096 + 17}, record + 4096 + 17}) {
+    const std::int64_t record = detail::swap_record_bytes(slot_bytes);
+    for (const std::int64_t offset : {std::int64_t{4096 + 3}, record + 4096 + 3}) {
       char byte = 0;
       ASSERT_EQ(::pread(fd, &byte, 1, offset), 1);
       byte = static_cast<char>(byte ^ 0x5a);
@@ -314,20 +316,7 @@ TEST(NvmeOffloadFaults, AnEioInTheParameterFileUndoesTheStepOnEveryRank) {
 TEST(NvmeOffloadFaults, AFlippedByteInTheParameterFileIsCaughtAtTheGather) {
   Trainer run(infinity_config());
   run.train_step();
-  if (run.engine.rank() == 0) {
-    const std::string path = swap_path(run, "param_shard");
-    const int fd = ::open(path.c_str(), O_RDWR);
-    ASSERT_GE(fd, 0) << path;
-    const std::int64_t record = detail::swap_record_bytes(4 * kParamTile);
-    for (const std::int64_t offset : {std::int64_t{4096 + 3}, record + 4096 + 3}) {
-      char byte = 0;
-      ASSERT_EQ(::pread(fd, &byte, 1, offset), 1);
-      byte = static_cast<char>(byte ^ 0x5a);
-      ASSERT_EQ(::pwrite(fd, &byte, 1, offset), 1);
-    }
-    ASSERT_EQ(::fsync(fd), 0);
-    ::close(fd);
-  }
+  damage_first_rank(run, "param_shard", false, 4 * kParamTile);
   // Rank 0 reads the damaged record when a gather needs it; the other ranks then wait in that
   // gather's collective, so only rank 0's error is checked (the test ends the job's use of it).
   if (run.engine.rank() != 0) return;
