@@ -62,7 +62,6 @@ void SwappedShard::wait(int buffer) {
     b.state = reading ? State::kFree : State::kDirty;
     throw;
   }
-  (reading ? bytes_read_ : bytes_written_) += swapper_.record_bytes();
   b.state = State::kClean;
 }
 

@@ -30,7 +30,6 @@ class SwappedShard {
   /// Creates the swap file and the buffers; throws IoError (naming the file) when it cannot.
   explicit SwappedShard(const SwappedShardOptions& options);
 
-  std::int64_t elements() const noexcept { return elements_; }
   std::int64_t tile_elements() const noexcept { return tile_; }
   /// Elements the buffers hold at once.
   std::int64_t capacity_elements() const noexcept {
@@ -73,10 +72,6 @@ class SwappedShard {
   /// Otherwise it does nothing, so that a failed begin_update() keeps the changed tiles.
   void roll_back() noexcept;
 
-  std::int64_t bytes_read() const noexcept { return bytes_read_; }
-  std::int64_t bytes_written() const noexcept { return bytes_written_; }
-  const std::string& path() const noexcept { return swapper_.path(); }
-
   /// Tests only.
   void inject_fault(const IoFault& fault) noexcept { swapper_.inject_fault(fault); }
 
@@ -112,8 +107,6 @@ class SwappedShard {
   std::uint64_t clock_ = 0;
   NvmeSwapper::Snapshot before_update_;
   bool updating_ = false;
-  std::int64_t bytes_read_ = 0;
-  std::int64_t bytes_written_ = 0;
 };
 
 }  // namespace zeroshard::detail

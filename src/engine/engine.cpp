@@ -252,11 +252,11 @@ void EngineState::finalize() {
   const OffloadConfig& offload_param = zero.offload_param;
   check_offload_devices(zero);
   Tier shard_tier = Tier::kDevice;
-  if (offload_param.device == OffloadDevice::kNvme) {
-    // max_in_cpu elements of the shard, in CPU memory beside the swap file's buffers.
+  if (offload_param.device != OffloadDevice::kNone) {
+    // The shard in CPU memory: all of it under cpu, its first max_in_cpu elements under nvme.
     shard_tier = offload_param.pin_memory ? Tier::kPinnedHost : Tier::kPageableHost;
-  } else if (offload_param.device == OffloadDevice::kCpu) {
-    shard_tier = offload_param.pin_memory ? Tier::kPinnedHost : Tier::kPageableHost;
+  }
+  if (offload_param.device == OffloadDevice::kCpu) {
     // With device cpu the whole shard stays in CPU memory: max_in_cpu is its budget.
     if (layout_.shard_size() > offload_param.max_in_cpu) {
       throw ConfigError("zero_optimization.offload_param.max_in_cpu",

@@ -90,7 +90,7 @@ void* ParamCoordinator::owned_at(std::int64_t flat) {
 template <class Use>
 void ParamCoordinator::for_each_owned_part(std::int64_t flat, std::int64_t count, bool will_write,
                                            Use use) {
-  if (context_.stage != 3 || !swapped_) {
+  if (!swapped_) {
     use(static_cast<char*>(owned_at(flat)), owned_location(), std::int64_t{0}, count);
     return;
   }
