@@ -1,20 +1,25 @@
-// The checkpoint format on one rank: CRC-32C, the manifest's round trip, the checked reading of
-// shard sections, and crash safety: a process killed between its shard writes and the `latest`
-// update leaves the previous checkpoint the one that loads, and a save that never completed is
-// never loaded.
+// The checkpoint format on one rank: CRC-32C, the manifest's round trip, the writing and the
+// checked reading of shard sections, a disk that fills up during a save, and crash safety: a
+// process killed between its shard writes and the `latest` update leaves the previous checkpoint
+// the one that loads, and a save that never completed is never loaded.
 #include <gtest/gtest.h>
 #include <spawn.h>
+#include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "checkpoint/checkpoint_format.h"
+#include "checkpoint/shard_writer.h"
 #include "comm/self_communicator.h"
 #include "crc32c.h"
 #include "mpi/toy_model.h"
@@ -157,6 +162,110 @@ INSTANTIATE_TEST_SUITE_P(AtEachCommitPoint, CheckpointCrash,
 /// Element `flat` of section `section` in the synthetic rank files (exact in fp32).
 float synthetic_value(int section, std::int64_t flat) {
   return static_cast<float>(flat % 1000003) + 0.5f * static_cast<float>(section);
+}
+
+// Sections longer than a chunk, of a few elements, and ending off a block boundary: the file holds
+// exactly their values, each returned checksum is its section's, and the file is never an
+// existing one. On the temporary folder and on tmpfs (/dev/shm) where there is one.
+class ShardWriterFolders : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ShardWriterFolders, WritesEverySectionExactlyWithItsChecksum) {
+  const fs::path root = *GetParam() != '\0' ? fs::path(GetParam()) : fs::temp_directory_path();
+  if (!fs::is_directory(root)) GTEST_SKIP() << root << " does not exist";
+  const fs::path path = root / ("zeroshard-writer-" + std::to_string(::getpid()) + ".bin");
+  fs::remove(path);
+  const std::int64_t lengths[] = {detail::kIoChunk + 1003, 5, detail::kIoChunk - 7};
+  std::vector<std::vector<float>> sections;
+  {
+    detail::ShardWriter writer(path.string());
+    for (int k = 0; k < 3; ++k) {
+      std::vector<float>& values = sections.emplace_back(static_cast<std::size_t>(lengths[k]));
+      for (std::int64_t i = 0; i < lengths[k]; ++i) values[i] = synthetic_value(k, i);
+      const std::uint32_t crc =
+          writer.write_section(lengths[k], [&](float* out, std::int64_t first, std::int64_t n) {
+            std::copy_n(values.data() + first, n, out);
+          });
+      EXPECT_EQ(crc, detail::crc32c(values.data(), values.size() * 4)) << "section " << k;
+    }
+    writer.finish();
+  }
+  EXPECT_EQ(fs::file_size(path), (lengths[0] + lengths[1] + lengths[2]) * 4);
+  std::ifstream in(path, std::ios::binary);
+  for (int k = 0; k < 3; ++k) {
+    std::vector<float> back(sections[k].size());
+    in.read(reinterpret_cast<char*>(back.data()), static_cast<std::streamsize>(back.size() * 4));
+    EXPECT_TRUE(back == sections[k]) << "section " << k << " differs in the file";
+  }
+  try {
+    detail::ShardWriter again(path.string());
+    ADD_FAILURE() << "an existing file was opened for writing";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find(path.string()), std::string::npos) << e.what();
+  }
+  fs::remove(path);
+}
+
+INSTANTIATE_TEST_SUITE_P(OnEachFileSystem, ShardWriterFolders, ::testing::Values("", "/dev/shm"));
+
+/// A 1 MiB tmpfs at a fresh folder, standing in for a disk that fills up; unmounted on
+/// destruction. mounted() is false where this process may not mount one.
+class SmallDisk {
+ public:
+  SmallDisk()
+      : path_(fs::temp_directory_path() / ("zeroshard-small-" + std::to_string(::getpid()))) {
+    fs::create_directories(path_);
+    mounted_ = ::mount("tmpfs", path_.c_str(), "tmpfs", 0, "size=1m") == 0;
+    if (!mounted_) error_ = std::strerror(errno);
+  }
+  SmallDisk(const SmallDisk&) = delete;
+  SmallDisk& operator=(const SmallDisk&) = delete;
+  ~SmallDisk() {
+    if (mounted_) ::umount2(path_.c_str(), MNT_DETACH);
+    fs::remove_all(path_);
+  }
+  bool mounted() const { return mounted_; }
+  const std::string& error() const { return error_; }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+  bool mounted_ = false;
+  std::string error_;
+};
+
+TEST(CheckpointFullDisk, AFailedSaveNamesTheFileAndKeepsThePreviousLatest) {
+  const SmallDisk disk;
+  if (!disk.mounted()) GTEST_SKIP() << "cannot mount a 1 MiB tmpfs here: " << disk.error();
+  const std::string dir = (disk.path() / "ckpt").string();
+  const std::vector<ToyTensor> tensors = uneven_toy_tensors();
+  Engine engine = one_rank_engine();
+  const std::vector<Parameter> handles = register_toy(engine, tensors);
+  train(engine, tensors, handles, 0, 1);
+  engine.save_checkpoint(dir, "step1");
+  {
+    // Whatever room is left goes to another file.
+    std::ofstream filler(disk.path() / "filler", std::ios::binary);
+    const std::vector<char> block(4096, 'x');
+    while (filler.write(block.data(), static_cast<std::streamsize>(block.size()))) {
+      filler.flush();
+    }
+  }
+  train(engine, tensors, handles, 1, 2);
+  try {
+    engine.save_checkpoint(dir, "step2");
+    ADD_FAILURE() << "a save onto a full disk succeeded";
+  } catch (const IoError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("rank_00000.bin"), std::string::npos) << what;
+    EXPECT_NE(what.find(std::strerror(ENOSPC)), std::string::npos) << what;
+    EXPECT_NE(what.find("free space"), std::string::npos) << what;
+  }
+  fs::remove(disk.path() / "filler");
+  Engine fresh = one_rank_engine();
+  register_toy(fresh, tensors);
+  const CheckpointInfo info = fresh.load_checkpoint(dir);
+  EXPECT_EQ(info.tag, "step1");
+  EXPECT_EQ(fresh.global_step(), 1);
 }
 
 /// Two rank files of two sections each, large enough for several read chunks (16 MiB) with a

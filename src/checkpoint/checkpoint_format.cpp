@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <csignal>
 #include <cstdint>
@@ -22,6 +23,7 @@
 #include <sstream>
 #include <utility>
 
+#include "checkpoint/direct_io.h"
 #include "crc32c.h"
 #include "util/check.h"
 #include "zeroshard/error.h"
@@ -30,19 +32,9 @@ namespace zeroshard::detail {
 
 namespace {
 
-// Elements per read of a section (16 MiB of fp32): the unit that is read on the worker while the
-// caller checksums the previous one.
-constexpr std::int64_t kReadChunk = std::int64_t{1} << 22;
-
-std::string errno_text() { return std::strerror(errno); }
-
 std::string rank_suffix() {
   const int rank = rank_for_messages();
   return rank >= 0 ? " (rank " + std::to_string(rank) + ")" : "";
-}
-
-[[noreturn]] void io_fail(const std::string& what, const std::string& path) {
-  throw IoError(what + " " + path + rank_suffix() + ": " + errno_text());
 }
 
 [[noreturn]] void corrupt(const std::string& path, const std::string& what) {
@@ -75,6 +67,17 @@ ManifestFile file_from_json(const nlohmann::json& j, const std::string& path) {
 }
 
 }  // namespace
+
+void throw_io_error(const std::string& what, const std::string& path) {
+  const int error = errno;
+  std::string message = what + " " + path + rank_suffix() + ": " + std::strerror(error);
+  if (error == ENOSPC || error == EDQUOT) {
+    message +=
+        "; free space there or save to another folder (the previous checkpoint stays the "
+        "latest)";
+  }
+  throw IoError(message);
+}
 
 std::string shard_file_name(int rank) {
   char name[32];
@@ -297,7 +300,7 @@ FileHandle::~FileHandle() {
 
 FileHandle FileHandle::create(const std::string& path) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) io_fail("cannot create", path);
+  if (fd < 0) throw_io_error("cannot create", path);
   return FileHandle(fd, path);
 }
 
@@ -308,14 +311,14 @@ FileHandle FileHandle::open_read(const std::string& path) {
       throw CheckpointError("checkpoint file " + path + rank_suffix() +
                             " is missing; the checkpoint is incomplete");
     }
-    io_fail("cannot open", path);
+    throw_io_error("cannot open", path);
   }
   return FileHandle(fd, path);
 }
 
 std::int64_t FileHandle::size() const {
   struct stat st {};
-  if (::fstat(fd_, &st) != 0) io_fail("cannot stat", path_);
+  if (::fstat(fd_, &st) != 0) throw_io_error("cannot stat", path_);
   return st.st_size;
 }
 
@@ -325,7 +328,7 @@ void FileHandle::write_all(const void* data, std::size_t bytes) {
     const ssize_t n = ::write(fd_, p, std::min<std::size_t>(bytes, std::size_t{1} << 30));
     if (n < 0) {
       if (errno == EINTR) continue;
-      io_fail("cannot write", path_);
+      throw_io_error("cannot write", path_);
     }
     p += n;
     bytes -= static_cast<std::size_t>(n);
@@ -338,7 +341,7 @@ void FileHandle::pwrite_all(const void* data, std::size_t bytes, std::int64_t of
     const ssize_t n = ::pwrite(fd_, p, std::min<std::size_t>(bytes, std::size_t{1} << 30), offset);
     if (n < 0) {
       if (errno == EINTR) continue;
-      io_fail("cannot write", path_);
+      throw_io_error("cannot write", path_);
     }
     p += n;
     offset += n;
@@ -352,7 +355,7 @@ void FileHandle::pread_all(void* data, std::size_t bytes, std::int64_t offset) c
     const ssize_t n = ::pread(fd_, p, std::min<std::size_t>(bytes, std::size_t{1} << 30), offset);
     if (n < 0) {
       if (errno == EINTR) continue;
-      io_fail("cannot read", path_);
+      throw_io_error("cannot read", path_);
     }
     if (n == 0) corrupt(path_, "ends at byte " + std::to_string(offset) + ": it is truncated");
     p += n;
@@ -363,18 +366,18 @@ void FileHandle::pread_all(void* data, std::size_t bytes, std::int64_t offset) c
 
 void FileHandle::sync() {
   // Never retried: after a failed fsync the kernel may have dropped the dirty pages.
-  if (::fsync(fd_) != 0) io_fail("cannot fsync", path_);
+  if (::fsync(fd_) != 0) throw_io_error("cannot fsync", path_);
 }
 
 void FileHandle::close_synced() {
   sync();
   const int fd = std::exchange(fd_, -1);
-  if (::close(fd) != 0) io_fail("cannot close", path_);
+  if (::close(fd) != 0) throw_io_error("cannot close", path_);
 }
 
 void fsync_directory(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) io_fail("cannot open folder", path);
+  if (fd < 0) throw_io_error("cannot open folder", path);
   FileHandle dir(fd, path);
   dir.sync();
 }
@@ -386,7 +389,8 @@ void write_file_durably(const std::string& path, const std::string& content) {
   FileHandle file = FileHandle::create(tmp);
   file.write_all(content.data(), content.size());
   file.close_synced();
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) io_fail("cannot rename " + tmp + " to", path);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    throw_io_error("cannot rename " + tmp + " to", path);
   fsync_directory(std::filesystem::path(path).parent_path().string());
 }
 
@@ -411,24 +415,6 @@ void ShardReader::check_files(std::int64_t lo, std::int64_t hi) const {
 
 namespace {
 
-// O_DIRECT needs the file offset, the length and the memory aligned to the logical block size;
-// 4096 covers every common drive (512 and 4096-byte sectors).
-constexpr std::int64_t kDirectAlign = 4096;
-
-struct AlignedFree {
-  void operator()(float* p) const noexcept { std::free(p); }
-};
-using AlignedChunk = std::unique_ptr<float[], AlignedFree>;
-
-AlignedChunk aligned_chunk(std::int64_t count) {
-  void* p = std::aligned_alloc(kDirectAlign, static_cast<std::size_t>(count) * sizeof(float));
-  if (p == nullptr) {
-    throw OutOfMemoryError("cannot allocate a " + std::to_string(count * 4) +
-                           "-byte read buffer for a checkpoint");
-  }
-  return AlignedChunk(static_cast<float*>(p));
-}
-
 // One file read front to back. Aligned ranges go through O_DIRECT: the drive writes straight
 // into the caller's memory, with no copy out of the page cache (the CPU is then free for the
 // checksum) and no cache filled with a shard that is read once. Anything else, or a file system
@@ -444,7 +430,7 @@ class SequentialReader {
   /// Exactly `bytes` at `offset` into `data`; CheckpointError when the file ends first.
   void read(void* data, std::size_t bytes, std::int64_t offset) {
     auto* p = static_cast<char*>(data);
-    if (direct_ && offset % kDirectAlign == 0 &&
+    if (direct_ && direct_works_.load() && offset % kDirectAlign == 0 &&
         reinterpret_cast<std::uintptr_t>(p) % kDirectAlign == 0) {
       const std::size_t aligned = bytes / kDirectAlign * kDirectAlign;
       const std::size_t done = read_direct(p, aligned, offset);
@@ -468,8 +454,8 @@ class SequentialReader {
                                 offset + static_cast<std::int64_t>(done));
       if (n < 0) {
         if (errno == EINTR) continue;
-        if (errno != EINVAL) io_fail("cannot read", buffered_.path());
-        direct_.reset();
+        if (errno != EINVAL) throw_io_error("cannot read", buffered_.path());
+        direct_works_.store(false);
         break;
       }
       done += static_cast<std::size_t>(n);
@@ -479,7 +465,9 @@ class SequentialReader {
   }
 
   FileHandle buffered_;
-  std::optional<FileHandle> direct_;  ///< empty when the file system refuses O_DIRECT
+  std::optional<FileHandle> direct_;  ///< empty when the file system refuses O_DIRECT opens
+  /// False once it refused a direct read; two reads may be in flight.
+  std::atomic<bool> direct_works_{true};
 };
 
 // Writes one byte of each page of `bytes` at `data`, which is about to be overwritten.
@@ -496,7 +484,10 @@ void ShardReader::read(int section, std::int64_t lo, std::int64_t hi, float* out
   const std::int64_t saved_hi = std::min(hi, manifest_.padded_total);
   if (saved_hi < hi)
     std::fill(out + std::max<std::int64_t>(0, saved_hi - lo), out + (hi - lo), 0.0f);
-  std::array<AlignedChunk, 2> bounce;
+  // Reads in flight while the caller checksums: two keep the drive busy across the moment one
+  // completes and the next is submitted.
+  constexpr std::int64_t kInFlight = 2;
+  std::array<AlignedChunk, kInFlight + 1> bounce;
   for (std::int64_t f = lo / s; f < manifest_.world_size && f * s < saved_hi; ++f) {
     const ManifestFile& file = manifest_.shards[f];
     const std::string path = dir_ + "/" + file.name;
@@ -504,33 +495,36 @@ void ShardReader::read(int section, std::int64_t lo, std::int64_t hi, float* out
     const std::int64_t file_lo = f * s;
     const std::int64_t base = static_cast<std::int64_t>(section) * s * 4;
     // The whole section is read to check its checksum; the part inside [lo, hi) is kept. When
-    // the section lies inside the range it is read straight into place, else through two
-    // alternating bounce buffers.
+    // the section lies inside the range it is read straight into place, else through rotating
+    // bounce buffers.
     const bool direct = file_lo >= lo && file_lo + s <= hi;
     if (!direct && !bounce[0]) {
-      bounce[0] = aligned_chunk(kReadChunk);
-      bounce[1] = aligned_chunk(kReadChunk);
+      for (AlignedChunk& b : bounce) b = aligned_chunk(kIoChunk, "checkpoint read buffer");
     }
-    const std::int64_t chunks = (s + kReadChunk - 1) / kReadChunk;
+    const std::int64_t chunks = (s + kIoChunk - 1) / kIoChunk;
     const auto chunk_at = [&](std::int64_t k) {
-      return direct ? out + (file_lo + k * kReadChunk - lo) : bounce[k % 2].get();
+      return direct ? out + (file_lo + k * kIoChunk - lo) : bounce[k % (kInFlight + 1)].get();
     };
-    const auto length = [&](std::int64_t k) { return std::min(kReadChunk, s - k * kReadChunk); };
-    const auto read_chunk = [&](std::int64_t k) {
-      reader.read(chunk_at(k), length(k) * 4, base + k * kReadChunk * 4);
+    const auto length = [&](std::int64_t k) { return std::min(kIoChunk, s - k * kIoChunk); };
+    // A pending future's destructor waits for its read, so nothing outlives a throw.
+    std::array<std::future<void>, kInFlight + 1> pending;
+    const auto submit = [&](std::int64_t k) {
+      // The caller maps the chunk's pages first: fresh memory faults page by page (the kernel
+      // zeroes each), and a direct read into unmapped pages faults them in the submitting thread
+      // while the drive waits.
+      if (direct) touch_pages(chunk_at(k), length(k) * 4);
+      pending[k % (kInFlight + 1)] =
+          std::async(std::launch::async, [&reader, &chunk_at, &length, base, k] {
+            reader.read(chunk_at(k), length(k) * 4, base + k * kIoChunk * 4);
+          });
     };
-    // Chunk k + 1 is read on a worker while the caller checksums chunk k: the drive never waits
-    // for the CRC. A pending future's destructor waits for its read, so nothing outlives a throw.
-    std::future<void> pending = std::async(std::launch::async, read_chunk, std::int64_t{0});
+    for (std::int64_t k = 0; k < std::min(kInFlight, chunks); ++k) submit(k);
     std::uint32_t crc = 0;
     for (std::int64_t k = 0; k < chunks; ++k) {
-      // The caller maps chunk k + 1's pages while chunk k is read: fresh memory faults page by
-      // page (the kernel zeroes each), and done by the worker it would idle the drive.
-      if (direct && k + 1 < chunks) touch_pages(chunk_at(k + 1), length(k + 1) * 4);
-      pending.get();
-      if (k + 1 < chunks) pending = std::async(std::launch::async, read_chunk, k + 1);
+      pending[k % (kInFlight + 1)].get();
+      if (k + kInFlight < chunks) submit(k + kInFlight);
       const float* chunk = chunk_at(k);
-      const std::int64_t at = k * kReadChunk;
+      const std::int64_t at = k * kIoChunk;
       const std::int64_t n = length(k);
       crc = crc32c(chunk, n * 4, crc);
       if (!direct) {

@@ -93,6 +93,9 @@ Manifest read_manifest(const std::string& checkpoint_dir);
 void set_checkpoint_kill_point(std::string point);
 void checkpoint_point_reached(const char* point);
 
+/// Throws IoError: "`what` `path` (rank r): the errno text", with what to do when the disk is full.
+[[noreturn]] void throw_io_error(const std::string& what, const std::string& path);
+
 /// A file descriptor, closed on destruction.
 class FileHandle {
  public:

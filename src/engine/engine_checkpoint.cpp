@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -14,7 +15,7 @@
 
 #include "checkpoint/checkpoint_format.h"
 #include "checkpoint/safetensors.h"
-#include "crc32c.h"
+#include "checkpoint/shard_writer.h"
 #include "engine/engine_state.h"
 #include "engine/shape.h"
 #include "precision/half_conversion.h"
@@ -24,9 +25,6 @@
 namespace zeroshard::detail {
 
 namespace {
-
-// Elements per write when an array is not in host memory and bounces through a host buffer.
-constexpr std::int64_t kWriteChunk = std::int64_t{1} << 22;
 
 std::string message_of(const std::exception_ptr& failure) {
   try {
@@ -115,24 +113,17 @@ void EngineState::save_checkpoint(const std::string& dir, const std::string& tag
   std::vector<std::uint32_t> crcs(arrays, 0);
   try {
     const std::string path = tmp_dir + "/" + shard_file_name(rank_);
-    FileHandle file = FileHandle::create(path + ".tmp");
-    // One thread: a worker writing chunk k while the caller checksums chunk k + 1 measured slower
-    // on a loaded machine (a thread per chunk waits to be scheduled); the CRC is a few percent.
-    std::vector<float> bounce;
+    ShardWriter file(path + ".tmp");
     for (int a = 0; a < arrays; ++a) {
-      for (std::int64_t begin = lo; begin < hi; begin += kWriteChunk) {
-        const std::int64_t count = std::min(kWriteChunk, hi - begin);
-        const float* values = optimizer_->host_view(a, begin);
-        if (values == nullptr) {
-          bounce.resize(static_cast<std::size_t>(count));
-          optimizer_->read_owned(a, begin, bounce.data(), count);
-          values = bounce.data();
+      crcs[a] = file.write_section(hi - lo, [&](float* out, std::int64_t first, std::int64_t n) {
+        if (const float* values = optimizer_->host_view(a, lo + first)) {
+          std::memcpy(out, values, static_cast<std::size_t>(n) * sizeof(float));
+        } else {
+          optimizer_->read_owned(a, lo + first, out, n);
         }
-        crcs[a] = crc32c(values, count * sizeof(float), crcs[a]);
-        file.write_all(values, count * sizeof(float));
-      }
+      });
     }
-    file.close_synced();
+    file.finish();
     if (std::rename((path + ".tmp").c_str(), path.c_str()) != 0) {
       throw IoError("cannot rename " + path + ".tmp (rank " + std::to_string(rank_) + ")");
     }
@@ -157,10 +148,12 @@ void EngineState::save_checkpoint(const std::string& dir, const std::string& tag
         backend_->copy_to_host(raw.data(), params_store_->data(static_cast<int>(i)), raw.size());
         convert_to_float(raw.data(), dtype_, frozen.data() + p.frozen_offset, p.numel);
       }
-      frozen_crc = crc32c(frozen.data(), frozen.size() * sizeof(float));
-      FileHandle file = FileHandle::create(tmp_dir + "/" + kFrozenName);
-      file.write_all(frozen.data(), frozen.size() * sizeof(float));
-      file.close_synced();
+      ShardWriter file(tmp_dir + "/" + kFrozenName);
+      frozen_crc =
+          file.write_section(frozen_total, [&](float* out, std::int64_t first, std::int64_t n) {
+            std::copy_n(frozen.data() + first, n, out);
+          });
+      file.finish();
     } catch (...) {
       failure = std::current_exception();
     }
