@@ -484,10 +484,9 @@ void ShardReader::read(int section, std::int64_t lo, std::int64_t hi, float* out
   const std::int64_t saved_hi = std::min(hi, manifest_.padded_total);
   if (saved_hi < hi)
     std::fill(out + std::max<std::int64_t>(0, saved_hi - lo), out + (hi - lo), 0.0f);
-  // Reads in flight while the caller checksums: two keep the drive busy across the moment one
-  // completes and the next is submitted.
-  constexpr std::int64_t kInFlight = 2;
-  std::array<AlignedChunk, kInFlight + 1> bounce;
+  // Bounce slots: the reader fills one while the caller checks the other.
+  constexpr std::int64_t kSlots = 2;
+  std::array<AlignedChunk, kSlots> bounce;
   for (std::int64_t f = lo / s; f < manifest_.world_size && f * s < saved_hi; ++f) {
     const ManifestFile& file = manifest_.shards[f];
     const std::string path = dir_ + "/" + file.name;
@@ -495,34 +494,64 @@ void ShardReader::read(int section, std::int64_t lo, std::int64_t hi, float* out
     const std::int64_t file_lo = f * s;
     const std::int64_t base = static_cast<std::int64_t>(section) * s * 4;
     // The whole section is read to check its checksum; the part inside [lo, hi) is kept. When
-    // the section lies inside the range it is read straight into place, else through rotating
-    // bounce buffers.
+    // the section lies inside the range it is read straight into place, else through the bounce
+    // slots.
     const bool direct = file_lo >= lo && file_lo + s <= hi;
     if (!direct && !bounce[0]) {
       for (AlignedChunk& b : bounce) b = aligned_chunk(kIoChunk, "checkpoint read buffer");
     }
     const std::int64_t chunks = (s + kIoChunk - 1) / kIoChunk;
     const auto chunk_at = [&](std::int64_t k) {
-      return direct ? out + (file_lo + k * kIoChunk - lo) : bounce[k % (kInFlight + 1)].get();
+      return direct ? out + (file_lo + k * kIoChunk - lo) : bounce[k % kSlots].get();
     };
     const auto length = [&](std::int64_t k) { return std::min(kIoChunk, s - k * kIoChunk); };
-    // A pending future's destructor waits for its read, so nothing outlives a throw.
-    std::array<std::future<void>, kInFlight + 1> pending;
-    const auto submit = [&](std::int64_t k) {
-      // The caller maps the chunk's pages first: fresh memory faults page by page (the kernel
-      // zeroes each), and a direct read into unmapped pages faults them in the submitting thread
-      // while the drive waits.
-      if (direct) touch_pages(chunk_at(k), length(k) * 4);
-      pending[k % (kInFlight + 1)] =
-          std::async(std::launch::async, [&reader, &chunk_at, &length, base, k] {
-            reader.read(chunk_at(k), length(k) * 4, base + k * kIoChunk * 4);
-          });
+    // Three threads, so that the drive never waits for the CPU: a mapper writes one byte of
+    // each page of the destination ahead of the reads (fresh memory faults page by page as the
+    // kernel zeroes it, and a direct read into unmapped pages would fault them while the drive
+    // waits), the reader reads chunk after chunk as soon as its pages are mapped and its slot is
+    // free, and the caller checksums each chunk once it is read. Counters say how many chunks
+    // each has finished; a failed read sets `read` past every chunk.
+    std::atomic<std::int64_t> mapped{direct ? 0 : chunks};
+    std::atomic<std::int64_t> read{0};
+    std::atomic<std::int64_t> checked{0};
+    std::atomic<bool> failed{false};
+    const auto wait_until = [](std::atomic<std::int64_t>& counter, std::int64_t at_least) {
+      for (std::int64_t seen = counter.load(); seen < at_least; seen = counter.load()) {
+        counter.wait(seen);
+      }
     };
-    for (std::int64_t k = 0; k < std::min(kInFlight, chunks); ++k) submit(k);
+    const auto advance = [](std::atomic<std::int64_t>& counter, std::int64_t to) {
+      counter.store(to);
+      counter.notify_all();
+    };
+    // A future's destructor waits for its thread, so nothing outlives a throw.
+    std::future<void> mapper;
+    if (direct) {
+      mapper = std::async(std::launch::async, [&] {
+        for (std::int64_t k = 0; k < chunks && !failed.load(); ++k) {
+          touch_pages(chunk_at(k), length(k) * 4);
+          advance(mapped, k + 1);
+        }
+      });
+    }
+    std::future<void> reading = std::async(std::launch::async, [&] {
+      try {
+        for (std::int64_t k = 0; k < chunks; ++k) {
+          wait_until(mapped, k + 1);
+          if (!direct) wait_until(checked, k + 1 - kSlots);
+          reader.read(chunk_at(k), length(k) * 4, base + k * kIoChunk * 4);
+          advance(read, k + 1);
+        }
+      } catch (...) {
+        failed.store(true);
+        advance(read, chunks + 1);
+        throw;
+      }
+    });
     std::uint32_t crc = 0;
     for (std::int64_t k = 0; k < chunks; ++k) {
-      pending[k % (kInFlight + 1)].get();
-      if (k + kInFlight < chunks) submit(k + kInFlight);
+      wait_until(read, k + 1);
+      if (failed.load()) reading.get();  // rethrows the read's error
       const float* chunk = chunk_at(k);
       const std::int64_t at = k * kIoChunk;
       const std::int64_t n = length(k);
@@ -533,7 +562,9 @@ void ShardReader::read(int section, std::int64_t lo, std::int64_t hi, float* out
         if (b > a)
           std::copy(chunk + (a - file_lo - at), chunk + (b - file_lo - at), out + (a - lo));
       }
+      advance(checked, k + 1);
     }
+    reading.get();
     if (crc != file.section_crc[section]) {
       corrupt(path, "section " + std::to_string(section) + " (" +
                         (section == 0 ? std::string("master weights")

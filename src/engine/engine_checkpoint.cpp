@@ -296,9 +296,12 @@ CheckpointInfo EngineState::load_checkpoint(const std::string& dir, const std::s
   const int arrays = optimizer_->array_count();
   const std::int64_t lo = optimizer_->owned_begin();
   const std::int64_t count = optimizer_->owned_end() - lo;
-  // Not value-initialised: the reader writes every element (zeros past the saved layout), and a
-  // zeroing pass would cost as much as a memcpy of the shard.
+  // Each array is staged in a twin of its own buffer that the commit swaps in (no copy), or where
+  // the array cannot be replaced whole in host memory of the load's own. Neither is zero-filled:
+  // the reader writes every element (zeros past the saved layout).
+  std::vector<TrackedBuffer> twins(arrays);
   std::vector<Staging> staged(arrays);
+  std::vector<float*> into(arrays);
   std::vector<float> frozen;
   std::optional<LossScaler> scaler = scaler_;
   try {
@@ -309,8 +312,10 @@ CheckpointInfo EngineState::load_checkpoint(const std::string& dir, const std::s
     ShardReader reader(m, checkpoint);
     reader.check_files(lo, lo + count);
     for (int a = 0; a < arrays; ++a) {
-      staged[a] = make_staging(count);
-      reader.read(a, lo, lo + count, staged[a].get());
+      twins[a] = optimizer_->staging_for(a);
+      if (twins[a].empty()) staged[a] = make_staging(count);
+      into[a] = twins[a].empty() ? staged[a].get() : twins[a].as<float>();
+      reader.read(a, lo, lo + count, into[a]);
     }
     if (m.frozen) {
       frozen =
@@ -332,13 +337,19 @@ CheckpointInfo EngineState::load_checkpoint(const std::string& dir, const std::s
   // DeepSpeed's load_from_fp32_weights false: the master starts from the 16-bit weights.
   if (!config_.zero_optimization.load_from_fp32_weights && dtype_ != DType::kFloat32) {
     std::vector<char> rounded(count * dsize_);
-    convert_from_float(staged[0].get(), rounded.data(), dtype_, count);
-    convert_to_float(rounded.data(), dtype_, staged[0].get(), count);
+    convert_from_float(into[0], rounded.data(), dtype_, count);
+    convert_to_float(rounded.data(), dtype_, into[0], count);
   }
   // Commit: the master and states, the model-precision copy and its spread, the frozen parameters,
   // and the counters.
   zero_grad();
-  for (int a = 0; a < arrays; ++a) optimizer_->write_owned(a, lo, staged[a].get(), count);
+  for (int a = 0; a < arrays; ++a) {
+    if (twins[a].empty()) {
+      optimizer_->write_owned(a, lo, into[a], count);
+    } else {
+      optimizer_->adopt_array(a, std::move(twins[a]));
+    }
+  }
   optimizer_->refresh_params_from_master();
   params_store_->after_update();
   for (std::size_t i = 0; i < params_.size(); ++i) {

@@ -278,6 +278,26 @@ void OptimizerShard::write_owned(int array, std::int64_t flat, const float* valu
                     count * sizeof(float));
 }
 
+TrackedBuffer OptimizerShard::staging_for(int array) {
+  if (swapped_ || array_location(array) != MemoryLocation::kHost) return {};
+  TrackedBuffer twin = array > 0                ? states_[array - 1].uninitialized_twin()
+                       : master_aliases_params_ ? params_.staging_for_owned()
+                                                : master_.uninitialized_twin();
+  const auto owned = static_cast<std::size_t>(owned_end() - owned_begin_);
+  if (twin.bytes() != owned * sizeof(float)) return {};
+  return twin;
+}
+
+void OptimizerShard::adopt_array(int array, TrackedBuffer staged) {
+  if (array > 0) {
+    std::swap(states_[array - 1], staged);
+  } else if (master_aliases_params_) {
+    params_.adopt_owned(std::move(staged));
+  } else {
+    std::swap(master_, staged);
+  }
+}
+
 void OptimizerShard::refresh_params_from_master() { refresh_params(owned_begin_, owned_end()); }
 
 void OptimizerShard::refresh_params(std::int64_t first, std::int64_t last) {

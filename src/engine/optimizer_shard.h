@@ -58,6 +58,14 @@ class OptimizerShard final : public ReducedGradientSink {
   /// Copies owned elements [flat, flat + count) of `array` to or from host memory.
   void read_owned(int array, std::int64_t flat, float* out, std::int64_t count);
   void write_owned(int array, std::int64_t flat, const float* values, std::int64_t count);
+  /// Host memory to stage a new owned range of `array` in, which adopt_array() then puts in the
+  /// array's place instead of copying it: empty when the array cannot be replaced whole (device
+  /// memory, swap files, the model's own memory, a gather in flight from it); the caller then
+  /// stages elsewhere and uses write_owned().
+  TrackedBuffer staging_for(int array);
+  /// `staged`, from staging_for(array) and filled with the owned range, becomes the array; the
+  /// previous one is freed.
+  void adopt_array(int array, TrackedBuffer staged);
   /// After write_owned() of the master: rounds it into the model-precision copy of the owned
   /// range (the stage's spread to other ranks is ParamCoordinator::after_update()).
   void refresh_params_from_master();

@@ -87,6 +87,16 @@ void* ParamCoordinator::owned_at(std::int64_t flat) {
   return params_full_.as<char>() + flat * static_cast<std::int64_t>(context_.dsize);
 }
 
+TrackedBuffer ParamCoordinator::staging_for_owned() {
+  if (context_.stage != 3 || swapped_) return {};
+  for (const ModuleState& module : modules_) {
+    if (module.residency == Residency::kInFlight) return {};
+  }
+  return param_shard_.uninitialized_twin();
+}
+
+void ParamCoordinator::adopt_owned(TrackedBuffer staged) { std::swap(param_shard_, staged); }
+
 template <class Use>
 void ParamCoordinator::for_each_owned_part(std::int64_t flat, std::int64_t count, bool will_write,
                                            Use use) {

@@ -39,6 +39,11 @@ class ParamCoordinator {
                    std::int64_t count);
   /// The same from host fp32 values, rounded to the model's type.
   void store_owned(std::int64_t flat, const float* values, std::int64_t count);
+  /// Stage 3: an uninitialised twin of the resident shard when it holds the whole owned range
+  /// and no gather reads from it; empty otherwise (see OptimizerShard::staging_for).
+  TrackedBuffer staging_for_owned();
+  /// `staged`, from staging_for_owned() and filled, becomes the shard; the previous one is freed.
+  void adopt_owned(TrackedBuffer staged);
   /// Where the owned elements from `flat` on stop being contiguous in memory: the end of the
   /// resident part or of a swap tile (the end of the shard when nothing is swapped).
   std::int64_t owned_run_end(std::int64_t flat) const;

@@ -1,6 +1,8 @@
 // The accounting allocator behind every engine buffer.
 #include "memory/memory_tracker.h"
 
+#include <sys/mman.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -81,6 +83,23 @@ class HostMemory final : public MemoryResource {
     std::memset(data, 0, rounded);
     return data;
   }
+  void* allocate_uninitialized(std::size_t bytes, MemoryCategory category) override {
+    // Transparent huge pages where the buffer spans some: a fresh buffer is mapped once per
+    // 2 MiB instead of once per 4 KiB as it is first written.
+    constexpr std::size_t kHugePage = std::size_t{2} << 20;
+    constexpr std::size_t kDirectIoAlignment = 4096;
+    const std::size_t alignment = bytes >= kHugePage ? kHugePage : kDirectIoAlignment;
+    const std::size_t rounded = (bytes + alignment - 1) / alignment * alignment;
+    void* data = std::aligned_alloc(alignment, rounded);
+    if (data == nullptr) {
+      std::ostringstream os;
+      os << "cannot allocate " << bytes << " bytes of host memory for " << to_string(category)
+         << " [" << where(__FILE__, __LINE__) << "]; free host memory and retry";
+      throw OutOfMemoryError(os.str());
+    }
+    if (alignment == kHugePage) ::madvise(data, rounded, MADV_HUGEPAGE);  // advice only
+    return data;
+  }
   void deallocate(void* data) noexcept override { std::free(data); }
 };
 
@@ -144,6 +163,18 @@ void TrackedBuffer::reset() noexcept {
   data_ = nullptr;
   bytes_ = 0;
   adopted_ = false;
+}
+
+TrackedBuffer TrackedBuffer::uninitialized_twin() const {
+  TrackedBuffer twin;
+  if (data_ == nullptr || adopted_) return twin;
+  twin.tracker_ = tracker_;
+  twin.resource_ = resource_;
+  twin.category_ = category_;
+  twin.data_ = resource_->allocate_uninitialized(bytes_, category_);
+  twin.bytes_ = bytes_;
+  tracker_->add(resource_->location(), category_, static_cast<std::int64_t>(bytes_));
+  return twin;
 }
 
 std::int64_t process_peak_rss_bytes() {

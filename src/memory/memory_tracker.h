@@ -44,6 +44,11 @@ class MemoryResource {
   /// `bytes` zero-filled bytes, aligned to at least kBufferAlignment. Throws OutOfMemoryError
   /// naming the size and the category when there is no room.
   virtual void* allocate(std::size_t bytes, MemoryCategory category) = 0;
+  /// The same without the zero fill, for memory that is about to be overwritten whole; host
+  /// memory comes aligned for O_DIRECT. Resources that cannot skip the fill give allocate()'s.
+  virtual void* allocate_uninitialized(std::size_t bytes, MemoryCategory category) {
+    return allocate(bytes, category);
+  }
   virtual void deallocate(void* data) noexcept = 0;
 };
 
@@ -79,6 +84,9 @@ class TrackedBuffer {
   }
   /// Frees the memory now (adopted memory is only no longer counted); the buffer becomes empty.
   void reset() noexcept;
+  /// A buffer of the same size, category and resource whose contents are undefined, to be
+  /// filled and then swapped in for this one; empty for an empty buffer or the model's memory.
+  TrackedBuffer uninitialized_twin() const;
 
  private:
   MemoryTracker* tracker_ = nullptr;

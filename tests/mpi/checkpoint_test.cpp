@@ -112,7 +112,17 @@ TEST_P(CheckpointResume, GivesTheParametersOfARunThatNeverStopped) {
   // its half-done accumulation window dropped.
   toy_micro_step_any_precision(resumed, tensors, handles, 0);
   resumed.step();
+  const MemoryReport before = resumed.memory_report();
   const CheckpointInfo info = resumed.load_checkpoint(dir);
+  // Arrays staged in twins of their own buffers and swapped in: the old ones are freed.
+  const MemoryReport after = resumed.memory_report();
+  for (int where = 0; where < kMemoryLocationCount; ++where) {
+    for (int what = 0; what < kMemoryCategoryCount; ++what) {
+      EXPECT_EQ(after.usage[where][what].current, before.usage[where][what].current)
+          << to_string(static_cast<MemoryCategory>(what)) << " at "
+          << to_string(static_cast<MemoryLocation>(where));
+    }
+  }
   EXPECT_EQ(info.tag, "step3");
   EXPECT_EQ(info.global_step, kSaveAt);
   EXPECT_EQ(info.user_state, "data position 17");
