@@ -2,15 +2,12 @@
 // shard, rank 0 the frozen parameters, the manifest and then `latest`; loading reads any world
 // size's shards by flat offset, checks everything first and changes the engine only after every
 // rank has succeeded.
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
-#include <memory>
 #include <sstream>
 
 #include "checkpoint/checkpoint_format.h"
@@ -34,26 +31,6 @@ std::string message_of(const std::exception_ptr& failure) {
   } catch (...) {
     return "unknown error";
   }
-}
-
-struct FreeDeleter {
-  void operator()(float* p) const noexcept { std::free(p); }
-};
-using Staging = std::unique_ptr<float[], FreeDeleter>;
-
-// Host memory a load reads into before it commits. A fresh buffer faults once per page as the
-// read fills it; asking for transparent huge pages makes that once per 2 MiB.
-Staging make_staging(std::int64_t count) {
-  constexpr std::size_t kHugePage = std::size_t{2} << 20;
-  const std::size_t bytes =
-      (static_cast<std::size_t>(count) * sizeof(float) + kHugePage - 1) / kHugePage * kHugePage;
-  void* p = std::aligned_alloc(kHugePage, std::max(bytes, kHugePage));
-  if (p == nullptr) {
-    throw OutOfMemoryError("load_checkpoint: cannot allocate " + std::to_string(bytes) +
-                           " bytes of host memory to stage the shard");
-  }
-  ::madvise(p, std::max(bytes, kHugePage), MADV_HUGEPAGE);  // advice only: failure is harmless
-  return Staging(static_cast<float*>(p));
 }
 
 }  // namespace
@@ -297,11 +274,10 @@ CheckpointInfo EngineState::load_checkpoint(const std::string& dir, const std::s
   const std::int64_t lo = optimizer_->owned_begin();
   const std::int64_t count = optimizer_->owned_end() - lo;
   // Each array is staged in a twin of its own buffer that the commit swaps in (no copy), or where
-  // the array cannot be replaced whole in host memory of the load's own. Neither is zero-filled:
-  // the reader writes every element (zeros past the saved layout).
-  std::vector<TrackedBuffer> twins(arrays);
-  std::vector<Staging> staged(arrays);
-  std::vector<float*> into(arrays);
+  // the array cannot be replaced whole in host memory that the commit copies from. Neither is
+  // zero-filled: the reader writes every element (zeros past the saved layout).
+  std::vector<TrackedBuffer> staged(arrays);
+  std::vector<bool> swap_in(arrays);
   std::vector<float> frozen;
   std::optional<LossScaler> scaler = scaler_;
   try {
@@ -312,10 +288,14 @@ CheckpointInfo EngineState::load_checkpoint(const std::string& dir, const std::s
     ShardReader reader(m, checkpoint);
     reader.check_files(lo, lo + count);
     for (int a = 0; a < arrays; ++a) {
-      twins[a] = optimizer_->staging_for(a);
-      if (twins[a].empty()) staged[a] = make_staging(count);
-      into[a] = twins[a].empty() ? staged[a].get() : twins[a].as<float>();
-      reader.read(a, lo, lo + count, into[a]);
+      staged[a] = optimizer_->staging_for(a);
+      swap_in[a] = !staged[a].empty();
+      if (!swap_in[a]) {
+        staged[a] = TrackedBuffer::uninitialized(
+            tracker_, a == 0 ? MemoryCategory::kMasterWeights : MemoryCategory::kOptimizerStates,
+            static_cast<std::size_t>(count) * sizeof(float));
+      }
+      reader.read(a, lo, lo + count, staged[a].as<float>());
     }
     if (m.frozen) {
       frozen =
@@ -337,17 +317,17 @@ CheckpointInfo EngineState::load_checkpoint(const std::string& dir, const std::s
   // DeepSpeed's load_from_fp32_weights false: the master starts from the 16-bit weights.
   if (!config_.zero_optimization.load_from_fp32_weights && dtype_ != DType::kFloat32) {
     std::vector<char> rounded(count * dsize_);
-    convert_from_float(into[0], rounded.data(), dtype_, count);
-    convert_to_float(rounded.data(), dtype_, into[0], count);
+    convert_from_float(staged[0].as<float>(), rounded.data(), dtype_, count);
+    convert_to_float(rounded.data(), dtype_, staged[0].as<float>(), count);
   }
   // Commit: the master and states, the model-precision copy and its spread, the frozen parameters,
   // and the counters.
   zero_grad();
   for (int a = 0; a < arrays; ++a) {
-    if (twins[a].empty()) {
-      optimizer_->write_owned(a, lo, into[a], count);
+    if (swap_in[a]) {
+      optimizer_->adopt_array(a, std::move(staged[a]));
     } else {
-      optimizer_->adopt_array(a, std::move(twins[a]));
+      optimizer_->write_owned(a, lo, staged[a].as<float>(), count);
     }
   }
   optimizer_->refresh_params_from_master();

@@ -165,16 +165,22 @@ void TrackedBuffer::reset() noexcept {
   adopted_ = false;
 }
 
+TrackedBuffer TrackedBuffer::uninitialized(MemoryTracker& tracker, MemoryCategory category,
+                                           std::size_t bytes, MemoryResource& resource) {
+  TrackedBuffer buffer;
+  buffer.tracker_ = &tracker;
+  buffer.resource_ = &resource;
+  buffer.category_ = category;
+  if (bytes == 0) return buffer;
+  buffer.data_ = resource.allocate_uninitialized(bytes, category);
+  buffer.bytes_ = bytes;
+  tracker.add(resource.location(), category, static_cast<std::int64_t>(bytes));
+  return buffer;
+}
+
 TrackedBuffer TrackedBuffer::uninitialized_twin() const {
-  TrackedBuffer twin;
-  if (data_ == nullptr || adopted_) return twin;
-  twin.tracker_ = tracker_;
-  twin.resource_ = resource_;
-  twin.category_ = category_;
-  twin.data_ = resource_->allocate_uninitialized(bytes_, category_);
-  twin.bytes_ = bytes_;
-  tracker_->add(resource_->location(), category_, static_cast<std::int64_t>(bytes_));
-  return twin;
+  if (data_ == nullptr || adopted_) return {};
+  return uninitialized(*tracker_, category_, bytes_, *resource_);
 }
 
 std::int64_t process_peak_rss_bytes() {

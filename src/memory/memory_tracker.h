@@ -62,6 +62,9 @@ class TrackedBuffer {
   TrackedBuffer() = default;
   TrackedBuffer(MemoryTracker& tracker, MemoryCategory category, std::size_t bytes,
                 MemoryResource& resource = host_memory());
+  /// The same allocation without the zero fill, for memory about to be overwritten whole.
+  static TrackedBuffer uninitialized(MemoryTracker& tracker, MemoryCategory category,
+                                     std::size_t bytes, MemoryResource& resource = host_memory());
   /// Memory the model owns (Engine::adopt_memory), charged to `category` at `resource`'s
   /// location and listed as adopted; never freed, nor zeroed.
   static TrackedBuffer adopt(MemoryTracker& tracker, MemoryCategory category, std::size_t bytes,
