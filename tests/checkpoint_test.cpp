@@ -18,7 +18,10 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>  // nlohmann::json
+
 #include "checkpoint/checkpoint_format.h"
+#include "checkpoint/direct_io.h"
 #include "checkpoint/shard_writer.h"
 #include "comm/self_communicator.h"
 #include "crc32c.h"
@@ -51,7 +54,8 @@ TEST(CheckpointManifest, SurvivesItsJsonRoundTrip) {
                                      .hysteresis_left = 2,
                                      .overflows = 1,
                                      .iteration = 8};
-  m.shards = {{"rank_00000.bin", 3 * 16 * 4, {1, 2, 3}}, {"rank_00001.bin", 3 * 16 * 4, {4, 5, 6}}};
+  m.shards = {{"rank_00000.bin", 3 * 16 * 4, 8, {{1, 2}, {3, 4}, {5, 6}}},
+              {"rank_00001.bin", 3 * 16 * 4, 8, {{7, 8}, {9, 10}, {11, 12}}}};
   m.user_state = "{\"epoch\": 2}\n\x01";
   const detail::Manifest back = detail::manifest_from_json(detail::manifest_to_json(m), "m");
   EXPECT_EQ(back.tensors[0].shape, m.tensors[0].shape);
@@ -59,9 +63,22 @@ TEST(CheckpointManifest, SurvivesItsJsonRoundTrip) {
   EXPECT_EQ(back.rule_beta1, 0.9);
   EXPECT_EQ(back.scaler->scale, 512.0);
   EXPECT_EQ(back.scaler->iteration, 8);
-  EXPECT_EQ(back.shards[1].section_crc, (std::vector<std::uint32_t>{4, 5, 6}));
+  EXPECT_EQ(back.shards[1].chunk_elements, 8);
+  EXPECT_EQ(back.shards[1].chunk_crc[2], (std::vector<std::uint32_t>{11, 12}));
   EXPECT_EQ(back.user_state, m.user_state);
   EXPECT_FALSE(back.frozen.has_value());
+
+  // Format 1 checksummed each section whole: it reads as one chunk per section.
+  nlohmann::json v1 = nlohmann::json::parse(detail::manifest_to_json(m));
+  v1["format_version"] = 1;
+  for (nlohmann::json& file : v1["shards"]) {
+    file.erase("chunk_elements");
+    file.erase("chunk_crc32c");
+    file["section_crc32c"] = {21, 22, 23};
+  }
+  const detail::Manifest old = detail::manifest_from_json(v1.dump(), "m");
+  EXPECT_EQ(old.shards[0].chunk_elements, 16);
+  EXPECT_EQ(old.shards[0].chunk_crc, (std::vector<std::vector<std::uint32_t>>{{21}, {22}, {23}}));
 }
 
 TEST(CheckpointManifest, AShardListThatDoesNotFitIsDamage) {
@@ -69,7 +86,7 @@ TEST(CheckpointManifest, AShardListThatDoesNotFitIsDamage) {
   m.world_size = 2;
   m.padded_total = 32;
   m.shard_size = 16;
-  m.shards = {{"rank_00000.bin", 64, {1}}};
+  m.shards = {{"rank_00000.bin", 64, 16, {{1}}}};
   EXPECT_THROW(detail::manifest_from_json(detail::manifest_to_json(m), "m"), CheckpointError);
   EXPECT_THROW(detail::manifest_from_json("{\"format_version\": 1", "m"), CheckpointError);
 }
@@ -165,8 +182,9 @@ float synthetic_value(int section, std::int64_t flat) {
 }
 
 // Sections longer than a chunk, of a few elements, and ending off a block boundary: the file holds
-// exactly their values, each returned checksum is its section's, and the file is never an
-// existing one. On the temporary folder and on tmpfs (/dev/shm) where there is one.
+// exactly their values, the returned checksums are those of each 16 MiB chunk of the section, and
+// the file is never an existing one. On the temporary folder and on tmpfs (/dev/shm) where there is
+// one.
 class ShardWriterFolders : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(ShardWriterFolders, WritesEverySectionExactlyWithItsChecksum) {
@@ -181,11 +199,16 @@ TEST_P(ShardWriterFolders, WritesEverySectionExactlyWithItsChecksum) {
     for (int k = 0; k < 3; ++k) {
       std::vector<float>& values = sections.emplace_back(static_cast<std::size_t>(lengths[k]));
       for (std::int64_t i = 0; i < lengths[k]; ++i) values[i] = synthetic_value(k, i);
-      const std::uint32_t crc =
+      const std::vector<std::uint32_t> crcs =
           writer.write_section(lengths[k], [&](float* out, std::int64_t first, std::int64_t n) {
             std::copy_n(values.data() + first, n, out);
           });
-      EXPECT_EQ(crc, detail::crc32c(values.data(), values.size() * 4)) << "section " << k;
+      std::vector<std::uint32_t> expected;
+      for (std::int64_t at = 0; at < lengths[k]; at += detail::kIoChunk) {
+        const std::int64_t n = std::min(detail::kIoChunk, lengths[k] - at);
+        expected.push_back(detail::crc32c(values.data() + at, n * 4));
+      }
+      EXPECT_EQ(crcs, expected) << "section " << k;
     }
     writer.finish();
   }
@@ -269,8 +292,9 @@ TEST(CheckpointFullDisk, AFailedSaveNamesTheFileAndKeepsThePreviousLatest) {
 }
 
 /// Two rank files of two sections each, large enough for several read chunks (16 MiB) with a
-/// tail: section 0 starts 4096-aligned (read through O_DIRECT where the file system allows it,
-/// its tail through the page cache), section 1 does not (read through the page cache).
+/// tail, checksummed per chunk (format 2) and per section (format 1): section 0 starts 4096-aligned
+/// (read through O_DIRECT where the file system allows it, its tail through the page cache),
+/// section 1 does not (read through the page cache).
 class ShardReaderFiles : public ::testing::Test {
  protected:
   static constexpr std::int64_t kShard = (std::int64_t{1} << 22) + 1008;
@@ -285,14 +309,19 @@ class ShardReaderFiles : public ::testing::Test {
     m_.padded_total = 2 * kShard;
     std::vector<float> section(static_cast<std::size_t>(kShard));
     for (int r = 0; r < 2; ++r) {
-      detail::ManifestFile file{detail::shard_file_name(r), 2 * kShard * 4, {}};
+      detail::ManifestFile file{detail::shard_file_name(r), 2 * kShard * 4, detail::kIoChunk, {}};
+      detail::ManifestFile whole{file.name, file.bytes, kShard, {}};
       std::ofstream out(dir_ / file.name, std::ios::binary);
       for (int k = 0; k < 2; ++k) {
         for (std::int64_t i = 0; i < kShard; ++i) section[i] = synthetic_value(k, r * kShard + i);
         out.write(reinterpret_cast<const char*>(section.data()), kShard * 4);
-        file.section_crc.push_back(detail::crc32c(section.data(), kShard * 4));
+        file.chunk_crc.push_back(
+            {detail::crc32c(section.data(), detail::kIoChunk * 4),
+             detail::crc32c(section.data() + detail::kIoChunk, (kShard - detail::kIoChunk) * 4)});
+        whole.chunk_crc.push_back({detail::crc32c(section.data(), kShard * 4)});
       }
       m_.shards.push_back(file);
+      format_one_.push_back(whole);
     }
   }
   void TearDown() override { fs::remove_all(dir_); }
@@ -311,6 +340,7 @@ class ShardReaderFiles : public ::testing::Test {
 
   fs::path dir_;
   detail::Manifest m_;
+  std::vector<detail::ManifestFile> format_one_;  ///< the same files, checksummed per section
 };
 
 TEST_F(ShardReaderFiles, ReadsEveryElementOfAWholeShardAndOfARangeAcrossFiles) {
@@ -351,6 +381,33 @@ TEST_F(ShardReaderFiles, ADamagedByteInAnyChunkIsNamed) {
     }
     damage(1, offsets[i]);  // restored
   }
+}
+
+TEST_F(ShardReaderFiles, AReshardReadsOnlyTheChunksItNeeds) {
+  // A damaged byte in rank 1's second chunk of section 0: a range inside its first chunk never
+  // reads it; a range that reaches into it names it. Format 1 reads the section whole.
+  const std::int64_t damaged = (detail::kIoChunk + 25) * 4;
+  damage(1, damaged);
+  std::vector<float> out(1000);
+  detail::ShardReader(m_, dir_.string()).read(0, kShard + 10, kShard + 1010, out.data());
+  std::int64_t wrong = 0;
+  for (std::int64_t i = 0; i < 1000; ++i) wrong += out[i] != synthetic_value(0, kShard + 10 + i);
+  EXPECT_EQ(wrong, 0);
+  const auto expect_named = [&](const detail::Manifest& m, std::int64_t lo, const char* range) {
+    try {
+      detail::ShardReader(m, dir_.string()).read(0, lo, lo + 1000, out.data());
+      ADD_FAILURE() << "a damaged chunk was read, from element " << lo;
+    } catch (const CheckpointError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("rank_00001.bin"), std::string::npos) << what;
+      EXPECT_NE(what.find(range), std::string::npos) << what;
+    }
+  };
+  expect_named(m_, 2 * kShard - 1000, "elements [4194304, 4195312)");
+  detail::Manifest format_one = m_;
+  format_one.shards = format_one_;
+  expect_named(format_one, kShard + 10, "elements [0, 4195312)");
+  damage(1, damaged);  // restored
 }
 
 TEST_F(ShardReaderFiles, ATruncatedFileIsNamedWhereItEnds) {

@@ -55,15 +55,40 @@ T field(const nlohmann::json& j, const char* key, const std::string& path) {
 }
 
 nlohmann::json file_to_json(const ManifestFile& f) {
-  return {{"name", f.name}, {"bytes", f.bytes}, {"section_crc32c", f.section_crc}};
+  return {{"name", f.name},
+          {"bytes", f.bytes},
+          {"chunk_elements", f.chunk_elements},
+          {"chunk_crc32c", f.chunk_crc}};
 }
 
-ManifestFile file_from_json(const nlohmann::json& j, const std::string& path) {
+// `section_elements`: the length of each of the file's sections, which format 1 checksums whole.
+ManifestFile file_from_json(const nlohmann::json& j, const std::string& path, int version,
+                            std::int64_t section_elements) {
   ManifestFile f;
   f.name = field<std::string>(j, "name", path);
   f.bytes = field<std::int64_t>(j, "bytes", path);
-  f.section_crc = field<std::vector<std::uint32_t>>(j, "section_crc32c", path);
+  if (version == 1) {
+    f.chunk_elements = section_elements;
+    for (std::uint32_t crc : field<std::vector<std::uint32_t>>(j, "section_crc32c", path)) {
+      f.chunk_crc.push_back({crc});
+    }
+  } else {
+    f.chunk_elements = field<std::int64_t>(j, "chunk_elements", path);
+    f.chunk_crc = field<std::vector<std::vector<std::uint32_t>>>(j, "chunk_crc32c", path);
+  }
   return f;
+}
+
+// Whether `f` holds `sections` sections of `section_elements`, each with a checksum per chunk.
+bool fits(const ManifestFile& f, std::size_t sections, std::int64_t section_elements) {
+  if (f.chunk_elements <= 0 || f.chunk_crc.size() != sections ||
+      f.bytes != static_cast<std::int64_t>(sections) * section_elements * 4) {
+    return false;
+  }
+  const std::int64_t chunks = (section_elements + f.chunk_elements - 1) / f.chunk_elements;
+  return std::all_of(f.chunk_crc.begin(), f.chunk_crc.end(), [&](const auto& crcs) {
+    return static_cast<std::int64_t>(crcs.size()) == chunks;
+  });
 }
 
 }  // namespace
@@ -204,17 +229,17 @@ Manifest manifest_from_json(const std::string& text, const std::string& path) {
         .iteration = field<std::int64_t>(s, "iteration", path)};
   }
   for (const nlohmann::json& f : field<nlohmann::json>(j, "shards", path)) {
-    m.shards.push_back(file_from_json(f, path));
+    m.shards.push_back(file_from_json(f, path, m.format_version, m.shard_size));
   }
-  if (j.contains("frozen")) m.frozen = file_from_json(j.at("frozen"), path);
+  if (j.contains("frozen")) {
+    m.frozen = file_from_json(j.at("frozen"), path, m.format_version, m.frozen_total);
+  }
   m.user_state = field<std::string>(j, "user", path);
   const std::size_t sections = 1 + static_cast<std::size_t>(m.state_count);
   bool consistent = static_cast<int>(m.shards.size()) == m.world_size && m.world_size > 0 &&
-                    m.shard_size * m.world_size == m.padded_total;
-  for (const ManifestFile& f : m.shards) {
-    consistent = consistent && f.section_crc.size() == sections &&
-                 f.bytes == static_cast<std::int64_t>(sections) * m.shard_size * 4;
-  }
+                    m.shard_size * m.world_size == m.padded_total &&
+                    (!m.frozen || fits(*m.frozen, 1, m.frozen_total));
+  for (const ManifestFile& f : m.shards) consistent = consistent && fits(f, sections, m.shard_size);
   if (!consistent) {
     throw CheckpointError("checkpoint manifest " + path +
                           ": the shard list does not match world_size " +
@@ -479,11 +504,38 @@ void touch_pages(float* data, std::int64_t bytes) {
 
 }  // namespace
 
+std::vector<ReadPiece> read_pieces(const ManifestFile& file, std::int64_t section_elements,
+                                   std::int64_t lo, std::int64_t hi) {
+  std::vector<ReadPiece> pieces;
+  const std::int64_t size = file.chunk_elements;
+  hi = std::min(hi, section_elements);
+  for (std::int64_t chunk = std::max<std::int64_t>(lo, 0) / size; chunk * size < hi; ++chunk) {
+    const std::int64_t chunk_end = std::min((chunk + 1) * size, section_elements);
+    for (std::int64_t begin = chunk * size; begin < chunk_end; begin += kIoChunk) {
+      const std::int64_t end = std::min(begin + kIoChunk, chunk_end);
+      pieces.push_back({begin, end, chunk, end == chunk_end});
+    }
+  }
+  return pieces;
+}
+
+void check_chunk_crc(const std::string& path, const ManifestFile& file, int section,
+                     const std::string& what, const ReadPiece& piece, std::uint32_t crc) {
+  const std::uint32_t expected = file.chunk_crc[section][piece.chunk];
+  if (crc == expected) return;
+  corrupt(path, "section " + std::to_string(section) + " (" + what + "), elements [" +
+                    std::to_string(piece.chunk * file.chunk_elements) + ", " +
+                    std::to_string(piece.end) + "), has checksum " + std::to_string(crc) +
+                    ", the manifest says " + std::to_string(expected) + ": the file is damaged");
+}
+
 void ShardReader::read(int section, std::int64_t lo, std::int64_t hi, float* out) const {
   const std::int64_t s = manifest_.shard_size;
   const std::int64_t saved_hi = std::min(hi, manifest_.padded_total);
   if (saved_hi < hi)
     std::fill(out + std::max<std::int64_t>(0, saved_hi - lo), out + (hi - lo), 0.0f);
+  const std::string what =
+      section == 0 ? std::string("master weights") : "rule state " + std::to_string(section - 1);
   // Bounce slots: the reader fills one while the caller checks the other.
   constexpr std::int64_t kSlots = 2;
   std::array<AlignedChunk, kSlots> bounce;
@@ -493,25 +545,27 @@ void ShardReader::read(int section, std::int64_t lo, std::int64_t hi, float* out
     SequentialReader reader(path);
     const std::int64_t file_lo = f * s;
     const std::int64_t base = static_cast<std::int64_t>(section) * s * 4;
-    // The whole section is read to check its checksum; the part inside [lo, hi) is kept. When
-    // the section lies inside the range it is read straight into place, else through the bounce
-    // slots.
-    const bool direct = file_lo >= lo && file_lo + s <= hi;
+    // Every chunk that holds part of [lo, hi) is read whole, to check its checksum, and only that
+    // part kept. When the chunks lie inside the range they are read straight into place, else
+    // through the bounce slots.
+    const std::vector<ReadPiece> pieces = read_pieces(file, s, lo - file_lo, saved_hi - file_lo);
+    const std::int64_t count = static_cast<std::int64_t>(pieces.size());
+    const bool direct =
+        file_lo + pieces.front().begin >= lo && file_lo + pieces.back().end <= saved_hi;
     if (!direct && !bounce[0]) {
       for (AlignedChunk& b : bounce) b = aligned_chunk(kIoChunk, "checkpoint read buffer");
     }
-    const std::int64_t chunks = (s + kIoChunk - 1) / kIoChunk;
-    const auto chunk_at = [&](std::int64_t k) {
-      return direct ? out + (file_lo + k * kIoChunk - lo) : bounce[k % kSlots].get();
+    const auto piece_at = [&](std::int64_t k) {
+      return direct ? out + (file_lo + pieces[k].begin - lo) : bounce[k % kSlots].get();
     };
-    const auto length = [&](std::int64_t k) { return std::min(kIoChunk, s - k * kIoChunk); };
+    const auto length = [&](std::int64_t k) { return pieces[k].end - pieces[k].begin; };
     // Three threads, so that the drive never waits for the CPU: a mapper writes one byte of
     // each page of the destination ahead of the reads (fresh memory faults page by page as the
-    // kernel zeroes it, and a direct read into unmapped pages would fault them while the drive
-    // waits), the reader reads chunk after chunk as soon as its pages are mapped and its slot is
-    // free, and the caller checksums each chunk once it is read. Counters say how many chunks
-    // each has finished; a failed read sets `read` past every chunk.
-    std::atomic<std::int64_t> mapped{direct ? 0 : chunks};
+    // kernel zeroes it, and a direct read into unmapped pages would take those faults while the
+    // drive waits), the reader reads piece after piece as soon as its pages are mapped and its
+    // slot is free, and the caller checksums each piece once it is read. Counters say how many
+    // pieces each has finished; a failed read sets `read` past every piece.
+    std::atomic<std::int64_t> mapped{direct ? 0 : count};
     std::atomic<std::int64_t> read{0};
     std::atomic<std::int64_t> checked{0};
     std::atomic<bool> failed{false};
@@ -528,50 +582,48 @@ void ShardReader::read(int section, std::int64_t lo, std::int64_t hi, float* out
     std::future<void> mapper;
     if (direct) {
       mapper = std::async(std::launch::async, [&] {
-        for (std::int64_t k = 0; k < chunks && !failed.load(); ++k) {
-          touch_pages(chunk_at(k), length(k) * 4);
+        for (std::int64_t k = 0; k < count && !failed.load(); ++k) {
+          touch_pages(piece_at(k), length(k) * 4);
           advance(mapped, k + 1);
         }
       });
     }
     std::future<void> reading = std::async(std::launch::async, [&] {
       try {
-        for (std::int64_t k = 0; k < chunks; ++k) {
+        for (std::int64_t k = 0; k < count; ++k) {
           wait_until(mapped, k + 1);
           if (!direct) wait_until(checked, k + 1 - kSlots);
-          reader.read(chunk_at(k), length(k) * 4, base + k * kIoChunk * 4);
+          reader.read(piece_at(k), length(k) * 4, base + pieces[k].begin * 4);
           advance(read, k + 1);
         }
       } catch (...) {
         failed.store(true);
-        advance(read, chunks + 1);
+        advance(read, count + 1);
         throw;
       }
     });
     std::uint32_t crc = 0;
-    for (std::int64_t k = 0; k < chunks; ++k) {
+    for (std::int64_t k = 0; k < count; ++k) {
       wait_until(read, k + 1);
       if (failed.load()) reading.get();  // rethrows the read's error
-      const float* chunk = chunk_at(k);
-      const std::int64_t at = k * kIoChunk;
-      const std::int64_t n = length(k);
-      crc = crc32c(chunk, n * 4, crc);
+      const ReadPiece& piece = pieces[k];
+      const float* values = piece_at(k);
+      crc = crc32c(values, length(k) * 4, crc);
+      if (piece.ends_chunk) {
+        check_chunk_crc(path, file, section, what, piece, crc);
+        crc = 0;
+      }
       if (!direct) {
-        const std::int64_t a = std::max(lo, file_lo + at);
-        const std::int64_t b = std::min(saved_hi, file_lo + at + n);
-        if (b > a)
-          std::copy(chunk + (a - file_lo - at), chunk + (b - file_lo - at), out + (a - lo));
+        const std::int64_t a = std::max(lo, file_lo + piece.begin);
+        const std::int64_t b = std::min(saved_hi, file_lo + piece.end);
+        if (b > a) {
+          std::copy(values + (a - file_lo - piece.begin), values + (b - file_lo - piece.begin),
+                    out + (a - lo));
+        }
       }
       advance(checked, k + 1);
     }
     reading.get();
-    if (crc != file.section_crc[section]) {
-      corrupt(path, "section " + std::to_string(section) + " (" +
-                        (section == 0 ? std::string("master weights")
-                                      : "rule state " + std::to_string(section - 1)) +
-                        ") has checksum " + std::to_string(crc) + ", the manifest says " +
-                        std::to_string(file.section_crc[section]) + ": the file is damaged");
-    }
   }
 }
 
@@ -585,10 +637,13 @@ std::vector<float> read_checked_section(const std::string& path, const ManifestF
   }
   std::vector<float> values(static_cast<std::size_t>(count));
   handle.pread_all(values.data(), count * 4, section * count * 4);
-  const std::uint32_t crc = crc32c(values.data(), count * 4);
-  if (crc != file.section_crc[section]) {
-    corrupt(path, "has checksum " + std::to_string(crc) + ", the manifest says " +
-                      std::to_string(file.section_crc[section]) + ": the file is damaged");
+  std::uint32_t crc = 0;
+  for (const ReadPiece& piece : read_pieces(file, count, 0, count)) {
+    crc = crc32c(values.data() + piece.begin, (piece.end - piece.begin) * 4, crc);
+    if (piece.ends_chunk) {
+      check_chunk_crc(path, file, section, "frozen parameters", piece, crc);
+      crc = 0;
+    }
   }
   return values;
 }

@@ -13,8 +13,10 @@
 
 namespace zeroshard::detail {
 
-/// Bumped whenever a reader of the previous version could misread a new checkpoint.
-inline constexpr int kCheckpointFormatVersion = 1;
+/// Bumped whenever a reader of the previous version could misread a new checkpoint. Version 2
+/// checksums every 16 MiB chunk of a section instead of the section whole, so that a load at
+/// another world size reads only the chunks it needs; version 1 checkpoints still load.
+inline constexpr int kCheckpointFormatVersion = 2;
 
 struct ManifestTensor {
   std::string name;
@@ -32,11 +34,14 @@ struct ManifestGroup {
   std::optional<double> weight_decay;
 };
 
-/// One data file: `sections` fp32 arrays of equal length, back to back, each with its CRC-32C.
+/// One data file: fp32 sections of equal length back to back, each cut into checksummed chunks.
 struct ManifestFile {
   std::string name;
   std::int64_t bytes = 0;
-  std::vector<std::uint32_t> section_crc;
+  /// Elements per chunk (the last of a section may be shorter); format 1: the section length.
+  std::int64_t chunk_elements = 0;
+  /// chunk_crc[section][k]: CRC-32C of the section's elements [k, k + 1) * chunk_elements.
+  std::vector<std::vector<std::uint32_t>> chunk_crc;
 };
 
 struct Manifest {
@@ -131,8 +136,24 @@ void fsync_directory(const std::string& path);
 /// Writes `content` to `path` durably: path.tmp, fsync, rename over `path`, fsync the folder.
 void write_file_durably(const std::string& path, const std::string& content);
 
-/// Reads fp32 sections of a checkpoint's rank files over any flat range, checking every section
-/// it touches against the manifest's checksum (a touched section is read whole for that).
+/// A run of at most kIoChunk elements of a section, inside one checksummed chunk.
+struct ReadPiece {
+  std::int64_t begin = 0;  ///< element offsets in the section
+  std::int64_t end = 0;
+  std::int64_t chunk = 0;
+  bool ends_chunk = false;  ///< the chunk's checksum is complete after this piece
+};
+/// The pieces, in file order, that cover every checksummed chunk of a section of
+/// `section_elements` that holds part of its elements [lo, hi).
+std::vector<ReadPiece> read_pieces(const ManifestFile& file, std::int64_t section_elements,
+                                   std::int64_t lo, std::int64_t hi);
+/// CheckpointError naming the file, the section (`what` it holds) and the chunk unless `crc` is
+/// the manifest's checksum of that chunk.
+void check_chunk_crc(const std::string& path, const ManifestFile& file, int section,
+                     const std::string& what, const ReadPiece& piece, std::uint32_t crc);
+
+/// Reads fp32 sections of a checkpoint's rank files over any flat range, checking every chunk it
+/// touches against the manifest's checksum (a touched chunk is read whole for that).
 class ShardReader {
  public:
   ShardReader(const Manifest& manifest, std::string checkpoint_dir);

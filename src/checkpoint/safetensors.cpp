@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>  // nlohmann::json
 
+#include "checkpoint/direct_io.h"
 #include "crc32c.h"
 #include "precision/half_conversion.h"
 #include "zeroshard/checkpoint.h"
@@ -17,36 +18,33 @@ namespace {
 
 // The reference reader refuses headers above 100 MB.
 constexpr std::uint64_t kMaxHeaderBytes = 100000000;
-// Elements per read while streaming a section (16 MiB of fp32).
-constexpr std::int64_t kStreamChunk = std::int64_t{1} << 22;
 
 [[noreturn]] void bad_file(const std::string& path, const std::string& what) {
   throw CheckpointError("safetensors file " + path + ": " + what);
 }
 
-/// Streams `count` fp32 elements of section `section` of a checked file in chunks, calling
-/// `visit(first_element, values, n)`, then checks the section's checksum.
+/// Streams `count` fp32 elements of section `section` (holding `what`) of a checked file in
+/// pieces, calling `visit(first_element, values, n)` for each, and checks every chunk's checksum.
 template <typename Visit>
 void stream_section(const std::string& path, const ManifestFile& meta, int section,
-                    std::int64_t count, Visit visit) {
+                    const char* what, std::int64_t count, Visit visit) {
   const FileHandle file = FileHandle::open_read(path);
   if (file.size() != meta.bytes) {
     throw CheckpointError("checkpoint file " + path + " is " + std::to_string(file.size()) +
                           " bytes, the manifest says " + std::to_string(meta.bytes) +
                           (file.size() < meta.bytes ? " (truncated)" : ""));
   }
-  std::vector<float> chunk(static_cast<std::size_t>(std::min(kStreamChunk, count)));
+  std::vector<float> chunk(static_cast<std::size_t>(std::min(kIoChunk, count)));
   std::uint32_t crc = 0;
-  for (std::int64_t at = 0; at < count; at += kStreamChunk) {
-    const std::int64_t n = std::min(kStreamChunk, count - at);
-    file.pread_all(chunk.data(), n * 4, (section * count + at) * 4);
+  for (const ReadPiece& piece : read_pieces(meta, count, 0, count)) {
+    const std::int64_t n = piece.end - piece.begin;
+    file.pread_all(chunk.data(), n * 4, (section * count + piece.begin) * 4);
     crc = crc32c(chunk.data(), n * 4, crc);
-    visit(at, chunk.data(), n);
-  }
-  if (crc != meta.section_crc[section]) {
-    throw CheckpointError("checkpoint file " + path + " has checksum " + std::to_string(crc) +
-                          ", the manifest says " + std::to_string(meta.section_crc[section]) +
-                          ": the file is damaged");
+    if (piece.ends_chunk) {
+      check_chunk_crc(path, meta, section, what, piece, crc);
+      crc = 0;
+    }
+    visit(piece.begin, chunk.data(), n);
   }
 }
 
@@ -214,15 +212,15 @@ void write_consolidated(const Manifest& m, const std::string& checkpoint_dir,
     std::size_t cursor = 0;
     for (int f = 0; f < m.world_size; ++f) {
       const std::int64_t base = f * m.shard_size;
-      stream_section(checkpoint_dir + "/" + m.shards[f].name, m.shards[f], 0, m.shard_size,
-                     [&](std::int64_t at, const float* values, std::int64_t n) {
+      stream_section(checkpoint_dir + "/" + m.shards[f].name, m.shards[f], 0, "master weights",
+                     m.shard_size, [&](std::int64_t at, const float* values, std::int64_t n) {
                        write_pieces(trainable, cursor, base + at, values, n);
                      });
     }
     if (m.frozen) {
       std::size_t frozen_cursor = 0;
-      stream_section(checkpoint_dir + "/" + m.frozen->name, *m.frozen, 0, m.frozen_total,
-                     [&](std::int64_t at, const float* values, std::int64_t n) {
+      stream_section(checkpoint_dir + "/" + m.frozen->name, *m.frozen, 0, "frozen parameters",
+                     m.frozen_total, [&](std::int64_t at, const float* values, std::int64_t n) {
                        write_pieces(frozen, frozen_cursor, at, values, n);
                      });
     }

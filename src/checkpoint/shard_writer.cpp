@@ -23,18 +23,20 @@ ShardWriter::~ShardWriter() {
   if (pending_.valid()) pending_.wait();
 }
 
-std::uint32_t ShardWriter::write_section(std::int64_t count, const Producer& produce) {
-  std::uint32_t crc = 0;
+std::vector<std::uint32_t> ShardWriter::write_section(std::int64_t count, const Producer& produce) {
+  std::vector<std::uint32_t> crcs;
   for (std::int64_t first = 0; first < count;) {
     if (filled_ == kIoChunk) submit(kIoChunk * sizeof(float));
+    if (first % kIoChunk == 0) crcs.push_back(0);
     float* out = chunks_[current_].get() + filled_;
-    const std::int64_t n = std::min(count - first, kIoChunk - filled_);
+    const std::int64_t n =
+        std::min({count - first, kIoChunk - filled_, kIoChunk - first % kIoChunk});
     produce(out, first, n);
-    crc = crc32c(out, static_cast<std::size_t>(n) * sizeof(float), crc);
+    crcs.back() = crc32c(out, static_cast<std::size_t>(n) * sizeof(float), crcs.back());
     filled_ += n;
     first += n;
   }
-  return crc;
+  return crcs;
 }
 
 void ShardWriter::finish() {

@@ -7,6 +7,7 @@
 #include <future>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "checkpoint/checkpoint_format.h"
 #include "checkpoint/direct_io.h"
@@ -29,8 +30,9 @@ class ShardWriter {
   /// Waits for the write in flight; the file stays incomplete unless finish() returned.
   ~ShardWriter();
 
-  /// Appends `count` elements taken from `produce` and returns their CRC-32C.
-  std::uint32_t write_section(std::int64_t count, const Producer& produce);
+  /// Appends `count` elements taken from `produce` and returns the CRC-32C of each chunk of
+  /// kIoChunk elements of them (the manifest's chunk_crc of the section).
+  std::vector<std::uint32_t> write_section(std::int64_t count, const Producer& produce);
   /// Writes what is buffered, sets the exact length and fsyncs: the file is durable when it
   /// returns. IoError naming the file on any failure (a full disk included).
   void finish();

@@ -87,7 +87,7 @@ void EngineState::save_checkpoint(const std::string& dir, const std::string& tag
   const int arrays = optimizer_->array_count();
   const std::int64_t lo = layout_.shard_begin(rank_);
   const std::int64_t hi = layout_.shard_end(rank_);
-  std::vector<std::uint32_t> crcs(arrays, 0);
+  std::vector<std::vector<std::uint32_t>> crcs(arrays);
   try {
     const std::string path = tmp_dir + "/" + shard_file_name(rank_);
     ShardWriter file(path + ".tmp");
@@ -113,7 +113,7 @@ void EngineState::save_checkpoint(const std::string& dir, const std::string& tag
   for (const ParamInfo& p : params_) {
     if (!p.trainable) frozen_total = std::max(frozen_total, p.frozen_offset + p.numel);
   }
-  std::uint32_t frozen_crc = 0;
+  std::vector<std::uint32_t> frozen_crc;
   if (rank_ == 0 && frozen_total > 0 && !failure) {
     try {
       std::vector<float> frozen(static_cast<std::size_t>(frozen_total));
@@ -137,8 +137,13 @@ void EngineState::save_checkpoint(const std::string& dir, const std::string& tag
   }
 
   // 3. Rank 0 learns every rank's checksums (or failure).
+  // Per array: its chunk count, then the chunks' checksums.
   std::ostringstream mine;
-  for (std::uint32_t c : crcs) mine << c << ' ';
+  for (const std::vector<std::uint32_t>& array : crcs) {
+    mine << array.size();
+    for (std::uint32_t c : array) mine << ' ' << c;
+    mine << ' ';
+  }
   const std::vector<std::string> all =
       all_gather_text(failure ? "!" + message_of(failure) : mine.str());
   if (failure) std::rethrow_exception(failure);
@@ -186,15 +191,21 @@ void EngineState::save_checkpoint(const std::string& dir, const std::string& tag
       for (int r = 0; r < world_; ++r) {
         ManifestFile f{.name = shard_file_name(r),
                        .bytes = static_cast<std::int64_t>(arrays) * layout_.shard_size() * 4,
-                       .section_crc = {}};
+                       .chunk_elements = kIoChunk,
+                       .chunk_crc = {}};
         std::istringstream in(all[r]);
-        std::uint32_t c = 0;
-        while (in >> c) f.section_crc.push_back(c);
+        std::size_t chunks = 0;
+        while (in >> chunks) {
+          std::vector<std::uint32_t>& array = f.chunk_crc.emplace_back(chunks);
+          for (std::uint32_t& c : array) in >> c;
+        }
         m.shards.push_back(std::move(f));
       }
       if (frozen_total > 0) {
-        m.frozen = ManifestFile{
-            .name = kFrozenName, .bytes = frozen_total * 4, .section_crc = {frozen_crc}};
+        m.frozen = ManifestFile{.name = kFrozenName,
+                                .bytes = frozen_total * 4,
+                                .chunk_elements = kIoChunk,
+                                .chunk_crc = {frozen_crc}};
       }
       m.user_state = user_state;
       write_file_durably(tmp_dir + "/" + kManifestName, manifest_to_json(m));

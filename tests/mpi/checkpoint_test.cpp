@@ -15,6 +15,7 @@
 #include <tuple>
 #include <vector>
 
+#include "checkpoint/checkpoint_format.h"
 #include "mpi/toy_model.h"
 #include "precision/half_conversion.h"
 #include "zeroshard/checkpoint.h"
@@ -243,7 +244,8 @@ TEST_F(CheckpointBadInput, ANewerFormatIsRefused) {
     std::ifstream in(bad / "manifest.json");
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     in.close();
-    const std::string key = "\"format_version\": 1";
+    const std::string key =
+        "\"format_version\": " + std::to_string(detail::kCheckpointFormatVersion);
     ASSERT_NE(text.find(key), std::string::npos);
     text.replace(text.find(key), key.size(), "\"format_version\": 99");
     std::ofstream(bad / "manifest.json") << text;
