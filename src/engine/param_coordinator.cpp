@@ -296,8 +296,7 @@ void ParamCoordinator::start_gather(ModuleId module) {
   const auto start = std::chrono::steady_clock::now();
   const auto dsize = static_cast<std::int64_t>(context_.dsize);
   if (adopted_full_.empty()) {
-    m.gathered =
-        context_.allocate(Tier::kDevice, MemoryCategory::kParameters, module_size(module) * dsize);
+    m.gathered = take_gathered_buffer(static_cast<std::size_t>(module_size(module) * dsize));
   }
   char* gathered = gathered_base(module);
   const MemoryLocation gathered_location = context_.backend.memory().location();
@@ -327,11 +326,23 @@ void ParamCoordinator::finish_gather(ModuleId module) {
   context_.times.gather += seconds_since(start);
 }
 
+TrackedBuffer ParamCoordinator::take_gathered_buffer(std::size_t bytes) {
+  const auto fits = std::find_if(spare_gathered_.begin(), spare_gathered_.end(),
+                                 [bytes](const TrackedBuffer& b) { return b.bytes() == bytes; });
+  if (fits == spare_gathered_.end()) {
+    spare_gathered_.clear();
+    return context_.allocate(Tier::kDevice, MemoryCategory::kParameters, bytes);
+  }
+  TrackedBuffer buffer = std::move(*fits);
+  spare_gathered_.erase(fits);
+  return buffer;
+}
+
 void ParamCoordinator::free_module(ModuleId module) {
   ModuleState& m = modules_[module];
   for (Request& request : m.pending) request.wait();
   m.pending.clear();
-  m.gathered.reset();
+  if (!m.gathered.empty()) spare_gathered_.push_back(std::move(m.gathered));
   m.residency = Residency::kReleased;
   live_elements_ -= module_size(module);
 }
@@ -387,6 +398,9 @@ void ParamCoordinator::release_all_after_step(const char* caller) {
       free_module(static_cast<ModuleId>(i));
     }
   }
+  // Nothing gathered outlives the step: the update changes the shards, and the memory is the
+  // update's.
+  spare_gathered_.clear();
   if (!recording_.empty()) {
     trace_ = std::move(recording_);
     recording_.clear();
