@@ -8,6 +8,15 @@
 
 namespace zeroshard::detail {
 
+namespace {
+
+// Prefetches stop while this many gathers are in flight, the bound of the gradient reductions:
+// the transport moves one at a time, so more would only hold their buffers sooner and make each
+// progress poll test them all.
+constexpr int kMaxGathersInFlight = 2;
+
+}  // namespace
+
 ParamCoordinator::ParamCoordinator(const EngineContext& context, Tier shard_tier, void* adopted)
     : context_(context), modules_(context.modules.size()) {
   const std::size_t dsize = context_.dsize;
@@ -350,7 +359,11 @@ void ParamCoordinator::free_module(ModuleId module) {
 void ParamCoordinator::prefetch_after(std::size_t trace_index) {
   std::int64_t budget = context_.config.zero_optimization.prefetch_bucket_size;
   const std::int64_t limit = context_.config.zero_optimization.max_live_parameters;
-  for (std::size_t i = trace_index; i < trace_.size(); ++i) {
+  int in_flight =
+      static_cast<int>(std::count_if(modules_.begin(), modules_.end(), [](const ModuleState& m) {
+        return m.residency == Residency::kInFlight;
+      }));
+  for (std::size_t i = trace_index; i < trace_.size() && in_flight < kMaxGathersInFlight; ++i) {
     const ModuleId id = trace_[i];
     const ModuleState& m = modules_[id];
     if (!context_.modules[id].sharded || m.users > 0) continue;
@@ -360,6 +373,7 @@ void ParamCoordinator::prefetch_after(std::size_t trace_index) {
     if (m.residency != Residency::kReleased) continue;  // already on its way
     if (live_elements_ + size > limit) return;
     start_gather(id);
+    ++in_flight;
   }
 }
 
