@@ -52,6 +52,7 @@ GradBucketer::GradBucketer(const EngineContext& context, DType comm_dtype, bool 
 
 GradBucketer::~GradBucketer() {
   for (Bucket& bucket : buckets_) bucket.request = Request();
+  gathers_.clear();
 }
 
 void GradBucketer::deliver_to(ReducedGradientSink& sink) {
@@ -177,6 +178,7 @@ void GradBucketer::mark_ready(int index, std::int64_t micro_step) {
 
 void GradBucketer::poll() {
   for (int b : in_flight_) buckets_[b].request.test();
+  for (Request& gather : gathers_) gather.test();
 }
 
 void GradBucketer::launch_ready(std::int64_t micro_step) {
@@ -194,6 +196,7 @@ void GradBucketer::finish(std::int64_t micro_step) {
     while (next_launch_ < buckets_.size()) launch(static_cast<int>(next_launch_++));
   }
   while (!in_flight_.empty()) complete_oldest();
+  while (!gathers_.empty()) wait_oldest_gather();
   sink_->micro_step_reduced();
   // Slots beyond what the reductions in flight need were held by buckets written out of order:
   // the pool shrinks back so that the next step starts from the bound.
@@ -319,7 +322,15 @@ void GradBucketer::gather_back(const Bucket& bucket) {
     context_.backend.copy(reduced + (lo - bucket.begin) * element, slot_recv(bucket.slot),
                           mine * element);
   }
-  context_.comm.all_gather_async(reduced, counts, comm_dtype_).wait();
+  gathers_.push_back(context_.comm.all_gather_async(reduced, counts, comm_dtype_));
+  // The gather overlaps the next bucket's reduce-scatter, each in the bucket's own place in the
+  // whole gradients; widened sums are narrowed from the slot once gathered, so those wait here.
+  if (comm_dtype_ != context_.dtype || gathers_.size() > kMaxInFlight) wait_oldest_gather();
+}
+
+void GradBucketer::wait_oldest_gather() {
+  gathers_.front().wait();
+  gathers_.pop_front();
 }
 
 void GradBucketer::zero_full_grads() {

@@ -89,8 +89,10 @@ class GradBucketer {
   void launch_ready(std::int64_t micro_step);
   void launch(int bucket);
   void complete_oldest();
-  /// Stage 0: the bucket's reduce-scatter has completed; puts every rank's sum in its place.
+  /// Stage 0: the bucket's reduce-scatter has completed; starts putting every rank's sum in its
+  /// place (and waits for it when the sums travel widened, to be narrowed from the slot).
   void gather_back(const Bucket& bucket);
+  void wait_oldest_gather();
 
   const EngineContext& context_;
   DType comm_dtype_;
@@ -106,6 +108,8 @@ class GradBucketer {
   std::int64_t widest_share_ = 0;         ///< elements of the largest delivery to the sink
   std::vector<Slot> slots_;
   std::deque<int> in_flight_;
+  /// Stage 0: gathers of summed buckets still in flight, oldest first.
+  std::deque<Request> gathers_;
   std::size_t next_launch_ = 0;
   bool warned_slot_growth_ = false;
 };

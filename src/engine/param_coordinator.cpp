@@ -8,6 +8,15 @@
 
 namespace zeroshard::detail {
 
+namespace {
+
+// Prefetches stop while this many gathers are in flight, the bound of the gradient reductions:
+// the transport moves one at a time, so more would only hold their buffers sooner and make each
+// progress poll test them all.
+constexpr int kMaxGathersInFlight = 2;
+
+}  // namespace
+
 ParamCoordinator::ParamCoordinator(const EngineContext& context, Tier shard_tier, void* adopted)
     : context_(context), modules_(context.modules.size()) {
   const std::size_t dsize = context_.dsize;
@@ -306,8 +315,7 @@ void ParamCoordinator::start_gather(ModuleId module) {
   const auto start = std::chrono::steady_clock::now();
   const auto dsize = static_cast<std::int64_t>(context_.dsize);
   if (adopted_full_.empty()) {
-    m.gathered =
-        context_.allocate(Tier::kDevice, MemoryCategory::kParameters, module_size(module) * dsize);
+    m.gathered = take_gathered_buffer(static_cast<std::size_t>(module_size(module) * dsize));
   }
   char* gathered = gathered_base(module);
   const MemoryLocation gathered_location = context_.backend.memory().location();
@@ -337,11 +345,23 @@ void ParamCoordinator::finish_gather(ModuleId module) {
   context_.times.gather += seconds_since(start);
 }
 
+TrackedBuffer ParamCoordinator::take_gathered_buffer(std::size_t bytes) {
+  const auto fits = std::find_if(spare_gathered_.begin(), spare_gathered_.end(),
+                                 [bytes](const TrackedBuffer& b) { return b.bytes() == bytes; });
+  if (fits == spare_gathered_.end()) {
+    spare_gathered_.clear();
+    return context_.allocate(Tier::kDevice, MemoryCategory::kParameters, bytes);
+  }
+  TrackedBuffer buffer = std::move(*fits);
+  spare_gathered_.erase(fits);
+  return buffer;
+}
+
 void ParamCoordinator::free_module(ModuleId module) {
   ModuleState& m = modules_[module];
   for (Request& request : m.pending) request.wait();
   m.pending.clear();
-  m.gathered.reset();
+  if (!m.gathered.empty()) spare_gathered_.push_back(std::move(m.gathered));
   m.residency = Residency::kReleased;
   live_elements_ -= module_size(module);
 }
@@ -349,7 +369,11 @@ void ParamCoordinator::free_module(ModuleId module) {
 void ParamCoordinator::prefetch_after(std::size_t trace_index) {
   std::int64_t budget = context_.config.zero_optimization.prefetch_bucket_size;
   const std::int64_t limit = context_.config.zero_optimization.max_live_parameters;
-  for (std::size_t i = trace_index; i < trace_.size(); ++i) {
+  int in_flight =
+      static_cast<int>(std::count_if(modules_.begin(), modules_.end(), [](const ModuleState& m) {
+        return m.residency == Residency::kInFlight;
+      }));
+  for (std::size_t i = trace_index; i < trace_.size() && in_flight < kMaxGathersInFlight; ++i) {
     const ModuleId id = trace_[i];
     const ModuleState& m = modules_[id];
     if (!context_.modules[id].sharded || m.users > 0) continue;
@@ -359,6 +383,7 @@ void ParamCoordinator::prefetch_after(std::size_t trace_index) {
     if (m.residency != Residency::kReleased) continue;  // already on its way
     if (live_elements_ + size > limit) return;
     start_gather(id);
+    ++in_flight;
   }
 }
 
@@ -397,6 +422,9 @@ void ParamCoordinator::release_all_after_step(const char* caller) {
       free_module(static_cast<ModuleId>(i));
     }
   }
+  // Nothing gathered outlives the step: the update changes the shards, and the memory is the
+  // update's.
+  spare_gathered_.clear();
   if (!recording_.empty()) {
     trace_ = std::move(recording_);
     recording_.clear();

@@ -90,6 +90,10 @@ class ParamCoordinator {
   void start_gather(ModuleId module);
   void finish_gather(ModuleId module);
   void free_module(ModuleId module);
+  /// A buffer for `bytes` of gathered parameters: a released module's of that size when one is
+  /// kept, else a new one (the kept ones are freed first, so that memory never exceeds what
+  /// freeing at release would hold).
+  TrackedBuffer take_gathered_buffer(std::size_t bytes);
   void prefetch_after(std::size_t trace_index);
   bool reused_soon(ModuleId module) const;
   /// Stage 3: where module `module`'s gathered copy starts, and parameter `index`'s persistent
@@ -115,6 +119,10 @@ class ParamCoordinator {
   TrackedBuffer frozen_;
   std::vector<TrackedBuffer> persistent_copies_;  ///< stage 3: by parameter index, or empty
   std::vector<ModuleState> modules_;
+  /// Released modules' buffers, until the next gather takes one or step() frees them: a fresh
+  /// buffer costs a zeroing pass and page faults that the all-gather, overwriting it whole,
+  /// does not need.
+  std::vector<TrackedBuffer> spare_gathered_;
 
   std::vector<ModuleId> trace_;      ///< gathers of the last complete step
   std::vector<ModuleId> recording_;  ///< gathers of the step in progress

@@ -115,13 +115,21 @@ TEST_P(CheckpointResume, GivesTheParametersOfARunThatNeverStopped) {
   resumed.step();
   const MemoryReport before = resumed.memory_report();
   const CheckpointInfo info = resumed.load_checkpoint(dir);
-  // Arrays staged in twins of their own buffers and swapped in: the old ones are freed.
+  // Arrays staged in twins of their own buffers and swapped in: the old ones are freed. At stage 3
+  // the load also ends the half-done window, which frees the released modules' gathered buffers
+  // kept for reuse, so parameter bytes may only drop.
   const MemoryReport after = resumed.memory_report();
   for (int where = 0; where < kMemoryLocationCount; ++where) {
     for (int what = 0; what < kMemoryCategoryCount; ++what) {
-      EXPECT_EQ(after.usage[where][what].current, before.usage[where][what].current)
-          << to_string(static_cast<MemoryCategory>(what)) << " at "
-          << to_string(static_cast<MemoryLocation>(where));
+      const std::int64_t was = before.usage[where][what].current;
+      const std::int64_t is = after.usage[where][what].current;
+      const std::string name = std::string(to_string(static_cast<MemoryCategory>(what))) + " at " +
+                               to_string(static_cast<MemoryLocation>(where));
+      if (stage == 3 && what == static_cast<int>(MemoryCategory::kParameters)) {
+        EXPECT_LE(is, was) << name;
+      } else {
+        EXPECT_EQ(is, was) << name;
+      }
     }
   }
   EXPECT_EQ(info.tag, "step3");
