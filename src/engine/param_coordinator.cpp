@@ -350,7 +350,10 @@ TrackedBuffer ParamCoordinator::take_gathered_buffer(std::size_t bytes) {
                                  [bytes](const TrackedBuffer& b) { return b.bytes() == bytes; });
   if (fits == spare_gathered_.end()) {
     spare_gathered_.clear();
-    return context_.allocate(Tier::kDevice, MemoryCategory::kParameters, bytes);
+    // The module's one range covers the buffer and its all-gather writes every byte of it (slices
+    // land in the model's own memory instead), so a zero fill would be a wasted pass.
+    return TrackedBuffer::uninitialized(context_.tracker, MemoryCategory::kParameters, bytes,
+                                        context_.resource(Tier::kDevice));
   }
   TrackedBuffer buffer = std::move(*fits);
   spare_gathered_.erase(fits);
