@@ -69,6 +69,9 @@ TEST(SelfCommunicator, ReduceScatterCopiesTheWholeInputToTheOutput) {
   comm->reduce_scatter(input.data(), output.data(), counts, DType::kFloat32);
   EXPECT_EQ(output, input);
   EXPECT_EQ(comm->traffic().elements[at(Collective::kReduceScatter)], 3);
+  // In place, the input is already the result.
+  comm->reduce_scatter(output.data(), output.data(), counts, DType::kFloat32);
+  EXPECT_EQ(output, input);
 }
 
 TEST(SelfCommunicator, BroadcastAndBarrierAreCounted) {

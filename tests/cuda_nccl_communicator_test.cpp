@@ -123,6 +123,9 @@ TEST_F(NcclOneRank, WorldOfOneRunsEveryCollectiveAndCountsTraffic) {
   const std::int64_t counts[] = {5};
   communicator->reduce_scatter(data.data(), output.data(), counts, DType::kFloat32);
   EXPECT_EQ(download<float>(output, 5), values);
+  // In place: the output is this rank's slice of the input, here all of it.
+  communicator->reduce_scatter(data.data(), data.data(), counts, DType::kFloat32);
+  EXPECT_EQ(download<float>(data, 5), values);
 
   communicator->all_gather(data.data(), counts, DType::kFloat32);
   communicator->broadcast(data.data(), 5, DType::kFloat32, 0);
@@ -132,7 +135,7 @@ TEST_F(NcclOneRank, WorldOfOneRunsEveryCollectiveAndCountsTraffic) {
   const TrafficCounters& traffic = communicator->traffic();
   EXPECT_EQ(traffic.elements[static_cast<int>(Collective::kAllReduce)], 10);
   EXPECT_EQ(traffic.bytes[static_cast<int>(Collective::kAllReduce)], 40);
-  EXPECT_EQ(traffic.elements[static_cast<int>(Collective::kReduceScatter)], 5);
+  EXPECT_EQ(traffic.elements[static_cast<int>(Collective::kReduceScatter)], 10);
   EXPECT_EQ(traffic.elements[static_cast<int>(Collective::kAllGather)], 5);
   EXPECT_EQ(traffic.elements[static_cast<int>(Collective::kBroadcast)], 5);
   EXPECT_EQ(traffic.calls[static_cast<int>(Collective::kBarrier)], 1);
@@ -229,6 +232,15 @@ TEST_F(NcclTwoRanks, UnevenReduceScatterAndAllGatherMoveEachRanksSlice) {
     for (std::int64_t i = 0; i < own; ++i) {
       EXPECT_EQ(reduced[i], 3.0f * static_cast<float>(offset + i + 1)) << "rank " << rank;
     }
+    // In place (one reduce per slice, this rank's with its send and receive buffers the same):
+    // the same sums, and the other slice of the input as it was.
+    float* own_slice = static_cast<float*>(d_input.data()) + offset;
+    communicator.reduce_scatter(d_input.data(), own_slice, counts, DType::kFloat32);
+    const std::vector<float> in_place = download<float>(d_input, 8);
+    for (std::int64_t i = 0; i < 8; ++i) {
+      const bool mine = i >= offset && i < offset + own;
+      EXPECT_EQ(in_place[i], mine ? reduced[i - offset] : input[i]) << "rank " << rank;
+    }
 
     std::vector<float> gathered(8, -1.0f);
     for (std::int64_t i = 0; i < own; ++i) gathered[offset + i] = static_cast<float>(10 * rank + i);
@@ -241,7 +253,7 @@ TEST_F(NcclTwoRanks, UnevenReduceScatterAndAllGatherMoveEachRanksSlice) {
             << "rank " << rank;
       }
     }
-    EXPECT_EQ(communicator.traffic().elements[static_cast<int>(Collective::kReduceScatter)], 8);
+    EXPECT_EQ(communicator.traffic().elements[static_cast<int>(Collective::kReduceScatter)], 16);
     EXPECT_EQ(communicator.traffic().elements[static_cast<int>(Collective::kAllGather)], 8);
   });
 }

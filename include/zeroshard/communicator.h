@@ -163,7 +163,9 @@ class ZEROSHARD_API Communicator {
   Request all_reduce_async(void* data, std::int64_t count, DType dtype, ReduceOp op);
 
   /// `input` holds sum(counts) elements laid out rank after rank; this rank receives the reduction
-  /// of its slice (counts[rank] elements) in `output`. `output` must not overlap `input`.
+  /// of its slice (counts[rank] elements) in `output`. `output` is either that slice of `input`
+  /// itself (in place: no receive buffer, and the rest of `input` is left as it was) or does not
+  /// overlap `input`; each rank may choose for itself.
   Request reduce_scatter_async(const void* input, void* output,
                                std::span<const std::int64_t> counts, DType dtype, ReduceOp op);
 

@@ -35,15 +35,20 @@ void check_root(int root, int world_size) {
                         "broadcast: got root " << root << ", expected 0.." << world_size - 1);
 }
 
-void check_no_overlap(const void* input, std::int64_t input_bytes, const void* output,
-                      std::int64_t output_bytes) {
+bool check_in_place(const void* input, std::int64_t input_bytes, std::int64_t own_offset,
+                    const void* output, std::int64_t output_bytes) {
   // Compared as integers: relational operators on pointers into different objects are unspecified.
   const auto in = reinterpret_cast<std::uintptr_t>(input);
   const auto out = reinterpret_cast<std::uintptr_t>(output);
+  if (input != nullptr && out == in + static_cast<std::uintptr_t>(own_offset)) return true;
   const bool overlap = input_bytes > 0 && output_bytes > 0 &&
                        in < out + static_cast<std::uintptr_t>(output_bytes) &&
                        out < in + static_cast<std::uintptr_t>(input_bytes);
-  ZEROSHARD_CHECK_USAGE(!overlap, "reduce-scatter: output overlaps input; pass a separate buffer");
+  ZEROSHARD_CHECK_USAGE(!overlap,
+                        "reduce-scatter: output overlaps input but is not this rank's "
+                        "own slice of it; pass that slice (in place) or a separate "
+                        "buffer");
+  return false;
 }
 
 }  // namespace zeroshard::detail

@@ -19,8 +19,11 @@ std::int64_t checked_total(Collective collective, std::span<const std::int64_t> 
 /// Checks a broadcast root names a rank of the world.
 void check_root(int root, int world_size);
 
-/// Checks the `input` and `output` byte ranges of a reduce-scatter do not overlap.
-void check_no_overlap(const void* input, std::int64_t input_bytes, const void* output,
-                      std::int64_t output_bytes);
+/// A reduce-scatter's `output` is either this rank's own slice of `input` (at `own_offset` bytes,
+/// `output_bytes` long), which makes it in place, or apart from `input`; returns whether it is in
+/// place and throws UsageError for any other overlap. Decided by position alone, so that a rank
+/// whose slice is empty answers as every other rank that passes the same layout.
+bool check_in_place(const void* input, std::int64_t input_bytes, std::int64_t own_offset,
+                    const void* output, std::int64_t output_bytes);
 
 }  // namespace zeroshard::detail

@@ -233,14 +233,18 @@ Request HostStagedCommunicator::start_reduce_scatter(const void* input, void* ou
   const std::int64_t total = sum_of(counts);
   count_traffic(Collective::kReduceScatter, total, dtype);
   const std::size_t in_bytes = bytes_of(total, dtype);
+  const std::size_t own_offset =
+      bytes_of(sum_of(counts.first(static_cast<std::size_t>(rank_))), dtype);
   const std::size_t out_bytes = bytes_of(counts[static_cast<std::size_t>(rank_)], dtype);
   Communicator& host = *core_->host;
-  return stage(core_, in_bytes + out_bytes, input, 0, in_bytes,
-               [&host, in_bytes, counts = std::vector<std::int64_t>(counts.begin(), counts.end()),
+  // The host reduce-scatter runs in place in the staged input, so that the staging buffer holds
+  // no receive area; the device output, in place or not, is only written by the copy back.
+  return stage(core_, in_bytes, input, 0, in_bytes,
+               [&host, own_offset, counts = std::vector<std::int64_t>(counts.begin(), counts.end()),
                 dtype, op](char* staged) {
-                 return host.reduce_scatter_async(staged, staged + in_bytes, counts, dtype, op);
+                 return host.reduce_scatter_async(staged, staged + own_offset, counts, dtype, op);
                },
-               {output, in_bytes, out_bytes});
+               {output, own_offset, out_bytes});
 }
 
 Request HostStagedCommunicator::start_all_gather(void* data, std::span<const std::int64_t> counts,

@@ -69,6 +69,9 @@ struct InFlight {
   std::vector<int> displacements;
   MPI_Comm new_comm = MPI_COMM_NULL;
   std::shared_ptr<RingReduceScatter> ring;
+  // An in-place MPI_Ireduce_scatter receives here and copies to `copy_back_to` once complete.
+  std::vector<std::byte> received;
+  void* copy_back_to = nullptr;
 };
 
 // The rings in flight on one communicator. A ring moves only when polled, so polling any request
@@ -181,6 +184,10 @@ class MpiRequest final : public Request::Impl {
     if (rc != MPI_SUCCESS) {
       throw CommError(ErrorCode::kMpi, "MPI_Testall failed for " + operation_.describe() + ": " +
                                            mpi_error_string(rc));
+    }
+    if (done != 0 && in_flight_->copy_back_to != nullptr) {
+      std::memcpy(std::exchange(in_flight_->copy_back_to, nullptr), in_flight_->received.data(),
+                  in_flight_->received.size());
     }
     return done != 0;
   }
@@ -312,7 +319,10 @@ class MpiCommunicator final : public Communicator {
     check_buffer(Collective::kReduceScatter, input, total);
     check_buffer(Collective::kReduceScatter, output, mine);
     const auto element_bytes = static_cast<std::int64_t>(size_of(dtype));
-    check_no_overlap(input, total * element_bytes, output, mine * element_bytes);
+    const std::int64_t own_offset =
+        std::accumulate(counts.begin(), counts.begin() + rank_, std::int64_t{0});
+    const bool in_place = check_in_place(input, total * element_bytes, own_offset * element_bytes,
+                                         output, mine * element_bytes);
 
     auto request = start(Collective::kReduceScatter, total, dtype);
     const MPI_Datatype type = runtime_.datatype(dtype);
@@ -340,19 +350,33 @@ class MpiCommunicator final : public Communicator {
     } else if (total > 0 && total <= max_elements_per_call_) {
       InFlight& in_flight = request->in_flight();
       in_flight.counts = to_int(counts);
-      request->check_started(MPI_Ireduce_scatter(input, output, in_flight.counts.data(), type,
+      // MPI_IN_PLACE here would take the input from the output buffer and put the result at its
+      // start, not at this rank's slice: an in-place rank receives apart and copies its slice
+      // back on completion, so that every rank still issues the same call.
+      void* received = output;
+      if (in_place && mine > 0) {
+        in_flight.received.resize(static_cast<std::size_t>(mine * element_bytes));
+        in_flight.copy_back_to = output;
+        received = in_flight.received.data();
+      }
+      request->check_started(MPI_Ireduce_scatter(input, received, in_flight.counts.data(), type,
                                                  mpi_op, comm_.get(), &request->add()),
                              "MPI_Ireduce_scatter");
     } else if (total > max_elements_per_call_) {
       // Counts or offsets beyond int: one reduce per slice, rooted at the rank that owns the
-      // slice, split into pieces that fit an int count.
+      // slice, split into pieces that fit an int count. Only the root passes MPI_IN_PLACE, so a
+      // rank may reduce in place whatever the others do.
       std::int64_t slice_start = 0;
       for (int root = 0; root < size_; ++root) {
         for_each_piece(counts[static_cast<std::size_t>(root)], [&](std::int64_t offset, int n) {
-          void* received = root == rank_ ? element_at(output, offset, dtype) : nullptr;
+          const void* sent = element_at(input, slice_start + offset, dtype);
+          void* received = nullptr;
+          if (root == rank_) {
+            received = element_at(output, offset, dtype);
+            if (in_place) sent = MPI_IN_PLACE;
+          }
           request->check_started(
-              MPI_Ireduce(element_at(input, slice_start + offset, dtype), received, n, type, mpi_op,
-                          root, comm_.get(), &request->add()),
+              MPI_Ireduce(sent, received, n, type, mpi_op, root, comm_.get(), &request->add()),
               "MPI_Ireduce");
         });
         slice_start += counts[static_cast<std::size_t>(root)];

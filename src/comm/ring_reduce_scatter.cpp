@@ -20,10 +20,14 @@ RingReduceScatter::RingReduceScatter(RingPlan plan)
       steps_(plan_.size - 1) {
   std::exclusive_scan(plan_.counts.begin(), plan_.counts.end(), offsets_.begin(), std::int64_t{0});
   const auto mine = static_cast<std::size_t>(plan_.rank);
+  const std::byte* own_input =
+      static_cast<const std::byte*>(plan_.input) + offsets_[mine] * element_bytes_;
+  in_place_ = own_input == plan_.output;
   if (steps_ == 0) {
-    std::memcpy(plan_.output,
-                static_cast<const std::byte*>(plan_.input) + offsets_[mine] * element_bytes_,
-                static_cast<std::size_t>(plan_.counts[mine]) * element_bytes_);
+    if (!in_place_) {
+      std::memcpy(plan_.output, own_input,
+                  static_cast<std::size_t>(plan_.counts[mine]) * element_bytes_);
+    }
     finished_ = true;
     return;
   }
@@ -45,6 +49,11 @@ RingReduceScatter::RingReduceScatter(RingPlan plan)
     const std::int64_t largest = *std::max_element(plan_.counts.begin(), plan_.counts.end());
     for (auto& staging : staging_)
       staging.resize(static_cast<std::size_t>(largest) * element_bytes_);
+  }
+  if (in_place_) {
+    const std::int64_t chunk = std::min(plan_.chunk_elements, plan_.counts[mine]);
+    for (auto& buffer : last_chunks_)
+      buffer.resize(static_cast<std::size_t>(chunk) * element_bytes_);
   }
 }
 
@@ -71,8 +80,10 @@ const std::byte* RingReduceScatter::send_source(const Transfer& send) const noex
 
 std::byte* RingReduceScatter::receive_target(const Transfer& receive) noexcept {
   const std::int64_t start = receive.chunk * plan_.chunk_elements;
-  if (receive.step == steps_ - 1)
+  if (receive.step == steps_ - 1) {
+    if (in_place_) return last_chunks_[receive.chunk % 2].data();
     return static_cast<std::byte*>(plan_.output) + start * element_bytes_;
+  }
   return staging_[receive.step % 2].data() + start * element_bytes_;
 }
 
@@ -83,7 +94,12 @@ bool RingReduceScatter::can_send(const Transfer& send) const noexcept {
 }
 
 bool RingReduceScatter::can_receive(const Transfer& receive) const noexcept {
-  if (receive.step == steps_ - 1 || receive.step < 2) return true;
+  if (receive.step == steps_ - 1) {
+    // In place, chunk c reuses the buffer of chunk c-2, free once that one has been reduced.
+    return !in_place_ || receive.chunk < 2 ||
+           receives_[receive_start_[receive.step] + receive.chunk - 2].done;
+  }
+  if (receive.step < 2) return true;
   // Step s receives into the staging slice that step s-1 sends from: chunk c is free once that
   // send has completed (or never existed, the earlier slice being shorter).
   const int sending_step = receive.step - 1;
@@ -101,8 +117,22 @@ void RingReduceScatter::complete_receives() {
     const int slice = receive_slice(receive.step);
     const std::int64_t own =
         offsets_[static_cast<std::size_t>(slice)] + receive.chunk * plan_.chunk_elements;
-    reduce_into(static_cast<const std::byte*>(plan_.input) + own * element_bytes_,
-                receive_target(receive), chunk_length(slice, receive.chunk), plan_.dtype, plan_.op);
+    const std::int64_t length = chunk_length(slice, receive.chunk);
+    const std::byte* input = static_cast<const std::byte*>(plan_.input) + own * element_bytes_;
+    if (!in_place_ || receive.step != steps_ - 1) {
+      reduce_into(input, receive_target(receive), length, plan_.dtype, plan_.op);
+    } else {
+      // In place, `input` is this chunk of the output.
+      std::byte* output = static_cast<std::byte*>(plan_.output) +
+                          receive.chunk * plan_.chunk_elements * element_bytes_;
+      if (plan_.op == ReduceOp::kSum) {
+        reduce_into(receive_target(receive), output, length, plan_.dtype, plan_.op);
+      } else {
+        reduce_into(input, receive_target(receive), length, plan_.dtype, plan_.op);
+        std::memcpy(output, receive_target(receive),
+                    static_cast<std::size_t>(length) * element_bytes_);
+      }
+    }
     receive.done = true;
   }
   while (first_open_receive_ < next_receive_ && receives_[first_open_receive_].done) {

@@ -37,7 +37,11 @@ struct RingPlan {
 /// x[N-1], x[0], ..., x[b], each added as reduce_into(x[k], partial). Each slice travels in chunks
 /// of at most chunk_elements, and chunk c goes on to the next step as soon as it has been reduced,
 /// so sending one chunk overlaps receiving and reducing the next. Needs two staging slices of the
-/// largest slice (none at N=2). N=1 is a copy, done by the constructor.
+/// largest slice (none at N=2). In place (the output is this rank's slice of the input, which no
+/// step sends), the last step receives each chunk into one of two chunk buffers; a sum is added
+/// into the output as reduce_into(partial, x[r]), the same bits since IEEE addition commutes, and
+/// a max, which picks between +0 and -0 by argument order, is reduced as above and copied there.
+/// N=1 is a copy (none in place), done by the constructor.
 class RingReduceScatter {
  public:
   explicit RingReduceScatter(RingPlan plan);
@@ -84,6 +88,8 @@ class RingReduceScatter {
   std::size_t first_open_send_ = 0;     // every send before it is done
   std::size_t first_open_receive_ = 0;  // every receive before it is done
   std::vector<std::byte> staging_[2];   // step s receives into staging_[s % 2], but the last
+  bool in_place_ = false;
+  std::vector<std::byte> last_chunks_[2];  // in place: chunk c of the last step lands in [c % 2]
   bool finished_ = false;
 };
 

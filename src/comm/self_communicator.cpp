@@ -29,8 +29,8 @@ class SelfCommunicator final : public Communicator {
     check_buffer(Collective::kReduceScatter, input, total);
     check_buffer(Collective::kReduceScatter, output, total);
     const auto bytes = total * static_cast<std::int64_t>(size_of(dtype));
-    check_no_overlap(input, bytes, output, bytes);
-    if (total > 0) std::memcpy(output, input, static_cast<std::size_t>(bytes));
+    const bool in_place = check_in_place(input, bytes, 0, output, bytes);
+    if (total > 0 && !in_place) std::memcpy(output, input, static_cast<std::size_t>(bytes));
     count_traffic(Collective::kReduceScatter, total, dtype);
     return Request{};
   }

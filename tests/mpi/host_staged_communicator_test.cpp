@@ -222,6 +222,29 @@ TEST_P(HostStaged, TheStagingPoolIsHostCommunicationMemoryOfTheTrackerItIsCharge
   EXPECT_EQ(tracker.current(MemoryCategory::kCommunication, MemoryLocation::kHost), 0);
 }
 
+TEST_P(HostStaged, ReducesInPlaceToThePlainMpiResultLeavingTheRestOfTheInput) {
+  const DType dtype = GetParam();
+  const std::vector<std::int64_t> counts = uneven_counts(size_);
+  const std::int64_t total = std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
+  const std::size_t element = size_of(dtype);
+  const std::size_t first = static_cast<std::size_t>(std::accumulate(
+                                counts.begin(), counts.begin() + rank_, std::int64_t{0})) *
+                            element;
+  const std::size_t bytes =
+      static_cast<std::size_t>(counts[static_cast<std::size_t>(rank_)]) * element;
+  const std::vector<std::byte> input = values(total, dtype, rank_, 5);
+  std::vector<std::byte> want(bytes);
+  plain_->reduce_scatter(input.data(), want.data(), counts, dtype);
+  std::vector<std::byte> data = input;
+  staged_->reduce_scatter(data.data(), data.data() + first, counts, dtype);
+  EXPECT_TRUE(
+      std::equal(want.begin(), want.end(), data.begin() + static_cast<std::ptrdiff_t>(first)));
+  EXPECT_TRUE(
+      std::equal(data.begin(), data.begin() + static_cast<std::ptrdiff_t>(first), input.begin()));
+  EXPECT_TRUE(std::equal(data.begin() + static_cast<std::ptrdiff_t>(first + bytes), data.end(),
+                         input.begin() + static_cast<std::ptrdiff_t>(first + bytes)));
+}
+
 TEST_P(HostStaged, PollingAloneCompletesARequest) {
   std::vector<std::byte> data = values(5, GetParam(), rank_, 1);
   std::vector<std::byte> want = data;

@@ -1,6 +1,7 @@
 // The ring reduce-scatter under 1..4 ranks: bit for bit the host reference summed in the ring's
-// order for every dtype and op, within rounding of MPI's own reduce-scatter, and a rank that never
-// joins still ends the wait within one timeout.
+// order for every dtype and op, within rounding of MPI's own reduce-scatter, in place the same
+// bits as apart (ring and MPI's), and a rank that never joins still ends the wait within one
+// timeout.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -192,6 +193,76 @@ TEST_P(RingReduceScatter, EqualsMpisOwnReduceScatterWithinRounding) {
       ASSERT_NEAR(x, y, tolerance) << to_string(dtype) << " element " << k;
     }
   }
+}
+
+// Reduces in place on the ranks `in_place` picks, apart on the others; returns this rank's slice
+// and checks that the rest of its input is as it was.
+std::vector<std::uint8_t> reduce_scatter_in_place(Communicator& comm, bool large, DType dtype,
+                                                  ReduceOp op, bool in_place) {
+  const std::vector<std::int64_t> counts = slice_counts(comm.size(), large);
+  const std::int64_t total = std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
+  const auto rank = static_cast<std::size_t>(comm.rank());
+  const std::int64_t before =
+      std::accumulate(counts.begin(), counts.begin() + comm.rank(), std::int64_t{0});
+  const std::size_t element = size_of(dtype);
+  const std::size_t first = static_cast<std::size_t>(before) * element;
+  const std::size_t bytes = static_cast<std::size_t>(counts[rank]) * element;
+  const std::vector<std::uint8_t> original =
+      input_bytes(comm.rank(), comm.size(), total, dtype, op);
+  if (!in_place) {
+    std::vector<std::uint8_t> output(bytes, 0xA5);
+    comm.reduce_scatter(original.data(), output.data(), counts, dtype, op);
+    return output;
+  }
+  std::vector<std::uint8_t> data = original;
+  comm.reduce_scatter(data.data(), data.data() + first, counts, dtype, op);
+  EXPECT_EQ(std::memcmp(data.data(), original.data(), first), 0) << "input before the slice";
+  EXPECT_EQ(std::memcmp(data.data() + first + bytes, original.data() + first + bytes,
+                        data.size() - first - bytes),
+            0)
+      << "input after the slice";
+  return {data.begin() + static_cast<std::ptrdiff_t>(first),
+          data.begin() + static_cast<std::ptrdiff_t>(first + bytes)};
+}
+
+TEST_P(RingReduceScatter, InPlaceGivesTheSameBitsAsApartOnEveryRankOrSome) {
+  for (const auto algorithm :
+       {detail::ReduceScatterAlgorithm::kRing, detail::ReduceScatterAlgorithm::kMpi}) {
+    const auto comm = make(algorithm);
+    const char* name = algorithm == detail::ReduceScatterAlgorithm::kRing ? "ring" : "mpi";
+    for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
+        const std::vector<std::uint8_t> apart =
+            reduce_scatter_in_place(*comm, GetParam().large, dtype, op, false);
+        // Every rank in place, then only the even ranks (which own the non-empty slices) and
+        // then only the odd ones: each rank decides for itself.
+        for (int mode = 0; mode < 3; ++mode) {
+          const bool in_place = mode == 0 || comm->rank() % 2 == mode - 1;
+          const std::vector<std::uint8_t> got =
+              reduce_scatter_in_place(*comm, GetParam().large, dtype, op, in_place);
+          EXPECT_TRUE(got == apart)
+              << name << " " << to_string(dtype) << (op == ReduceOp::kSum ? " sum" : " max")
+              << ", mode " << mode << ", rank " << comm->rank();
+        }
+      }
+    }
+  }
+}
+
+TEST(ReduceScatterInPlace, AnOutputOverlappingTheInputElsewhereIsRefused) {
+  const auto comm = detail::make_mpi_communicator({});
+  const int n = comm->size();
+  // Equal slices, so that every rank's output overlaps and every rank refuses before any call.
+  const std::vector<std::int64_t> counts(static_cast<std::size_t>(n), 4);
+  std::vector<float> data(static_cast<std::size_t>(4 * n) + 1, 1.0f);
+  float* own = data.data() + 4 * comm->rank();
+  try {
+    comm->reduce_scatter(data.data(), own + 1, counts, DType::kFloat32);
+    ADD_FAILURE() << "an output one element past this rank's slice was accepted";
+  } catch (const UsageError& error) {
+    EXPECT_THAT(error.what(), HasSubstr("output overlaps input but is not this rank's own slice"));
+  }
+  comm->barrier();
 }
 
 INSTANTIATE_TEST_SUITE_P(ChunkedAt1MiBOrAFewElements, RingReduceScatter,
