@@ -285,13 +285,16 @@ class Floor {
     grads_.assign(model.padded * dsize, std::byte{0});
     params_.assign(model.padded * dsize, std::byte{0});
     for (std::int64_t i = 0; i < model.padded; ++i) {
-      // Any finite values do: the collectives' and the update's cost does not depend on them.
+      // Any values do: the collectives' and the update's cost does not depend on them (stages
+      // 0-1 reduce in place, so this rank's slice grows with every iteration).
       const float value = static_cast<float>(i % 13 - 6) * 1e-3f;
       zeroshard::convert(&value, DType::kFloat32, grads_.data() + i * dsize, dtype, 1);
     }
     std::int64_t widest = 0;
     for (const Bucket& b : buckets_) widest = std::max(widest, b.end - b.begin);
-    for (std::vector<std::byte>& slot : recv_) slot.assign(widest * dsize, std::byte{0});
+    if (stage >= 2) {
+      for (std::vector<std::byte>& slot : recv_) slot.assign(widest * dsize, std::byte{0});
+    }
     if (stage == 3) {
       for (int l = 0; l < model.layers; ++l) {
         gathered_.emplace_back((model.module_end(l) - model.module_begin(l)) * dsize);
@@ -377,10 +380,17 @@ class Floor {
   Request reduce_bucket(std::size_t b) {
     const Bucket& bucket = buckets_[b];
     const std::size_t dsize = zeroshard::size_of(dtype_);
-    // Two receive areas, one per reduction in flight.
-    return comm_.reduce_scatter_async(grads_.data() + bucket.begin * dsize, recv_[b % 2].data(),
-                                      model_.rank_counts(bucket.begin, bucket.end), dtype_,
-                                      ReduceOp::kSum);
+    const std::vector<std::int64_t> counts = model_.rank_counts(bucket.begin, bucket.end);
+    std::byte* input = grads_.data() + bucket.begin * dsize;
+    // As the engine: stages 0-1 reduce in place in the whole gradients, stages 2-3 into the
+    // gradient shard (two receive areas here, one per reduction in flight).
+    std::byte* output = recv_[b % 2].data();
+    if (stage_ <= 1) {
+      output =
+          input + std::accumulate(counts.begin(), counts.begin() + comm_.rank(), std::int64_t{0}) *
+                      static_cast<std::int64_t>(dsize);
+    }
+    return comm_.reduce_scatter_async(input, output, counts, dtype_, ReduceOp::kSum);
   }
 
   // Stage 0: every rank's sums of bucket b, gathered in place into the whole gradients.

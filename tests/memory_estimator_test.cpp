@@ -59,10 +59,9 @@ TEST(MemoryEstimator, Fp32CommunicationWidensTheBucketSlots) {
   const std::int64_t narrow = estimate(in).at(MemoryCategory::kCommunication);
   in.fp32_communication = true;
   const MemoryEstimate e = estimate(in);
-  // Two slots, each gaining an fp32 copy of the bucket and a receive area twice as wide (its
-  // bound, a whole bucket, when the tensors are not known).
+  // Two slots, each gaining an fp32 copy of the bucket, which is reduced in place there.
   const std::int64_t bucket = 100'000;
-  EXPECT_EQ(e.at(MemoryCategory::kCommunication) - narrow, 2 * (4 * bucket + 2 * bucket));
+  EXPECT_EQ(e.at(MemoryCategory::kCommunication) - narrow, 2 * 4 * bucket);
   EXPECT_EQ(e.model_state_bytes(), 2 * kUnpaddedP + 14 * kUnpaddedP / 4);
 }
 
@@ -115,32 +114,28 @@ TEST(MemoryEstimator, BoundsTheBucketSlots) {
   in.reduce_bucket_size = 100'000;
   // Beside the slots: the fp32 chunk 16-bit gradients are widened in.
   const std::int64_t scratch = 4 * kGradientScratchElements;
-  // Two slots, each a bucket of 100000 elements plus the receive area for this rank's share.
-  EXPECT_EQ(estimate(in).at(MemoryCategory::kCommunication), 2 * 2 * (100'000 + 100'000) + scratch);
-  in.stage = 1;
+  // Two slots, each a bucket of 100000 elements, this rank's share reduced in place in it.
   EXPECT_EQ(estimate(in).at(MemoryCategory::kCommunication), 2 * 2 * 100'000 + scratch);
-  in.reduce_scatter = false;
+  // Stage 1 reduces the whole gradients in place: no slot at all.
+  in.stage = 1;
   EXPECT_EQ(estimate(in).at(MemoryCategory::kCommunication), scratch);
-  // A tensor larger than the bucket is a bucket of its own.
+  // A tensor larger than the bucket is a bucket of its own, with its alignment slack.
   in.stage = 3;
-  in.reduce_scatter = true;
   in.largest_tensor = 500'000;
-  // The receive area never exceeds this rank's shard (1048576 / 4).
-  EXPECT_EQ(estimate(in).at(MemoryCategory::kCommunication),
-            2 * 2 * (500'000 + 63 + 262'144) + scratch);
+  EXPECT_EQ(estimate(in).at(MemoryCategory::kCommunication), 2 * 2 * (500'000 + 63) + scratch);
 }
 
 TEST(MemoryEstimator, PlansBucketsAsTheEngineDoesWhenItKnowsTheTensors) {
   // Four tensors of 100 at offsets 0, 112, 224 and 336, padded to 448 on 2 ranks. From the top,
   // a bucket of 250 elements holds two of them with their alignment gaps: [224, 448) and
-  // [0, 224); rank 1 receives all 224 elements of the first.
+  // [0, 224).
   EstimateInput in = input(0, 2, 2, DType::kFloat32);
   in.tensors = {100, 100, 100, 100};
   in.reduce_bucket_size = 250;
   EXPECT_EQ(estimate(in).padded_params, 448);
-  EXPECT_EQ(estimate(in).at(MemoryCategory::kCommunication), 2 * 4 * (224 + 224));
+  EXPECT_EQ(estimate(in).at(MemoryCategory::kCommunication), 2 * 4 * 224);
   in.reduce_bucket_size = 50;  // every tensor a bucket of its own, the top one with the padding
-  EXPECT_EQ(estimate(in).at(MemoryCategory::kCommunication), 2 * 4 * (112 + 112));
+  EXPECT_EQ(estimate(in).at(MemoryCategory::kCommunication), 2 * 4 * 112);
 }
 
 TEST(MemoryEstimator, SendsTwoPPerStepAndThreePAtStageThree) {
@@ -150,22 +145,26 @@ TEST(MemoryEstimator, SendsTwoPPerStepAndThreePAtStageThree) {
   }
 }
 
-TEST(MemoryEstimator, CountsBucketsFromStageOneOnOneRankAndFromStageZeroOnSeveral) {
+TEST(MemoryEstimator, CountsBucketSlotsFromStageTwoOnly) {
   EstimateInput in = input(1'000'000, 1, 0, DType::kFloat32);
   in.reduce_bucket_size = 100'000;
-  // One rank all-reduces in place.
-  EXPECT_EQ(estimate(in).at(MemoryCategory::kCommunication), 0);
-  // Several reduce-scatter into a receive area as stage 1 does, and gather the sums back in place.
-  in.ranks = 4;
-  const std::int64_t stage0 = estimate(in).at(MemoryCategory::kCommunication);
-  EXPECT_EQ(stage0, 2 * 4 * 100'000);
-  in.stage = 1;
-  EXPECT_EQ(estimate(in).at(MemoryCategory::kCommunication), stage0);
-  for (int stage = 1; stage <= 3; ++stage) {
-    in.stage = stage;
-    const MemoryEstimate e = estimate(in);
-    EXPECT_GT(e.at(MemoryCategory::kCommunication), 0) << "stage " << stage;
-    EXPECT_EQ(e.total(), e.model_state_bytes() + e.at(MemoryCategory::kCommunication));
+  for (int ranks : {1, 4}) {
+    in.ranks = ranks;
+    // Stages 0-1 reduce the whole gradients in place, bucket by bucket (stage 0 on several ranks
+    // reduce-scatters and gathers the sums back around this rank's part).
+    for (int stage = 0; stage <= 1; ++stage) {
+      in.stage = stage;
+      EXPECT_EQ(estimate(in).at(MemoryCategory::kCommunication), 0)
+          << ranks << " ranks, stage " << stage;
+    }
+    // Stages 2-3 write gradients into two bucket slots.
+    for (int stage = 2; stage <= 3; ++stage) {
+      in.stage = stage;
+      const MemoryEstimate e = estimate(in);
+      EXPECT_EQ(e.at(MemoryCategory::kCommunication), 2 * 4 * 100'000)
+          << ranks << " ranks, stage " << stage;
+      EXPECT_EQ(e.total(), e.model_state_bytes() + e.at(MemoryCategory::kCommunication));
+    }
   }
 }
 

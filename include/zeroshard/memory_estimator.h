@@ -42,7 +42,7 @@ struct EstimateInput {
   /// data_types.grad_accum_dtype = "fp32": stages 2-3 keep the gradient shard in fp32.
   bool fp32_grad_accumulation = false;
   /// communication_data_type = "fp32" with 16-bit parameters: gradients are reduced widened, so
-  /// each bucket slot also holds an fp32 copy of the bucket and receives in fp32.
+  /// each bucket slot also holds an fp32 copy of the bucket, which it is reduced in.
   bool fp32_communication = false;
   /// adam, adamw, sgd, lion, adagrad (case-insensitive); sets the number of fp32 state arrays.
   std::string optimizer = "adamw";

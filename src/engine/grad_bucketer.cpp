@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <numeric>
 
 #include "util/check.h"
 #include "util/log.h"
@@ -103,17 +104,12 @@ void GradBucketer::plan() {
   widest_share_ = widest_recv;
   if (!whole_) slot_input_elements_ = widest;
   if (comm_dtype_ != context_.dtype) slot_send_elements_ = widest;
-  if (scatter_) slot_recv_elements_ = widest_recv;
 }
 
 // The input area holds a multiple of 16 elements (buckets start and end on tensor boundaries), so
-// the fp32 areas after it stay 4-byte aligned.
+// the fp32 send area after it stays 4-byte aligned.
 char* GradBucketer::slot_send(int slot) {
   return slots_[slot].buffer.as<char>() + slot_input_elements_ * context_.dsize;
-}
-
-char* GradBucketer::slot_recv(int slot) {
-  return slot_send(slot) + slot_send_elements_ * sizeof(float);
 }
 
 int GradBucketer::acquire_slot() {
@@ -123,8 +119,8 @@ int GradBucketer::acquire_slot() {
         slots_[s].busy = true;
         // The sink may still be copying what it was handed from this slot.
         if (sink_ != nullptr) sink_->before_reuse();
-        // Only the input area is added to (the model's +=); the send and receive areas are
-        // overwritten whole by the widening and the reduction.
+        // Only the input area is added to (the model's +=); the send area is overwritten whole by
+        // the widening.
         context_.backend.zero(slots_[s].buffer.data(), slot_input_elements_ * context_.dsize);
         return static_cast<int>(s);
       }
@@ -142,8 +138,7 @@ int GradBucketer::acquire_slot() {
                                        "Engine::set_grad_handover(GradHandover::kAtEnd)");
   }
   const std::int64_t bytes = slot_input_elements_ * static_cast<std::int64_t>(context_.dsize) +
-                             slot_send_elements_ * static_cast<std::int64_t>(sizeof(float)) +
-                             slot_recv_elements_ * static_cast<std::int64_t>(size_of(comm_dtype_));
+                             slot_send_elements_ * static_cast<std::int64_t>(sizeof(float));
   slots_.push_back({context_.allocate(Tier::kDevice, MemoryCategory::kCommunication, bytes), true});
   return static_cast<int>(slots_.size()) - 1;
 }
@@ -238,14 +233,20 @@ void GradBucketer::launch(int b) {
     context_.backend.scale(input, comm_dtype_, length, static_cast<float>(factor));
   }
   if (scatter_) {
-    if (bucket.slot < 0) bucket.slot = acquire_slot();
     const auto counts = context_.layout.rank_counts(bucket.begin, bucket.end);
     // Stages 2-3 with slots: this rank's part may go straight into the gradient shard, so that
-    // it is neither copied there nor zeroed before.
+    // it is neither copied there nor zeroed before. Otherwise it is reduced in place, in its own
+    // position in what is sent: the whole gradients keep it there, and stage 0 gathers the other
+    // parts around it.
     const std::int64_t lo = std::max(bucket.begin, context_.layout.shard_begin(context_.rank));
     const std::int64_t hi = std::min(bucket.end, context_.layout.shard_end(context_.rank));
     bucket.output = !whole_ && hi > lo ? sink_->reduce_target(lo, hi, comm_dtype_) : nullptr;
-    if (bucket.output == nullptr) bucket.output = slot_recv(bucket.slot);
+    if (bucket.output == nullptr) {
+      const std::int64_t before =
+          std::accumulate(counts.begin(), counts.begin() + context_.rank, std::int64_t{0});
+      bucket.output =
+          static_cast<char*>(input) + before * static_cast<std::int64_t>(size_of(comm_dtype_));
+    }
     bucket.request = context_.comm.reduce_scatter_async(input, bucket.output, counts, comm_dtype_,
                                                         ReduceOp::kSum);
   } else {
@@ -295,8 +296,6 @@ void GradBucketer::complete_oldest() {
       char* dst = grads_full_.as<char>() + lo * dsize;
       if (widened) {
         context_.backend.narrow(reinterpret_cast<const float*>(reduced), dst, dtype, hi - lo);
-      } else if (scatter_) {
-        context_.backend.copy(dst, reduced, (hi - lo) * dsize);
       }
       sink_->accept_reduced(lo, hi, dst, dtype);
     } else {
@@ -310,18 +309,12 @@ void GradBucketer::complete_oldest() {
 }
 
 void GradBucketer::gather_back(const Bucket& bucket) {
-  // This rank's summed part goes back to its place in the bucket (the fp32 send area when the
-  // gradients travel widened), where the all-gather fills in the other ranks' parts in place.
+  // This rank's summed part was reduced in place in the bucket (the fp32 send area when the
+  // gradients travel widened), where the all-gather fills in the other ranks' parts around it.
   const auto counts = context_.layout.rank_counts(bucket.begin, bucket.end);
   const auto element = static_cast<std::int64_t>(size_of(comm_dtype_));
   char* reduced = comm_dtype_ != context_.dtype ? slot_send(bucket.slot)
                                                 : grads_full_.as<char>() + bucket.begin * element;
-  const std::int64_t lo = std::max(bucket.begin, context_.layout.shard_begin(context_.rank));
-  const std::int64_t mine = counts[context_.rank];
-  if (mine > 0) {
-    context_.backend.copy(reduced + (lo - bucket.begin) * element, slot_recv(bucket.slot),
-                          mine * element);
-  }
   gathers_.push_back(context_.comm.all_gather_async(reduced, counts, comm_dtype_));
   // The gather overlaps the next bucket's reduce-scatter, each in the bucket's own place in the
   // whole gradients; widened sums are narrowed from the slot once gathered, so those wait here.

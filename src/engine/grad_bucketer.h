@@ -75,8 +75,9 @@ class GradBucketer {
     void* output = nullptr;  ///< where the reduce-scatter writes this rank's part
     Request request;
   };
-  /// A reusable communication buffer: input area (stages 2-3), the fp32 send area (16-bit
-  /// gradients reduced in fp32), then the receive area.
+  /// A reusable communication buffer: input area (stages 2-3), then the fp32 send area (16-bit
+  /// gradients reduced in fp32). A reduce-scatter writes this rank's part in place in what it
+  /// sends, or straight into the gradient shard, so no slot has a receive area.
   struct Slot {
     TrackedBuffer buffer;
     bool busy = false;
@@ -84,7 +85,6 @@ class GradBucketer {
 
   void plan();
   char* slot_send(int slot);
-  char* slot_recv(int slot);
   int acquire_slot();
   void launch_ready(std::int64_t micro_step);
   void launch(int bucket);
@@ -104,7 +104,6 @@ class GradBucketer {
   std::vector<Bucket> buckets_;           ///< in launch order (last registered parameters first)
   std::int64_t slot_input_elements_ = 0;  ///< model dtype
   std::int64_t slot_send_elements_ = 0;   ///< fp32, when 16-bit gradients are sent widened
-  std::int64_t slot_recv_elements_ = 0;   ///< communication dtype
   std::int64_t widest_share_ = 0;         ///< elements of the largest delivery to the sink
   std::vector<Slot> slots_;
   std::deque<int> in_flight_;

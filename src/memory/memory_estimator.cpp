@@ -203,21 +203,18 @@ constexpr Rule kRules[] = {
        return swaps_optimizer(t.in) ? t.swap_file(t.k) : 4 * t.k * t.updated();
      },
      where_optimizer_lives},
-    // Communication slots, at most two (one bucket reducing while the next fills): each slot
-    // has a receive area for this rank's share of a bucket (stage 0 too on several ranks: it
-    // reduce-scatters as stages 1-3 do and gathers the sums back in place; an upper bound under
-    // NCCL, where stage 0 all-reduces in place), and from stage 2 also the bucket itself, as
-    // gradients go straight into it.
+    // Communication slots, at most two (one bucket reducing while the next fills): from stage 2
+    // the bucket itself, as gradients go straight into it. Every reduce-scatter writes this
+    // rank's part in place in what it sends (or into the gradient shard), so no slot has a
+    // receive area.
     {MemoryCategory::kCommunication,
      [](const Terms& t) -> std::int64_t {
        const std::int64_t input = t.stage >= 2 ? t.bucket : 0;
-       const bool scatters = t.stage >= 1 || t.in.ranks > 1;
-       const std::int64_t receive = scatters && t.in.reduce_scatter ? t.receive : 0;
        // communication_data_type fp32 with 16-bit gradients: an fp32 send area for the whole
-       // bucket, and the receive area in fp32.
+       // bucket.
        const bool widened = t.in.fp32_communication && t.d != 4;
        const std::int64_t send = widened ? t.bucket : 0;
-       return 2 * (t.d * input + 4 * send + (widened ? 4 : t.d) * receive);
+       return 2 * (t.d * input + 4 * send);
      },
      on_device},
     // Offloaded update: two pinned staging halves, each a reduced bucket's share arriving (in the
