@@ -1,4 +1,4 @@
-# Draws ../docs/img/memory-synthetic-16m/memory_fp32.png and .svg from ../docs/img/memory-synthetic-16m/memory_fp32.dat
+# Draws docs/img/memory-synthetic-16m/memory_fp32.png and .svg from docs/img/memory-synthetic-16m/memory_fp32.dat
 set title "zeroshard synthetic: 16.00M parameters in 16 tensors - fp32" noenhanced
 set xlabel 'world size (ranks)'
 set ylabel 'model-state bytes per rank (MB)'
@@ -7,16 +7,16 @@ set grid
 set key outside right top
 set yrange [0:*]
 set terminal pngcairo size 960,560
-set output '../docs/img/memory-synthetic-16m/memory_fp32.png'
-plot '../docs/img/memory-synthetic-16m/memory_fp32.dat' index 0 using 1:2 with points pt 7 ps 1.4 lc 1 title 'stage 0 measured', \
-     '../docs/img/memory-synthetic-16m/memory_fp32.dat' index 0 using 1:3 with lines dt 2 lw 2 lc 1 title 'stage 0 theory', \
-     '../docs/img/memory-synthetic-16m/memory_fp32.dat' index 1 using 1:2 with points pt 7 ps 1.4 lc 2 title 'stage 1 measured', \
-     '../docs/img/memory-synthetic-16m/memory_fp32.dat' index 1 using 1:3 with lines dt 2 lw 2 lc 2 title 'stage 1 theory', \
-     '../docs/img/memory-synthetic-16m/memory_fp32.dat' index 2 using 1:2 with points pt 7 ps 1.4 lc 3 title 'stage 2 measured', \
-     '../docs/img/memory-synthetic-16m/memory_fp32.dat' index 2 using 1:3 with lines dt 2 lw 2 lc 3 title 'stage 2 theory', \
-     '../docs/img/memory-synthetic-16m/memory_fp32.dat' index 3 using 1:2 with points pt 7 ps 1.4 lc 4 title 'stage 3 measured', \
-     '../docs/img/memory-synthetic-16m/memory_fp32.dat' index 3 using 1:3 with lines dt 2 lw 2 lc 4 title 'stage 3 theory'
+set output 'docs/img/memory-synthetic-16m/memory_fp32.png'
+plot 'docs/img/memory-synthetic-16m/memory_fp32.dat' index 0 using 1:2 with points pt 7 ps 1.4 lc 1 title 'stage 0 measured', \
+     'docs/img/memory-synthetic-16m/memory_fp32.dat' index 0 using 1:3 with lines dt 2 lw 2 lc 1 title 'stage 0 theory', \
+     'docs/img/memory-synthetic-16m/memory_fp32.dat' index 1 using 1:2 with points pt 7 ps 1.4 lc 2 title 'stage 1 measured', \
+     'docs/img/memory-synthetic-16m/memory_fp32.dat' index 1 using 1:3 with lines dt 2 lw 2 lc 2 title 'stage 1 theory', \
+     'docs/img/memory-synthetic-16m/memory_fp32.dat' index 2 using 1:2 with points pt 7 ps 1.4 lc 3 title 'stage 2 measured', \
+     'docs/img/memory-synthetic-16m/memory_fp32.dat' index 2 using 1:3 with lines dt 2 lw 2 lc 3 title 'stage 2 theory', \
+     'docs/img/memory-synthetic-16m/memory_fp32.dat' index 3 using 1:2 with points pt 7 ps 1.4 lc 4 title 'stage 3 measured', \
+     'docs/img/memory-synthetic-16m/memory_fp32.dat' index 3 using 1:3 with lines dt 2 lw 2 lc 4 title 'stage 3 theory'
 set terminal svg size 960,560 dynamic
-set output '../docs/img/memory-synthetic-16m/memory_fp32.svg'
+set output 'docs/img/memory-synthetic-16m/memory_fp32.svg'
 replot
 set output
