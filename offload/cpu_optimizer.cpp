@@ -190,4 +190,8 @@ void adagrad(Isa isa, const RuleArrays& arrays, std::int64_t n, const AdagradSca
   run(arrays, n, 1, kernels(isa).adagrad, s);
 }
 
+void add_square_sums(Isa isa, const float* values, std::int64_t n, double* lanes) {
+  kernels(isa).square_sums(values, n, lanes);
+}
+
 }  // namespace zeroshard::detail::cpu_optimizer

@@ -1,7 +1,8 @@
 // The CPU update rules' inner loops, compiled once per instruction set (scalar, AVX2, AVX-512)
 // and chosen at run time from the CPU's flags, with OpenMP threads over tiles of large shards; one
 // pass reads the gradient as stored (fp32, fp16 or bf16) and writes the model's copy of the
-// weights.
+// weights. The scan of the gradient for its norm, which the update waits for, runs on the same
+// paths.
 #pragma once
 
 #include <cstdint>
@@ -72,6 +73,16 @@ struct RuleArrays {
   DType param_copy_dtype = DType::kFloat32;
 };
 
+/// The gradient norm's sums of squares are kept in this many double lanes: one chain of
+/// dependent additions would bound the scan by the adder's latency instead of memory.
+inline constexpr int kSquareLanes = 16;
+
+/// Adds the square of each of values[0, n) (widened to double) into lanes[i mod kSquareLanes],
+/// each lane in element order; n is a multiple of kSquareLanes but in a scan's last call. The
+/// lanes are bit-identical on every path, so a norm summed lane by lane afterwards does not
+/// depend on the path, the stage or how the shard was split into calls at multiples of 16.
+void add_square_sums(Isa isa, const float* values, std::int64_t n, double* lanes);
+
 enum class SgdKind { kPlain, kMomentum, kNesterov };
 
 /// Each updates elements [0, n) of `arrays` on the given path; results are bit-identical on every
@@ -99,6 +110,7 @@ struct KernelTable {
   void (*sgd_nesterov)(const ChunkArrays&, std::int64_t, const SgdScalars&);
   void (*lion)(const ChunkArrays&, std::int64_t, const LionScalars&);
   void (*adagrad)(const ChunkArrays&, std::int64_t, const AdagradScalars&);
+  void (*square_sums)(const float*, std::int64_t, double*);
 };
 extern const KernelTable kScalarKernels;
 #if defined(ZEROSHARD_CPU_X86)

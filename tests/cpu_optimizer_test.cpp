@@ -1,11 +1,12 @@
 // Every instruction-set path of the CPU update rules against the scalar reference, bit for bit,
 // on sizes that are not multiples of any vector width, and on a shard large enough to be split
 // over threads; and the fused call (16-bit gradient, gradient factor, 16-bit copy) against the
-// same work done in three passes.
+// same work done in three passes; the gradient scan's lanes on every path.
 #include "cpu_optimizer.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <cstring>
@@ -148,6 +149,43 @@ TEST_P(CpuOptimizerPaths, EqualTheScalarReferenceBitForBitForEveryRule) {
 INSTANTIATE_TEST_SUITE_P(Isas, CpuOptimizerPaths,
                          ::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512),
                          [](const auto& info) { return std::string(to_string(info.param)); });
+
+TEST_P(CpuOptimizerPaths, SquareSumsEqualTheScalarLanesBitForBitInOneCallOrSeveral) {
+  const Isa isa = GetParam();
+  if (!supported(isa)) GTEST_SKIP() << "this CPU has no " << to_string(isa) << " path";
+  for (std::int64_t n : {std::int64_t{1}, std::int64_t{15}, std::int64_t{17}, std::int64_t{1001},
+                         (std::int64_t{1} << 20) + 5}) {
+    const Shard shard(n, 0, 11);
+    const std::vector<float>& values = shard.grad;
+    double reference[kSquareLanes] = {};
+    add_square_sums(Isa::kScalar, values.data(), n, reference);
+    // Each lane is its elements' squares added in element order, as written out here.
+    for (int lane = 0; lane < kSquareLanes; ++lane) {
+      double want = 0.0;
+      for (std::int64_t i = lane; i < n; i += kSquareLanes) {
+        const double v = values[static_cast<std::size_t>(i)];
+        want += v * v;
+      }
+      EXPECT_EQ(std::bit_cast<std::uint64_t>(reference[lane]), std::bit_cast<std::uint64_t>(want))
+          << "scalar lane " << lane << ", n = " << n;
+    }
+    double whole[kSquareLanes] = {};
+    add_square_sums(isa, values.data(), n, whole);
+    // Split at multiples of 16, as a scan of 16-bit values in blocks calls it.
+    double pieces[kSquareLanes] = {};
+    for (std::int64_t done = 0; done < n; done += 1024) {
+      add_square_sums(isa, values.data() + done, std::min<std::int64_t>(1024, n - done), pieces);
+    }
+    for (int lane = 0; lane < kSquareLanes; ++lane) {
+      EXPECT_EQ(std::bit_cast<std::uint64_t>(whole[lane]),
+                std::bit_cast<std::uint64_t>(reference[lane]))
+          << to_string(isa) << " lane " << lane << ", n = " << n;
+      EXPECT_EQ(std::bit_cast<std::uint64_t>(pieces[lane]),
+                std::bit_cast<std::uint64_t>(reference[lane]))
+          << to_string(isa) << " in pieces, lane " << lane << ", n = " << n;
+    }
+  }
+}
 
 // --- The fused call against three passes ------------------------------------------------------
 

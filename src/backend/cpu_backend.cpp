@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/compute_backend.h"
+#include "cpu_optimizer.h"
 #include "precision/half_conversion.h"
 #include "util/check.h"
 
@@ -30,27 +31,14 @@ char* at(void* data, DType dtype, std::int64_t index) {
   return static_cast<char*>(data) + index * static_cast<std::int64_t>(size_of(dtype));
 }
 
-/// Sums of squares in double over kSquareLanes independent lanes, element i into lane i mod
-/// kSquareLanes, added up in lane order at the end: one chain of dependent additions would bound
-/// the scan by the adder's latency instead of memory, and a fixed lane assignment keeps the result
-/// the same whatever the compiler vectorises (stage 0 must find stages 1-3's norm bit for bit).
+/// Sums of squares in double, element i of the scan into lane i mod kSquareLanes, added up in
+/// lane order at the end: a fixed lane assignment keeps the result the same on every path of the
+/// CPU kernels (stage 0 must find stages 1-3's norm bit for bit).
 class SquareSums {
  public:
-  static constexpr int kSquareLanes = 16;
-
   /// `count` is a multiple of kSquareLanes except in the last call.
   void add(const float* values, std::int64_t count) {
-    const std::int64_t whole = count - count % kSquareLanes;
-    for (std::int64_t i = 0; i < whole; i += kSquareLanes) {
-      for (int lane = 0; lane < kSquareLanes; ++lane) {
-        const double v = values[i + lane];
-        lanes_[lane] += v * v;
-      }
-    }
-    for (std::int64_t i = whole; i < count; ++i) {
-      const double v = values[i];
-      lanes_[i - whole] += v * v;
-    }
+    cpu_optimizer::add_square_sums(cpu_optimizer::active_isa(), values, count, lanes_);
   }
   double total() const {
     double sum = 0.0;
@@ -59,7 +47,7 @@ class SquareSums {
   }
 
  private:
-  double lanes_[kSquareLanes] = {};
+  double lanes_[cpu_optimizer::kSquareLanes] = {};
 };
 
 /// The host copies as soon as it is asked, so a copy is always finished.
