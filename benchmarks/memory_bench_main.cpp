@@ -165,6 +165,8 @@ int run_driver(const BenchOptions& options) {
     records.insert(records.end(), part.begin(), part.end());
   }
   std::filesystem::remove_all(worker_dir);
+  // Every worker has exited, so no engine holds a swap file open.
+  std::filesystem::remove_all(zeroshard::bench::kNvmeSwapFolder);
 
   zeroshard::bench::print_table(std::cout, records);
   const std::vector<std::string> images =

@@ -38,11 +38,8 @@ void apply_offload(nlohmann::json& config, const char* section, const char* opti
   nlohmann::json& offload = config["zero_optimization"][section];
   offload["device"] = value;
   if (value == "nvme") {
-    // Under the working directory (the build tree): a local file system that takes O_DIRECT,
-    // apart from other checkouts' runs.
-    const std::string path = "memory_bench_nvme_swap";
-    std::filesystem::create_directories(path);
-    offload["nvme_path"] = path;
+    std::filesystem::create_directories(kNvmeSwapFolder);
+    offload["nvme_path"] = kNvmeSwapFolder;
     if (std::string_view(section) == "offload_param") {
       // DeepSpeed's max_in_cpu (1e9) would keep every shard here in memory, and its buffer_size
       // (1e8) would make each buffer larger than the shard: swap all of it in 1M-element tiles.

@@ -26,6 +26,10 @@ struct Dimension {
 /// stage, precision, offload_optimizer, offload_param, checkpoint_every.
 const std::vector<Dimension>& dimensions();
 
+/// Where the NVMe rows put their swap files: under the working directory (the build tree when run
+/// by ctest), a local file system that takes O_DIRECT. The driver removes it after the sweep.
+inline constexpr const char* kNvmeSwapFolder = "memory_bench_nvme_swap";
+
 /// Everything the driver and its workers agree on; the worker gets it through the same command
 /// line.
 struct BenchOptions {
