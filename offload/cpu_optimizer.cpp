@@ -4,6 +4,7 @@
 #include "cpu_optimizer.h"
 
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "config/config_values.h"
@@ -86,10 +87,10 @@ void over_tiles(std::int64_t n, const Range& range) {
 template <typename Scalars>
 using Loop = void (*)(const ChunkArrays&, std::int64_t, const Scalars&);
 
-// Elements [begin, end) of `a` through `loop`: in chunks when the gradient must be widened or the
-// weights narrowed, in one call otherwise. Per element the chunks compute exactly what separate
-// passes would (the conversions are the ones half_conversion.h does alone), so chunking changes
-// only where the data is when it is read.
+// Elements [begin, end) of `a` through `loop`: in chunks when the gradient must be widened or
+// cleared or the weights narrowed, in one call otherwise. Per element the chunks compute exactly
+// what separate passes would (the conversions are the ones half_conversion.h does alone), so
+// chunking changes only where the data is when it is read.
 template <typename Scalars>
 void fused_range(const RuleArrays& a, int state_count, Loop<Scalars> loop, const Scalars& s,
                  std::int64_t begin, std::int64_t end) noexcept {
@@ -100,7 +101,7 @@ void fused_range(const RuleArrays& a, int state_count, Loop<Scalars> loop, const
     return chunk;
   };
   const bool widen = a.grad_dtype != DType::kFloat32;
-  if (!widen && a.param_copy == nullptr) {
+  if (!widen && a.param_copy == nullptr && a.grad_to_clear == nullptr) {
     ChunkArrays whole = chunk_at(begin);
     whole.grad = static_cast<const float*>(a.grad) + begin;
     loop(whole, end - begin, s);
@@ -108,6 +109,7 @@ void fused_range(const RuleArrays& a, int state_count, Loop<Scalars> loop, const
   }
   const auto* grad_bytes = static_cast<const unsigned char*>(a.grad);
   auto* copy_bytes = static_cast<unsigned char*>(a.param_copy);
+  auto* clear_bytes = static_cast<unsigned char*>(a.grad_to_clear);
   const auto grad_size = static_cast<std::int64_t>(size_of(a.grad_dtype));
   const auto copy_size = static_cast<std::int64_t>(size_of(a.param_copy_dtype));
   alignas(64) float widened[kChunk];
@@ -123,6 +125,9 @@ void fused_range(const RuleArrays& a, int state_count, Loop<Scalars> loop, const
     loop(chunk, count, s);
     if (copy_bytes != nullptr) {
       convert_from_float(chunk.param, copy_bytes + at * copy_size, a.param_copy_dtype, count);
+    }
+    if (clear_bytes != nullptr) {
+      std::memset(clear_bytes + at * grad_size, 0, static_cast<std::size_t>(count * grad_size));
     }
   }
 }

@@ -71,6 +71,9 @@ struct RuleArrays {
   float grad_factor = 1.0f;
   void* param_copy = nullptr;
   DType param_copy_dtype = DType::kFloat32;
+  /// When set, `grad` itself, writable: each chunk of the gradient is zeroed once the rule has
+  /// read it, while it is still in cache, instead of in a pass of its own after the update.
+  void* grad_to_clear = nullptr;
 };
 
 /// The gradient norm's sums of squares are kept in this many double lanes: one chain of

@@ -1,7 +1,8 @@
 // Every instruction-set path of the CPU update rules against the scalar reference, bit for bit,
 // on sizes that are not multiples of any vector width, and on a shard large enough to be split
-// over threads; and the fused call (16-bit gradient, gradient factor, 16-bit copy) against the
-// same work done in three passes; the gradient scan's lanes on every path.
+// over threads; and the fused call (16-bit gradient, gradient factor, 16-bit copy, the gradient
+// cleared as it is read) against the same work done in three passes; the gradient scan's lanes on
+// every path.
 #include "cpu_optimizer.h"
 
 #include <gtest/gtest.h>
@@ -231,18 +232,20 @@ struct Storage {
   DType grad_dtype;
   std::optional<DType> copy_dtype;
   float factor;
+  bool clear = false;  ///< the call zeroes the gradient as it reads it (grad_to_clear)
 };
 
 std::string describe(const RuleCase& rule, Isa isa, std::int64_t n, const Storage& io) {
   return rule.name + " on " + to_string(isa) + ", n = " + std::to_string(n) + ", grad " +
          to_string(io.grad_dtype) + ", copy " +
          (io.copy_dtype ? to_string(*io.copy_dtype) : "none") + ", factor " +
-         std::to_string(io.factor);
+         std::to_string(io.factor) + (io.clear ? ", clearing the gradient" : "");
 }
 
 // Two steps of `rule` on `isa` in one fused call each, against two steps of the scalar path in
 // three passes: widen the stored gradient and multiply it by the factor, the fp32 update, convert
-// the weights. Parameters, states and the copy must agree bit for bit.
+// the weights. Parameters, states and the copy must agree bit for bit; the fused call's gradient
+// is all zero afterwards when it clears it, and untouched otherwise.
 void expect_fused_equals_three_passes(const RuleCase& rule, Isa isa, std::int64_t n,
                                       const Storage& io) {
   const std::string what = describe(rule, isa, n, io);
@@ -268,15 +271,20 @@ void expect_fused_equals_three_passes(const RuleCase& rule, Isa isa, std::int64_
     if (io.copy_dtype) {
       convert_from_float_portable(reference.param.data(), reference_copy.data(), copy_dtype, n);
     }
+    std::vector<unsigned char> fused_grad = stored_grad;
     rule.run(isa,
              {.param = fused.param.data(),
-              .grad = stored_grad.data(),
+              .grad = fused_grad.data(),
               .states = fused.state_pointers.data(),
               .grad_dtype = io.grad_dtype,
               .grad_factor = io.factor,
               .param_copy = io.copy_dtype ? fused_copy.data() : nullptr,
-              .param_copy_dtype = copy_dtype},
+              .param_copy_dtype = copy_dtype,
+              .grad_to_clear = io.clear ? fused_grad.data() : nullptr},
              n);
+    EXPECT_EQ(fused_grad,
+              io.clear ? std::vector<unsigned char>(stored_grad.size(), 0) : stored_grad)
+        << what << (io.clear ? ": the gradient was not cleared" : ": the gradient was written");
   }
   EXPECT_EQ(first_difference(fused.param.data(), reference.param.data(), n, sizeof(float)), -1)
       << what << ": parameters differ from this element on";
@@ -313,7 +321,9 @@ TEST_P(CpuOptimizerFusedPaths, EqualWideningScalingUpdatingAndConvertingInThreeP
       for (DType grad_dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
         for (const std::optional<DType>& copy : copies) {
           for (float factor : {1.0f, 0.37f}) {
-            expect_fused_equals_three_passes(rule, isa, n, {grad_dtype, copy, factor});
+            for (bool clear : {false, true}) {
+              expect_fused_equals_three_passes(rule, isa, n, {grad_dtype, copy, factor, clear});
+            }
           }
         }
       }
@@ -332,7 +342,7 @@ TEST_P(CpuOptimizerFusedPaths, EqualThreePassesOnAShardSplitOverThreads) {
   for (std::size_t r = 0; r < rules.size(); ++r) {
     const DType grad_dtype = grad_dtypes[r % 3];
     const DType copy = grad_dtype == DType::kFloat16 ? DType::kFloat16 : DType::kBFloat16;
-    expect_fused_equals_three_passes(rules[r], isa, n, {grad_dtype, copy, 0.37f});
+    expect_fused_equals_three_passes(rules[r], isa, n, {grad_dtype, copy, 0.37f, r % 2 == 0});
   }
 }
 

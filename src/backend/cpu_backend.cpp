@@ -191,6 +191,7 @@ class CpuBackend final : public ComputeBackend {
     }
     if (io.param_copy != nullptr)
       narrow(slice.param, io.param_copy, io.param_copy_dtype, slice.size);
+    if (io.grad_to_clear != nullptr) zero(io.grad_to_clear, slice.size * size_of(io.grad_dtype));
   }
 
   void synchronize() override {}

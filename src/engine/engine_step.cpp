@@ -124,7 +124,12 @@ StepResult EngineState::step() {
   const auto gather_start = std::chrono::steady_clock::now();
   params_store_->after_update();
   times_.gather += seconds_since(gather_start);
-  zero_grad();
+  if (optimizer_->clears_whole_gradients()) {
+    bucketer_->zero_full_grads_except(optimizer_->owned_begin(), optimizer_->owned_end());
+    optimizer_->zero_gradients();
+  } else {
+    zero_grad();
+  }
   ++global_step_;
   on_clean_step();
   result.updated = true;

@@ -326,9 +326,17 @@ void GradBucketer::wait_oldest_gather() {
   gathers_.pop_front();
 }
 
-void GradBucketer::zero_full_grads() {
+void GradBucketer::zero_full_grads() { zero_full_grads_except(0, 0); }
+
+void GradBucketer::zero_full_grads_except(std::int64_t lo, std::int64_t hi) {
   if (sink_ != nullptr) sink_->before_reuse();
-  context_.backend.zero(grads_full_.data(), grads_full_.bytes());
+  const auto dsize = static_cast<std::int64_t>(context_.dsize);
+  const auto total = static_cast<std::int64_t>(grads_full_.bytes()) / dsize;
+  char* base = grads_full_.as<char>();
+  if (lo > 0) context_.backend.zero(base, static_cast<std::size_t>(lo * dsize));
+  if (hi < total) {
+    context_.backend.zero(base + hi * dsize, static_cast<std::size_t>((total - hi) * dsize));
+  }
 }
 
 }  // namespace zeroshard::detail

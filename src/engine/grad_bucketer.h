@@ -59,6 +59,8 @@ class GradBucketer {
   /// The whole gradients (model dtype), reduced at the boundary; null without whole_gradients.
   char* full_grads() const { return grads_full_.as<char>(); }
   void zero_full_grads();
+  /// The same, but for elements [lo, hi), which the update has already cleared.
+  void zero_full_grads_except(std::int64_t lo, std::int64_t hi);
 
   /// Factors DeepSpeed applies around the reduction (prescale_gradients, predivide factor).
   double pre_reduction_factor() const;

@@ -18,8 +18,7 @@ constexpr std::int64_t kSwapPollElements = std::int64_t{1} << 20;
 }  // namespace
 
 OptimizerShard::OptimizerShard(const EngineContext& context, const UpdateRule& rule,
-                               ParamCoordinator& params, const char* full_grads,
-                               DType grad_shard_dtype)
+                               ParamCoordinator& params, char* full_grads, DType grad_shard_dtype)
     : context_(context),
       rule_(rule),
       params_(params),
@@ -411,6 +410,7 @@ void OptimizerShard::update_sub_group(std::int64_t begin, std::int64_t end, int 
   io.grad_dtype = view.dtype;
   io.grad_factor = grad_factor;
   io.param_copy_dtype = context_.dtype;
+  if (clears_whole_gradients()) io.grad_to_clear = full_grads_ + begin * context_.dsize;
   // Write back: straight into the parameters when the update can reach them; offloaded, through
   // a staging half whose copy to the device runs while the next tile is updated.
   const bool staged = writes_back_through_staging();

@@ -24,7 +24,7 @@ class OptimizerShard final : public ReducedGradientSink {
   /// `full_grads` is the bucketer's whole gradient buffer (null when the model writes slots);
   /// `grad_shard_dtype` is the type of the stage 2-3 gradient shard on the device.
   OptimizerShard(const EngineContext& context, const UpdateRule& rule, ParamCoordinator& params,
-                 const char* full_grads, DType grad_shard_dtype);
+                 char* full_grads, DType grad_shard_dtype);
 
   bool offloaded() const noexcept { return update_backend_ != &context_.backend; }
   /// offload_optimizer.device nvme: the master weights and states live in swap files.
@@ -76,6 +76,12 @@ class OptimizerShard final : public ReducedGradientSink {
   /// while i is updated (as pipeline_read and pipeline_write allow). Offloaded, the copy of each
   /// tile to the device runs while the next one is updated.
   void update(float grad_factor, const GroupContexts& contexts);
+  /// Whether update() reads the bucketer's whole gradients and leaves them zero over the owned
+  /// range: each chunk is cleared as the rule reads it, so that the step needs no separate pass
+  /// over that range (the padding between runs is never written and stays zero).
+  bool clears_whole_gradients() const noexcept {
+    return grad_shard_.empty() && full_grads_ != nullptr;
+  }
   /// After update() failed on some rank (an I/O error on swap files): every rank makes the
   /// master and states what they were before it and rounds the owned parameters it wrote back
   /// from them, so that no rank keeps half a step. Only with swaps(); resident updates do not fail
@@ -128,7 +134,7 @@ class OptimizerShard final : public ReducedGradientSink {
   const EngineContext& context_;
   const UpdateRule& rule_;
   ParamCoordinator& params_;
-  const char* full_grads_;
+  char* full_grads_;
   std::unique_ptr<ComputeBackend> host_backend_;  ///< offload: the CPU backend the update runs on
   ComputeBackend* update_backend_;
   std::int64_t owned_begin_ = 0;

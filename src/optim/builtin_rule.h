@@ -27,6 +27,9 @@ struct FusedStepIo {
   /// the bits convert_from_float (precision/half_conversion.h) would write.
   void* param_copy = nullptr;
   DType param_copy_dtype = DType::kFloat32;
+  /// When set, `grad` itself, writable: it is zero when the update returns (the CPU rules zero
+  /// each chunk as they read it).
+  void* grad_to_clear = nullptr;
 };
 
 /// The base of every rule the make_* factories build.

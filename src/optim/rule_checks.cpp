@@ -48,7 +48,8 @@ cpu_optimizer::RuleArrays rule_arrays(const ShardSlice& slice, const FusedStepIo
           .grad_dtype = io.grad_dtype,
           .grad_factor = io.grad_factor,
           .param_copy = io.param_copy,
-          .param_copy_dtype = io.param_copy_dtype};
+          .param_copy_dtype = io.param_copy_dtype,
+          .grad_to_clear = io.grad_to_clear};
 }
 
 }  // namespace zeroshard::detail

@@ -276,6 +276,7 @@ class CudaBackend final : public detail::ComputeBackend {
       kernels::cast_from_float(slice.param, io.param_copy, io.param_copy_dtype, slice.size,
                                stream_);
     }
+    if (io.grad_to_clear != nullptr) zero(io.grad_to_clear, slice.size * size_of(io.grad_dtype));
   }
 
   void synchronize() override {
