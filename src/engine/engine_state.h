@@ -88,7 +88,9 @@ class EngineState {
   /// Runs the optimizer shard's update; with swap files, agrees across ranks on its outcome and
   /// undoes it everywhere (IoError) when any rank failed.
   void apply_update(float grad_factor, const GroupContexts& contexts);
-  void zero_grad();
+  /// Zeroes the gradients, but for the whole gradients' elements [cleared_begin, cleared_end),
+  /// which the update has already cleared.
+  void zero_grad(std::int64_t cleared_begin = 0, std::int64_t cleared_end = 0);
   void print_progress(const StepResult& result);
   // fp16 loss scaling: the scaler hears of every boundary step, skipped or not.
   void on_overflow();

@@ -125,8 +125,7 @@ StepResult EngineState::step() {
   params_store_->after_update();
   times_.gather += seconds_since(gather_start);
   if (optimizer_->clears_whole_gradients()) {
-    bucketer_->zero_full_grads_except(optimizer_->owned_begin(), optimizer_->owned_end());
-    optimizer_->zero_gradients();
+    zero_grad(optimizer_->owned_begin(), optimizer_->owned_end());
   } else {
     zero_grad();
   }
@@ -188,9 +187,9 @@ void EngineState::on_clean_step() {
   scaler_->update(false);
 }
 
-void EngineState::zero_grad() {
+void EngineState::zero_grad(std::int64_t cleared_begin, std::int64_t cleared_end) {
   require_finalized();
-  bucketer_->zero_full_grads();
+  bucketer_->zero_full_grads(cleared_begin, cleared_end);
   optimizer_->zero_gradients();
 }
 

@@ -326,16 +326,16 @@ void GradBucketer::wait_oldest_gather() {
   gathers_.pop_front();
 }
 
-void GradBucketer::zero_full_grads() { zero_full_grads_except(0, 0); }
-
-void GradBucketer::zero_full_grads_except(std::int64_t lo, std::int64_t hi) {
+void GradBucketer::zero_full_grads(std::int64_t cleared_begin, std::int64_t cleared_end) {
   if (sink_ != nullptr) sink_->before_reuse();
   const auto dsize = static_cast<std::int64_t>(context_.dsize);
   const auto total = static_cast<std::int64_t>(grads_full_.bytes()) / dsize;
   char* base = grads_full_.as<char>();
-  if (lo > 0) context_.backend.zero(base, static_cast<std::size_t>(lo * dsize));
-  if (hi < total) {
-    context_.backend.zero(base + hi * dsize, static_cast<std::size_t>((total - hi) * dsize));
+  if (cleared_begin > 0)
+    context_.backend.zero(base, static_cast<std::size_t>(cleared_begin * dsize));
+  if (cleared_end < total) {
+    context_.backend.zero(base + cleared_end * dsize,
+                          static_cast<std::size_t>((total - cleared_end) * dsize));
   }
 }
 

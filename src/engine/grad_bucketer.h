@@ -58,9 +58,9 @@ class GradBucketer {
   void poll();
   /// The whole gradients (model dtype), reduced at the boundary; null without whole_gradients.
   char* full_grads() const { return grads_full_.as<char>(); }
-  void zero_full_grads();
-  /// The same, but for elements [lo, hi), which the update has already cleared.
-  void zero_full_grads_except(std::int64_t lo, std::int64_t hi);
+  /// Zeroes the whole gradients but for elements [cleared_begin, cleared_end), which the update
+  /// has already cleared.
+  void zero_full_grads(std::int64_t cleared_begin = 0, std::int64_t cleared_end = 0);
 
   /// Factors DeepSpeed applies around the reduction (prescale_gradients, predivide factor).
   double pre_reduction_factor() const;
