@@ -56,6 +56,7 @@ struct Options {
   std::string stages = "0123";
   std::vector<DType> precisions = {DType::kFloat32};
   bool check = false;
+  bool zeroed_grads = false;
 };
 
 // "fp32,bf16": the precisions to measure, in order.
@@ -110,6 +111,9 @@ void add_flags(CLI::App& app, Options& options) {
          },
          "comma-separated list of fp32, bf16, fp16: one table each (default fp32)")
       ->type_name("LIST");
+  app.add_flag("--zeroed-grads", options.zeroed_grads,
+               "fetch gradients with raw_grad(), zeroed for a backward that adds them, instead of "
+               "grad_target(), which at stages 2-3 leaves them for a backward that writes them");
   app.add_flag("--check", options.check,
                "exit 1 unless every stage gave a positive, finite ratio (for the test suite)");
 }
@@ -457,7 +461,8 @@ class Floor {
 // buffer fetched as backward would fetch it), and step().
 class EngineIteration {
  public:
-  EngineIteration(Engine& engine, const Model& model) : engine_(engine) {
+  EngineIteration(Engine& engine, const Model& model, bool zeroed_grads)
+      : engine_(engine), zeroed_grads_(zeroed_grads) {
     for (int l = 0; l < model.layers; ++l) {
       const std::string name = "layer" + std::to_string(l);
       params_.push_back(
@@ -478,8 +483,9 @@ class EngineIteration {
     double step_ms = 0.0;      // step() alone
   };
 
-  /// With `write_grads` the gradients get deterministic values (warm-up only: step() zeroes them
-  /// afterwards, and the engine's work does not depend on their values).
+  /// With `write_grads` the gradients get deterministic values (warm-up only: the engine's work
+  /// does not depend on them; later iterations reduce zeros, or under grad_target() at stages 2-3
+  /// what a slot still holds, which goes into the gradient shard and leaves the slot unchanged).
   Times iterate(bool write_grads) {
     Times times;
     const Clock::time_point start = Clock::now();
@@ -489,7 +495,9 @@ class EngineIteration {
     for (std::size_t l = modules_.size(); l-- > 0;) {
       const Engine::GatheredModule gathered = engine_.gathered(modules_[l]);
       for (std::size_t p = 2 * l + 2; p-- > 2 * l;) {
-        void* grad = params_[p].raw_grad();
+        // A backward told to write a gradient (accumulate false) writes every element: that is
+        // the model's arithmetic, left out as the adding is for a zeroed one.
+        void* grad = zeroed_grads_ ? params_[p].raw_grad() : params_[p].grad_target().data;
         if (write_grads) fill(params_[p], grad);
         engine_.grad_ready(params_[p]);
       }
@@ -512,6 +520,7 @@ class EngineIteration {
   }
 
   Engine& engine_;
+  bool zeroed_grads_;
   std::vector<zeroshard::Parameter> params_;
   std::vector<zeroshard::ModuleId> modules_;
 };
@@ -576,7 +585,7 @@ StageResult measure(int stage, DType dtype, const Options& options, const Model&
   const zeroshard::Config config =
       zeroshard::Config::from_json_string(config_json(stage, dtype, options), host.size());
   Engine engine(config, Communicator::from_environment());
-  EngineIteration engine_iteration(engine, model);
+  EngineIteration engine_iteration(engine, model, options.zeroed_grads);
   if (engine.padded_numel() != model.padded || engine.shard_begin() != model.shard * host.rank()) {
     throw zeroshard::UsageError(
         "the benchmark's copy of the engine's layout is out of date: padded " +
@@ -664,12 +673,13 @@ int main(int argc, char** argv) {
           "            of their own, so step ms is not exactly backward ms + step() ms)\n"
           "  stage 3 runs with stage3_max_reuse_distance 0: each layer is gathered for forward and "
           "again\n"
-          "  for backward\n",
+          "  for backward; gradients are fetched with %s\n",
           host->size(), options.layers, static_cast<long long>(model.width),
           static_cast<long long>(2 * model.width), static_cast<long long>(model.width),
           static_cast<long long>(model.total), static_cast<long long>(options.bucket),
-          cpu_optimizer::to_string(cpu_optimizer::active_isa()), options.iterations,
-          options.warmup);
+          cpu_optimizer::to_string(cpu_optimizer::active_isa()), options.iterations, options.warmup,
+          options.zeroed_grads ? "raw_grad() (zeroed by the engine: a backward that adds)"
+                               : "grad_target() (at stages 2-3 a backward that writes them)");
     }
     bool traffic_matches = true;
     bool sane = true;

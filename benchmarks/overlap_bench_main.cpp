@@ -121,9 +121,11 @@ class LayerChain {
       if (communicate) gathered.emplace(engine_.gathered(modules_[i]));
       // Without communication the gradient goes to scratch memory: the engine's gradient buffer
       // is borrowed only between grad() and grad_ready().
-      float* weight_grad = communicate ? weights_[i].grad() : weight_grad_scratch_.data();
-      math_.add_linear_grads(output_grad, activations_[i].data(), weight_grad, bias_grad_.data(),
-                             batch_, width_, width_);
+      const zeroshard::GradTarget weight_grad =
+          communicate ? weights_[i].grad_target()
+                      : zeroshard::GradTarget{weight_grad_scratch_.data(), false};
+      math_.linear_grads(output_grad, activations_[i].data(), static_cast<float*>(weight_grad.data),
+                         bias_grad_.data(), batch_, width_, width_, weight_grad.accumulate, true);
       math_.input_grad(output_grad, weights_[i].data(), spare[i % 2], batch_, width_, width_);
       output_grad = spare[i % 2];
       if (communicate) engine_.grad_ready(weights_[i]);

@@ -50,9 +50,12 @@ class MlpMath {
   virtual void dropout(float* data, std::int64_t count, float p, std::uint64_t seed,
                        std::uint64_t offset) = 0;
   /// weight_grad[out, in] += output_grad[batch, out]^T * input[batch, in], and
-  /// bias_grad[out] += the sum of output_grad over the batch.
-  virtual void add_linear_grads(const float* output_grad, const float* input, float* weight_grad,
-                                float* bias_grad, int batch, int in, int out) = 0;
+  /// bias_grad[out] += the sum of output_grad over the batch; without `add_to_weight_grad` or
+  /// `add_to_bias_grad` that gradient is written (=) instead, whatever its buffer held, as for an
+  /// engine gradient that Parameter::grad_target() hands out to be written.
+  virtual void linear_grads(const float* output_grad, const float* input, float* weight_grad,
+                            float* bias_grad, int batch, int in, int out, bool add_to_weight_grad,
+                            bool add_to_bias_grad) = 0;
   /// input_grad[batch, in] = output_grad[batch, out] * weight[out, in].
   virtual void input_grad(const float* output_grad, const float* weight, float* input_grad,
                           int batch, int in, int out) = 0;

@@ -46,10 +46,13 @@ class CpuMlpMath final : public CpuDataMoves<MlpMath> {
     }
   }
 
-  void add_linear_grads(const float* output_grad, const float* input, float* weight_grad,
-                        float* bias_grad, int batch, int in, int out) override {
+  void linear_grads(const float* output_grad, const float* input, float* weight_grad,
+                    float* bias_grad, int batch, int in, int out, bool add_to_weight_grad,
+                    bool add_to_bias_grad) override {
+    // beta 0: BLAS does not read C, so a buffer never zeroed does.
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, batch, 1.0f, output_grad, out,
-                input, in, 1.0f, weight_grad, in);
+                input, in, add_to_weight_grad ? 1.0f : 0.0f, weight_grad, in);
+    if (!add_to_bias_grad) std::fill(bias_grad, bias_grad + out, 0.0f);
     for (int b = 0; b < batch; ++b) {
       const float* row = output_grad + static_cast<std::size_t>(b) * out;
       for (int o = 0; o < out; ++o) bias_grad[o] += row[o];

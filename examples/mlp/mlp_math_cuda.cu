@@ -46,10 +46,11 @@ __global__ void dropout_kernel(float* data, std::int64_t count, float p, float s
 }
 
 // One thread per output feature, summing over the batch in order, as the CPU loop does.
-__global__ void add_bias_grad(const float* output_grad, float* bias_grad, int batch, int out) {
+__global__ void bias_grad_kernel(const float* output_grad, float* bias_grad, int batch, int out,
+                                 bool add) {
   const int o = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (o >= out) return;
-  float sum = bias_grad[o];
+  float sum = add ? bias_grad[o] : 0.0f;
   for (int b = 0; b < batch; ++b) sum += output_grad[static_cast<std::int64_t>(b) * out + o];
   bias_grad[o] = sum;
 }
@@ -109,16 +110,19 @@ class CudaMlpMath final : public MlpMath {
     check_cuda(cudaGetLastError(), "dropout");
   }
 
-  void add_linear_grads(const float* output_grad, const float* input, float* weight_grad,
-                        float* bias_grad, int batch, int in, int out) override {
-    // weight_grad^T [in x out] += input^T [in x batch] * output_grad [batch x out]
+  void linear_grads(const float* output_grad, const float* input, float* weight_grad,
+                    float* bias_grad, int batch, int in, int out, bool add_to_weight_grad,
+                    bool add_to_bias_grad) override {
+    // weight_grad^T [in x out] (+)= input^T [in x batch] * output_grad [batch x out]; with beta 0
+    // cuBLAS does not read C, so a buffer never zeroed does.
     const float one = 1.0f;
+    const float beta = add_to_weight_grad ? 1.0f : 0.0f;
     check_cuda(cublasSgemm(device_.cublas(), CUBLAS_OP_N, CUBLAS_OP_T, in, out, batch, &one, input,
-                           in, output_grad, out, &one, weight_grad, in),
+                           in, output_grad, out, &beta, weight_grad, in),
                "cublasSgemm (weight gradient)");
-    add_bias_grad<<<blocks_for(out), kThreads, 0, device_.stream()>>>(output_grad, bias_grad, batch,
-                                                                      out);
-    check_cuda(cudaGetLastError(), "add_bias_grad");
+    bias_grad_kernel<<<blocks_for(out), kThreads, 0, device_.stream()>>>(
+        output_grad, bias_grad, batch, out, add_to_bias_grad);
+    check_cuda(cudaGetLastError(), "bias_grad_kernel");
   }
 
   void input_grad(const float* output_grad, const float* weight, float* input_grad, int batch,

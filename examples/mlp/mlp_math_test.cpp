@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "mlp_math.h"
@@ -66,8 +67,8 @@ TEST(CpuMlpMath, LinearForwardBackwardAndReluMatchNaiveLoops) {
 
   std::vector<float> weight_grad = c.weight_grad;
   std::vector<float> bias_grad = c.bias_grad;
-  math->add_linear_grads(c.output_grad.data(), c.input.data(), weight_grad.data(), bias_grad.data(),
-                         kBatch, kIn, kOut);
+  math->linear_grads(c.output_grad.data(), c.input.data(), weight_grad.data(), bias_grad.data(),
+                     kBatch, kIn, kOut, true, true);
   std::vector<float> input_grad(kBatch * kIn);
   math->input_grad(c.output_grad.data(), c.weight.data(), input_grad.data(), kBatch, kIn, kOut);
   std::vector<float> want_weight_grad = c.weight_grad;
@@ -86,6 +87,22 @@ TEST(CpuMlpMath, LinearForwardBackwardAndReluMatchNaiveLoops) {
   expect_near_all(weight_grad, want_weight_grad, 1e-5f, "weight grad");
   expect_near_all(bias_grad, want_bias_grad, 1e-5f, "bias grad");
   expect_near_all(input_grad, want_input_grad, 1e-5f, "input grad");
+
+  // Written instead of added: what the buffers held (NaN here) is not read, and the result is
+  // the sum added to zeros, bit for bit.
+  std::vector<float> zero_weight_grad(weight_grad.size(), 0.0f);
+  std::vector<float> zero_bias_grad(bias_grad.size(), 0.0f);
+  math->linear_grads(c.output_grad.data(), c.input.data(), zero_weight_grad.data(),
+                     zero_bias_grad.data(), kBatch, kIn, kOut, true, true);
+  std::vector<float> written_weight_grad(weight_grad.size(), std::nanf(""));
+  std::vector<float> written_bias_grad(bias_grad.size(), std::nanf(""));
+  for (const auto& [add_to_weight, add_to_bias] : {std::pair{false, false}, {false, true}}) {
+    written_bias_grad.assign(bias_grad.size(), add_to_bias ? 0.0f : std::nanf(""));
+    math->linear_grads(c.output_grad.data(), c.input.data(), written_weight_grad.data(),
+                       written_bias_grad.data(), kBatch, kIn, kOut, add_to_weight, add_to_bias);
+    EXPECT_EQ(written_weight_grad, zero_weight_grad) << "weight gradient written";
+    EXPECT_EQ(written_bias_grad, zero_bias_grad) << "bias gradient, added " << add_to_bias;
+  }
 
   std::vector<float> grad = c.output_grad;
   math->relu_backward(output.data(), grad.data(), kBatch * kOut, 1.0f);
@@ -183,17 +200,30 @@ TEST(CudaMlpMath, MatchesTheCpuMath) {
   std::vector<float> weight_grad = c.weight_grad;
   std::vector<float> bias_grad = c.bias_grad;
   std::vector<float> input_grad(kBatch * kIn);
-  cpu->add_linear_grads(c.output_grad.data(), c.input.data(), weight_grad.data(), bias_grad.data(),
-                        kBatch, kIn, kOut);
+  cpu->linear_grads(c.output_grad.data(), c.input.data(), weight_grad.data(), bias_grad.data(),
+                    kBatch, kIn, kOut, true, true);
   cpu->input_grad(c.output_grad.data(), c.weight.data(), input_grad.data(), kBatch, kIn, kOut);
   OnDevice<float> output_grad(c.output_grad), d_weight_grad(c.weight_grad),
       d_bias_grad(c.bias_grad), d_input_grad(input_grad);
-  gpu->add_linear_grads(output_grad.get(), input.get(), d_weight_grad.get(), d_bias_grad.get(),
-                        kBatch, kIn, kOut);
+  gpu->linear_grads(output_grad.get(), input.get(), d_weight_grad.get(), d_bias_grad.get(), kBatch,
+                    kIn, kOut, true, true);
   gpu->input_grad(output_grad.get(), weight.get(), d_input_grad.get(), kBatch, kIn, kOut);
   expect_near_all(d_weight_grad.download(), weight_grad, 1e-5f, "weight grad");
   expect_near_all(d_bias_grad.download(), bias_grad, 1e-5f, "bias grad");
   expect_near_all(d_input_grad.download(), input_grad, 1e-5f, "input grad");
+
+  // Written instead of added: the NaN the buffers held is not read.
+  std::vector<float> written_weight_grad(c.weight_grad.size(), std::nanf(""));
+  std::vector<float> written_bias_grad(c.bias_grad.size(), std::nanf(""));
+  OnDevice<float> d_written_weight_grad(written_weight_grad),
+      d_written_bias_grad(written_bias_grad);
+  cpu->linear_grads(c.output_grad.data(), c.input.data(), written_weight_grad.data(),
+                    written_bias_grad.data(), kBatch, kIn, kOut, false, false);
+  gpu->linear_grads(output_grad.get(), input.get(), d_written_weight_grad.get(),
+                    d_written_bias_grad.get(), kBatch, kIn, kOut, false, false);
+  expect_near_all(d_written_weight_grad.download(), written_weight_grad, 1e-5f,
+                  "weight grad written");
+  expect_near_all(d_written_bias_grad.download(), written_bias_grad, 1e-5f, "bias grad written");
 
   constexpr int kClasses = 5;
   std::vector<float> logits = random_floats(kBatch * kClasses, 8);

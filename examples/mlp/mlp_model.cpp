@@ -139,8 +139,10 @@ void* MlpModel::data_of(const Parameter& parameter) const {
   return own_parameters_ ? own(own_parameters_, parameter) : parameter.raw_data();
 }
 
-void* MlpModel::grad_of(const Parameter& parameter) const {
-  return own_gradients_ ? own(own_gradients_, parameter) : parameter.raw_grad();
+GradTarget MlpModel::grad_of(const Parameter& parameter) const {
+  // The model's own gradient memory accumulates over the window at every stage.
+  if (own_gradients_) return {own(own_gradients_, parameter), true};
+  return parameter.grad_target();
 }
 
 std::int64_t MlpModel::fixed_activation_bytes() const noexcept {
@@ -278,17 +280,19 @@ const float* MlpModel::values_of(const Parameter& parameter, const ActivationBuf
   return work.data();
 }
 
-float* MlpModel::begin_grad(const Parameter& parameter, const ActivationBuffer& work) {
-  if (parameter.dtype() == DType::kFloat32) return static_cast<float*>(grad_of(parameter));
-  math_->convert(grad_of(parameter), parameter.dtype(), work.data(), DType::kFloat32,
-                 parameter.numel());
+float* MlpModel::begin_grad(const Parameter& parameter, const GradTarget& target,
+                            const ActivationBuffer& work) {
+  if (parameter.dtype() == DType::kFloat32) return static_cast<float*>(target.data);
+  if (target.accumulate) {
+    math_->convert(target.data, parameter.dtype(), work.data(), DType::kFloat32, parameter.numel());
+  }
   return work.data();
 }
 
-void MlpModel::end_grad(const Parameter& parameter, const ActivationBuffer& work) {
+void MlpModel::end_grad(const Parameter& parameter, const GradTarget& target,
+                        const ActivationBuffer& work) {
   if (parameter.dtype() == DType::kFloat32) return;
-  math_->convert(work.data(), DType::kFloat32, grad_of(parameter), parameter.dtype(),
-                 parameter.numel());
+  math_->convert(work.data(), DType::kFloat32, target.data, parameter.dtype(), parameter.numel());
 }
 
 void MlpModel::forward_layer(const Layer& layer, const float* input, float* output, int batch,
@@ -308,10 +312,13 @@ void MlpModel::forward_layer(const Layer& layer, const float* input, float* outp
 void MlpModel::backward_layer(const Layer& layer, const float* input, float* output_grad,
                               float* input_grad, int batch) {
   const Engine::GatheredModule gathered = engine_.gathered(layer.module);
-  math_->add_linear_grads(output_grad, input, begin_grad(layer.weight, grad_work_),
-                          begin_grad(layer.bias, bias_grad_work_), batch, layer.in, layer.out);
-  end_grad(layer.weight, grad_work_);
-  end_grad(layer.bias, bias_grad_work_);
+  const GradTarget weight_grad = grad_of(layer.weight);
+  const GradTarget bias_grad = grad_of(layer.bias);
+  math_->linear_grads(output_grad, input, begin_grad(layer.weight, weight_grad, grad_work_),
+                      begin_grad(layer.bias, bias_grad, bias_grad_work_), batch, layer.in,
+                      layer.out, weight_grad.accumulate, bias_grad.accumulate);
+  end_grad(layer.weight, weight_grad, grad_work_);
+  end_grad(layer.bias, bias_grad, bias_grad_work_);
   if (input_grad != nullptr) {
     math_->input_grad(output_grad, values_of(layer.weight, weight_work_), input_grad, batch,
                       layer.in, layer.out);

@@ -102,10 +102,14 @@ class MlpModel {
   /// Where `parameter` lives in one of the model's own blocks (adopt_memory).
   void* own(const std::shared_ptr<void>& block, const Parameter& parameter) const;
   void* data_of(const Parameter& parameter) const;
-  void* grad_of(const Parameter& parameter) const;
+  /// The gradient buffer, and whether the backward adds to it or writes it (grad_target()).
+  GradTarget grad_of(const Parameter& parameter) const;
   const float* values_of(const Parameter& parameter, const ActivationBuffer& work);
-  float* begin_grad(const Parameter& parameter, const ActivationBuffer& work);
-  void end_grad(const Parameter& parameter, const ActivationBuffer& work);
+  /// The fp32 gradient the layer math adds to or writes: the engine's buffer, or under 16 bits
+  /// `work`, holding the engine's values when they are added to.
+  float* begin_grad(const Parameter& parameter, const GradTarget& target,
+                    const ActivationBuffer& work);
+  void end_grad(const Parameter& parameter, const GradTarget& target, const ActivationBuffer& work);
   /// Linear, then (hidden layers) ReLU and dropout, into `output`.
   void forward_layer(const Layer& layer, const float* input, float* output, int batch, bool relu);
   /// The micro-step's forward, loss and backward, keeping every activation or checkpointing.

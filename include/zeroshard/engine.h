@@ -76,6 +76,16 @@ struct ParamGroupOptions {
   std::optional<double> weight_decay;
 };
 
+/// A gradient buffer handed to the model's backward (Parameter::grad_target()).
+struct GradTarget {
+  /// Parameter::numel() elements of Parameter::dtype().
+  void* data = nullptr;
+  /// True: the backward adds (+=) to what the buffer holds. False: it holds nothing yet in this
+  /// micro-step, and the backward writes (=) every element, as PyTorch's autograd assigns a
+  /// gradient that zero_grad(set_to_none=True) left unset (a GEMM with beta 0).
+  bool accumulate = true;
+};
+
 /// A handle to one registered parameter. Cheap to copy; valid while its engine lives.
 class ZEROSHARD_API Parameter {
  public:
@@ -101,6 +111,14 @@ class ZEROSHARD_API Parameter {
   /// parameters have none (UsageError).
   float* grad() const;
   void* raw_grad() const;
+  /// raw_grad()'s buffer, for a backward that can write a gradient instead of adding it. At
+  /// stages 2-3 the first fetch in a micro-step returns accumulate = false, and the engine skips
+  /// zeroing the buffer (a pass over every gradient byte per micro-step); every later fetch in
+  /// that micro-step returns true, as does every fetch where gradients accumulate in one buffer
+  /// over the window (stages 0-1, GradHandover::kAtEnd, adopted gradients). After a false, write
+  /// every element before grad_ready() or the next fetch. A gradient never fetched in a
+  /// micro-step is zero.
+  GradTarget grad_target() const;
 
   /// Sets the parameter's values: every rank passes the whole tensor (numel() fp32 values, e.g.
   /// from the same seeded initialiser) and keeps what it owns. Also sets the fp32 master copy.

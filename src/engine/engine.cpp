@@ -312,9 +312,9 @@ void* EngineState::param_data(int index) {
   return params_store_->data(index);
 }
 
-void* EngineState::param_grad(int index) {
+GradTarget EngineState::param_grad(int index, bool may_assign) {
   require_finalized();
-  return bucketer_->grad(index);
+  return bucketer_->grad(index, may_assign);
 }
 
 void EngineState::mark_grad_ready(int index) {
@@ -440,7 +440,11 @@ float* Parameter::grad() const {
 }
 void* Parameter::raw_grad() const {
   info(state_, index_);
-  return state_->param_grad(index_);
+  return state_->param_grad(index_, false).data;
+}
+GradTarget Parameter::grad_target() const {
+  info(state_, index_);
+  return state_->param_grad(index_, true);
 }
 void Parameter::copy_from(std::span<const float> values) const {
   ZEROSHARD_CHECK_USAGE(static_cast<std::int64_t>(values.size()) == numel(),

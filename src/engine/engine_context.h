@@ -30,6 +30,8 @@ struct ParamInfo {
   std::int64_t frozen_offset = 0;  ///< element offset in the frozen buffer
   int bucket = -1;
   bool grad_ready = false;  ///< this micro-step's gradient was handed over
+  /// Stages 2-3: its place in this micro-step's slot was handed out, zeroed or to be written.
+  bool grad_fetched = false;
   bool persistent = false;  ///< stage 3: kept whole on every rank
 };
 

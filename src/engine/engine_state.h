@@ -51,7 +51,8 @@ class EngineState {
     if (!finalized_) finalize();
   }
   void* param_data(int index);
-  void* param_grad(int index);
+  /// With `may_assign`, a first fetch at stages 2-3 is left unzeroed (Parameter::grad_target).
+  GradTarget param_grad(int index, bool may_assign);
   void copy_param_from(int index, const float* values);
   void gather(ModuleId module);
   void release(ModuleId module);

@@ -102,7 +102,20 @@ void GradBucketer::plan() {
     widest_recv = std::max(widest_recv, counts[context_.rank]);
   }
   widest_share_ = widest_recv;
-  if (!whole_) slot_input_elements_ = widest;
+  if (!whole_) {
+    slot_input_elements_ = widest;
+    for (Bucket& bucket : buckets_) {
+      // The parameters run from the highest offset down: the gaps are what lies between them.
+      std::int64_t covered_to = bucket.begin;
+      for (auto index = bucket.params.rbegin(); index != bucket.params.rend(); ++index) {
+        const ParamInfo& p = context_.params[*index];
+        const std::int64_t offset = layout.offset(p.tensor);
+        if (offset > covered_to) bucket.gaps.push_back({covered_to, offset});
+        covered_to = offset + p.numel;
+      }
+      if (bucket.end > covered_to) bucket.gaps.push_back({covered_to, bucket.end});
+    }
+  }
   if (comm_dtype_ != context_.dtype) slot_send_elements_ = widest;
 }
 
@@ -112,16 +125,23 @@ char* GradBucketer::slot_send(int slot) {
   return slots_[slot].buffer.as<char>() + slot_input_elements_ * context_.dsize;
 }
 
-int GradBucketer::acquire_slot() {
+int GradBucketer::acquire_slot(const Bucket& bucket) {
+  const auto dsize = static_cast<std::int64_t>(context_.dsize);
+  // Only the input area is reduced as the model left it; the send area is overwritten whole by
+  // the widening.
+  const auto zero_gaps = [&](Slot& slot) {
+    for (const FlatRange& gap : bucket.gaps) {
+      context_.backend.zero(slot.buffer.as<char>() + (gap.begin - bucket.begin) * dsize,
+                            static_cast<std::size_t>((gap.end - gap.begin) * dsize));
+    }
+  };
   for (;;) {
     for (std::size_t s = 0; s < slots_.size(); ++s) {
       if (!slots_[s].busy) {
         slots_[s].busy = true;
         // The sink may still be copying what it was handed from this slot.
         if (sink_ != nullptr) sink_->before_reuse();
-        // Only the input area is added to (the model's +=); the send area is overwritten whole by
-        // the widening.
-        context_.backend.zero(slots_[s].buffer.data(), slot_input_elements_ * context_.dsize);
+        zero_gaps(slots_[s]);
         return static_cast<int>(s);
       }
     }
@@ -137,14 +157,26 @@ int GradBucketer::acquire_slot() {
                                        "end should call "
                                        "Engine::set_grad_handover(GradHandover::kAtEnd)");
   }
-  const std::int64_t bytes = slot_input_elements_ * static_cast<std::int64_t>(context_.dsize) +
-                             slot_send_elements_ * static_cast<std::int64_t>(sizeof(float));
+  const std::int64_t bytes =
+      slot_input_elements_ * dsize + slot_send_elements_ * static_cast<std::int64_t>(sizeof(float));
   slots_.push_back({context_.allocate(Tier::kDevice, MemoryCategory::kCommunication, bytes), true});
   return static_cast<int>(slots_.size()) - 1;
 }
 
-void* GradBucketer::grad(int index) {
-  const ParamInfo& p = context_.params[index];
+void GradBucketer::zero_unfetched(const Bucket& bucket) {
+  const auto dsize = static_cast<std::int64_t>(context_.dsize);
+  char* input = slots_[bucket.slot].buffer.as<char>();
+  for (int index : bucket.params) {
+    ParamInfo& p = context_.params[index];
+    if (p.grad_fetched) continue;
+    p.grad_fetched = true;
+    const std::int64_t offset = context_.layout.offset(p.tensor) - bucket.begin;
+    context_.backend.zero(input + offset * dsize, static_cast<std::size_t>(p.numel * dsize));
+  }
+}
+
+GradTarget GradBucketer::grad(int index, bool may_assign) {
+  ParamInfo& p = context_.params[index];
   ZEROSHARD_CHECK_USAGE(p.trainable, "parameter '" << p.name
                                                    << "' is frozen (trainable = false) and has "
                                                       "no gradient buffer");
@@ -154,10 +186,15 @@ void* GradBucketer::grad(int index) {
                                               "this micro-step; write it before calling it");
   const std::int64_t offset = context_.layout.offset(p.tensor);
   const auto dsize = static_cast<std::int64_t>(context_.dsize);
-  if (whole_) return grads_full_.as<char>() + offset * dsize;
+  if (whole_) return {grads_full_.as<char>() + offset * dsize, true};
   Bucket& bucket = buckets_[p.bucket];
-  if (bucket.slot < 0) bucket.slot = acquire_slot();
-  return slots_[bucket.slot].buffer.as<char>() + (offset - bucket.begin) * dsize;
+  if (bucket.slot < 0) bucket.slot = acquire_slot(bucket);
+  char* data = slots_[bucket.slot].buffer.as<char>() + (offset - bucket.begin) * dsize;
+  if (p.grad_fetched) return {data, true};
+  p.grad_fetched = true;
+  if (may_assign) return {data, false};
+  context_.backend.zero(data, static_cast<std::size_t>(p.numel * dsize));
+  return {data, true};
 }
 
 void GradBucketer::mark_ready(int index, std::int64_t micro_step) {
@@ -199,7 +236,10 @@ void GradBucketer::finish(std::int64_t micro_step) {
     if (sink_ != nullptr) sink_->before_reuse();
     slots_.erase(slots_.begin() + static_cast<std::ptrdiff_t>(kMaxInFlight), slots_.end());
   }
-  for (ParamInfo& p : context_.params) p.grad_ready = false;
+  for (ParamInfo& p : context_.params) {
+    p.grad_ready = false;
+    p.grad_fetched = false;
+  }
   for (Bucket& b : buckets_) b.ready = 0;
   next_launch_ = 0;
 }
@@ -217,13 +257,14 @@ void GradBucketer::launch(int b) {
   if (whole_) {
     input = grads_full_.as<char>() + bucket.begin * static_cast<std::int64_t>(context_.dsize);
   } else {
-    if (bucket.slot < 0) bucket.slot = acquire_slot();
+    if (bucket.slot < 0) bucket.slot = acquire_slot(bucket);
+    zero_unfetched(bucket);
     input = slots_[bucket.slot].buffer.data();
   }
   if (comm_dtype_ != context_.dtype) {
     // communication_data_type fp32: the 16-bit gradients travel widened, so the reduction adds
     // in fp32 and the sum is rounded at most once, when it is stored.
-    if (bucket.slot < 0) bucket.slot = acquire_slot();
+    if (bucket.slot < 0) bucket.slot = acquire_slot(bucket);
     float* send = reinterpret_cast<float*>(slot_send(bucket.slot));
     context_.backend.widen(input, context_.dtype, send, length, 1.0f);
     input = send;

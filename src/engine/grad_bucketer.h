@@ -46,8 +46,9 @@ class GradBucketer {
 
   void deliver_to(ReducedGradientSink& sink);
 
-  /// Where the model writes the gradient of parameter `index` in this micro-step.
-  void* grad(int index);
+  /// Where the model writes the gradient of parameter `index` in this micro-step. A slot's place
+  /// is zeroed at its first fetch, unless `may_assign`: then the model writes it whole instead.
+  GradTarget grad(int index, bool may_assign);
   /// The gradient was written; launches every bucket that is now complete, in order.
   void mark_ready(int index, std::int64_t micro_step);
   /// Launches what is left and waits for every reduction; readiness starts over.
@@ -73,7 +74,10 @@ class GradBucketer {
     std::int64_t end = 0;
     std::vector<int> params;
     int ready = 0;
-    int slot = -1;           ///< stages 1-3: the communication buffer it uses
+    int slot = -1;  ///< stages 1-3: the communication buffer it uses
+    /// Slots: the parts of [begin, end) that no parameter's gradient covers (padding), which
+    /// must be zero in what is reduced.
+    std::vector<FlatRange> gaps;
     void* output = nullptr;  ///< where the reduce-scatter writes this rank's part
     Request request;
   };
@@ -87,7 +91,11 @@ class GradBucketer {
 
   void plan();
   char* slot_send(int slot);
-  int acquire_slot();
+  /// A free slot with `bucket`'s padding zeroed: the gradients' places are zeroed when they are
+  /// fetched or launched unfetched, so that a gradient the model writes whole is written once.
+  int acquire_slot(const Bucket& bucket);
+  /// Zeroes the slot places of the bucket's gradients that were not fetched in this micro-step.
+  void zero_unfetched(const Bucket& bucket);
   void launch_ready(std::int64_t micro_step);
   void launch(int bucket);
   void complete_oldest();
