@@ -111,13 +111,16 @@ class ZEROSHARD_API Parameter {
   /// parameters have none (UsageError).
   float* grad() const;
   void* raw_grad() const;
-  /// raw_grad()'s buffer, for a backward that can write a gradient instead of adding it. At
-  /// stages 2-3 the first fetch in a micro-step returns accumulate = false, and the engine skips
-  /// zeroing the buffer (a pass over every gradient byte per micro-step); every later fetch in
-  /// that micro-step returns true, as does every fetch where gradients accumulate in one buffer
-  /// over the window (stages 0-1, GradHandover::kAtEnd, adopted gradients). After a false, write
-  /// every element before grad_ready() or the next fetch. A gradient never fetched in a
-  /// micro-step is zero.
+  /// raw_grad()'s buffer, for a backward that can write a gradient instead of adding it, which
+  /// spares the engine a pass zeroing every gradient. `accumulate` false: the buffer holds
+  /// nothing of this micro-step yet and was not zeroed; write every element before grad_ready()
+  /// or the next fetch. True: add to it, as to raw_grad(). At stages 2-3 the first fetch in a
+  /// micro-step says false. Where gradients accumulate over the window in one buffer (stages 0-1,
+  /// GradHandover::kAtEnd), the first fetch in a window says false once every gradient's first
+  /// fetch in the window before came through grad_target() (the step then leaves the buffer as
+  /// it is), and true otherwise; with adopted gradients it always says true. Every later fetch
+  /// in the micro-step or window says true. A gradient never fetched in a micro-step (window) is
+  /// zero.
   GradTarget grad_target() const;
 
   /// Sets the parameter's values: every rank passes the whole tensor (numel() fp32 values, e.g.

@@ -30,8 +30,11 @@ struct ParamInfo {
   std::int64_t frozen_offset = 0;  ///< element offset in the frozen buffer
   int bucket = -1;
   bool grad_ready = false;  ///< this micro-step's gradient was handed over
-  /// Stages 2-3: its place in this micro-step's slot was handed out, zeroed or to be written.
+  /// Its place was handed out, zeroed or to be written, in this micro-step's slot (stages 2-3) or
+  /// in this window's whole gradients.
   bool grad_fetched = false;
+  /// Whole gradients: the first fetch of its last window came through grad_target().
+  bool writes_grad = false;
   bool persistent = false;  ///< stage 3: kept whole on every rank
 };
 

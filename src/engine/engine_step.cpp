@@ -119,6 +119,7 @@ StepResult EngineState::step() {
     context.momentum = schedule.momentum;
     contexts.push_back(context);
   }
+  optimizer_->leave_whole_gradients(bucketer_->leaves_full_grads());
   apply_update(static_cast<float>(unscale * clip), contexts);
   times_.update += seconds_since(update_start);
   const auto gather_start = std::chrono::steady_clock::now();

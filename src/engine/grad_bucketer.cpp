@@ -33,6 +33,7 @@ GradBucketer::GradBucketer(const EngineContext& context, DType comm_dtype, bool 
     : context_(context),
       comm_dtype_(comm_dtype),
       whole_(whole_gradients),
+      adopted_(adopted != nullptr),
       gather_back_(gathers_back(context)),
       scatter_(gather_back_ ||
                (context.stage >= 1 && context.config.zero_optimization.reduce_scatter)) {
@@ -163,9 +164,8 @@ int GradBucketer::acquire_slot(const Bucket& bucket) {
   return static_cast<int>(slots_.size()) - 1;
 }
 
-void GradBucketer::zero_unfetched(const Bucket& bucket) {
+void GradBucketer::zero_unfetched(const Bucket& bucket, char* input) {
   const auto dsize = static_cast<std::int64_t>(context_.dsize);
-  char* input = slots_[bucket.slot].buffer.as<char>();
   for (int index : bucket.params) {
     ParamInfo& p = context_.params[index];
     if (p.grad_fetched) continue;
@@ -186,12 +186,21 @@ GradTarget GradBucketer::grad(int index, bool may_assign) {
                                               "this micro-step; write it before calling it");
   const std::int64_t offset = context_.layout.offset(p.tensor);
   const auto dsize = static_cast<std::int64_t>(context_.dsize);
-  if (whole_) return {grads_full_.as<char>() + offset * dsize, true};
-  Bucket& bucket = buckets_[p.bucket];
-  if (bucket.slot < 0) bucket.slot = acquire_slot(bucket);
-  char* data = slots_[bucket.slot].buffer.as<char>() + (offset - bucket.begin) * dsize;
-  if (p.grad_fetched) return {data, true};
+  char* data = nullptr;
+  if (whole_) {
+    data = grads_full_.as<char>() + offset * dsize;
+  } else {
+    Bucket& bucket = buckets_[p.bucket];
+    if (bucket.slot < 0) bucket.slot = acquire_slot(bucket);
+    data = slots_[bucket.slot].buffer.as<char>() + (offset - bucket.begin) * dsize;
+  }
+  if (p.grad_fetched || adopted_) return {data, true};
   p.grad_fetched = true;
+  if (whole_) {
+    p.writes_grad = may_assign;
+    // Zeroed at the last window's end.
+    if (!full_grads_left_) return {data, true};
+  }
   if (may_assign) return {data, false};
   context_.backend.zero(data, static_cast<std::size_t>(p.numel * dsize));
   return {data, true};
@@ -238,7 +247,8 @@ void GradBucketer::finish(std::int64_t micro_step) {
   }
   for (ParamInfo& p : context_.params) {
     p.grad_ready = false;
-    p.grad_fetched = false;
+    // Whole gradients are fetched once per window: zero_full_grads() starts the next.
+    if (!whole_) p.grad_fetched = false;
   }
   for (Bucket& b : buckets_) b.ready = 0;
   next_launch_ = 0;
@@ -256,10 +266,11 @@ void GradBucketer::launch(int b) {
   void* input = nullptr;
   if (whole_) {
     input = grads_full_.as<char>() + bucket.begin * static_cast<std::int64_t>(context_.dsize);
+    if (full_grads_left_) zero_unfetched(bucket, static_cast<char*>(input));
   } else {
     if (bucket.slot < 0) bucket.slot = acquire_slot(bucket);
-    zero_unfetched(bucket);
     input = slots_[bucket.slot].buffer.data();
+    zero_unfetched(bucket, static_cast<char*>(input));
   }
   if (comm_dtype_ != context_.dtype) {
     // communication_data_type fp32: the 16-bit gradients travel widened, so the reduction adds
@@ -367,8 +378,17 @@ void GradBucketer::wait_oldest_gather() {
   gathers_.pop_front();
 }
 
+bool GradBucketer::leaves_full_grads() const {
+  if (!whole_ || adopted_) return false;
+  return std::all_of(context_.params.begin(), context_.params.end(),
+                     [](const ParamInfo& p) { return !p.trainable || p.writes_grad; });
+}
+
 void GradBucketer::zero_full_grads(std::int64_t cleared_begin, std::int64_t cleared_end) {
   if (sink_ != nullptr) sink_->before_reuse();
+  full_grads_left_ = leaves_full_grads();
+  for (ParamInfo& p : context_.params) p.grad_fetched = false;
+  if (full_grads_left_) return;
   const auto dsize = static_cast<std::int64_t>(context_.dsize);
   const auto total = static_cast<std::int64_t>(grads_full_.bytes()) / dsize;
   char* base = grads_full_.as<char>();

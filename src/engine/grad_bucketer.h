@@ -59,9 +59,14 @@ class GradBucketer {
   void poll();
   /// The whole gradients (model dtype), reduced at the boundary; null without whole_gradients.
   char* full_grads() const { return grads_full_.as<char>(); }
-  /// Zeroes the whole gradients but for elements [cleared_begin, cleared_end), which the update
-  /// has already cleared.
+  /// Ends the whole gradients' window: zeroes them but for elements [cleared_begin, cleared_end),
+  /// which the update has already cleared, unless leaves_full_grads() (then nothing is written).
   void zero_full_grads(std::int64_t cleared_begin = 0, std::int64_t cleared_end = 0);
+  /// True when the engine's own whole gradients need no zeroing at the window's end: every
+  /// trainable gradient was first fetched through grad_target() in its last window, so the next
+  /// window hands each place out to be written, zeroes it at a first fetch by raw_grad(), or
+  /// zeroes it at the reduction when it is never fetched.
+  bool leaves_full_grads() const;
 
   /// Factors DeepSpeed applies around the reduction (prescale_gradients, predivide factor).
   double pre_reduction_factor() const;
@@ -94,8 +99,9 @@ class GradBucketer {
   /// A free slot with `bucket`'s padding zeroed: the gradients' places are zeroed when they are
   /// fetched or launched unfetched, so that a gradient the model writes whole is written once.
   int acquire_slot(const Bucket& bucket);
-  /// Zeroes the slot places of the bucket's gradients that were not fetched in this micro-step.
-  void zero_unfetched(const Bucket& bucket);
+  /// Zeroes the places of the bucket's gradients that were not fetched in this micro-step (slots)
+  /// or window (whole gradients left by the last one); `input` is where the bucket begins.
+  void zero_unfetched(const Bucket& bucket, char* input);
   void launch_ready(std::int64_t micro_step);
   void launch(int bucket);
   void complete_oldest();
@@ -106,7 +112,10 @@ class GradBucketer {
 
   const EngineContext& context_;
   DType comm_dtype_;
-  bool whole_ = false;        ///< the model writes grads_full_, not slots
+  bool whole_ = false;    ///< the model writes grads_full_, not slots
+  bool adopted_ = false;  ///< grads_full_ is the model's memory: zeroed at every window's end
+  /// This window's whole gradients hold the last window's values until each place is fetched.
+  bool full_grads_left_ = false;
   bool gather_back_ = false;  ///< stage 0 reduces as stages 1-3 do, then all-gathers the sums
   bool scatter_ = false;      ///< reduce-scatter: each rank receives its part only
   ReducedGradientSink* sink_ = nullptr;

@@ -78,10 +78,13 @@ class OptimizerShard final : public ReducedGradientSink {
   void update(float grad_factor, const GroupContexts& contexts);
   /// Whether update() reads the bucketer's whole gradients and leaves them zero over the owned
   /// range: each chunk is cleared as the rule reads it, so that the step needs no separate pass
-  /// over that range (the padding between runs is never written and stays zero).
+  /// over that range (the padding between runs is never written and stays zero). Not when the
+  /// next window writes them instead (leave_whole_gradients()).
   bool clears_whole_gradients() const noexcept {
-    return grad_shard_.empty() && full_grads_ != nullptr;
+    return grad_shard_.empty() && full_grads_ != nullptr && !leaves_whole_gradients_;
   }
+  /// The next update() leaves the whole gradients as they are (GradBucketer::leaves_full_grads()).
+  void leave_whole_gradients(bool leave) noexcept { leaves_whole_gradients_ = leave; }
   /// After update() failed on some rank (an I/O error on swap files): every rank makes the
   /// master and states what they were before it and rounds the owned parameters it wrote back
   /// from them, so that no rank keeps half a step. Only with swaps(); resident updates do not fail
@@ -135,6 +138,7 @@ class OptimizerShard final : public ReducedGradientSink {
   const UpdateRule& rule_;
   ParamCoordinator& params_;
   char* full_grads_;
+  bool leaves_whole_gradients_ = false;
   std::unique_ptr<ComputeBackend> host_backend_;  ///< offload: the CPU backend the update runs on
   ComputeBackend* update_backend_;
   std::int64_t owned_begin_ = 0;

@@ -1,7 +1,9 @@
 // Parameter::grad_target(): a backward that writes its gradients instead of adding them into
 // zeroed buffers trains bit for bit as one that adds, at every stage, precision, handover and
-// accumulation window; the first fetch in a micro-step says whether to write, a gradient never
-// fetched counts as zero, and the padding between gradients stays out of the sums.
+// accumulation window; the first fetch in a micro-step (slots) or window (whole gradients) says
+// whether to write, a gradient never fetched counts as zero, the padding between gradients stays
+// out of the sums, and whole gradients are zeroed at the step again as soon as one gradient is
+// fetched by raw_grad().
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -16,6 +18,19 @@ namespace {
 
 // Handed over without being fetched in every other micro-step: a parameter the step did not use.
 constexpr std::size_t kSometimesUnused = 6;  // "c.bias"
+// Added under Fetch::kAllButOneWritten: fetched by raw_grad() in every micro-step from slots;
+// from whole gradients, whose address stays put, fetched once and added to through that address
+// ever after, as a model that keeps the pointer does.
+constexpr std::size_t kAlwaysAdded = 4;  // "b.bias"
+
+enum class Fetch {
+  kAdded,             ///< raw_grad() for every gradient
+  kWritten,           ///< grad_target() for every gradient
+  kAllButOneWritten,  ///< grad_target() but for kAlwaysAdded
+  /// grad_target(), but raw_grad() for kAlwaysAdded in odd windows: with whole gradients, the
+  /// window after an all-written one is left unzeroed, where raw_grad() must zero the place.
+  kOneAddedInOddWindows,
+};
 // Fetched a second time after it was written, as a backward that adds a second use of it does.
 constexpr std::size_t kFetchedTwice = 0;  // "a.weight"
 
@@ -44,9 +59,16 @@ Config case_config(const Case& c) {
   return config;
 }
 
-// Whether writes are expected where `writes` is true: only a slot's first fetch in a micro-step.
 bool slots_in_use(const Case& c) {
   return c.stage >= 2 && c.handover == GradHandover::kPerParameter;
+}
+
+// What grad_target() says at the first fetch of a micro-step: write into a slot; write into whole
+// gradients at the first micro-step of a window when the last window wrote every gradient.
+bool expected_accumulate(const Case& c, Fetch fetch, int step, int micro_in_window) {
+  if (slots_in_use(c)) return false;
+  if (fetch == Fetch::kAllButOneWritten || step == 0 || micro_in_window > 0) return true;
+  return fetch == Fetch::kOneAddedInOddWindows && step % 2 == 0;
 }
 
 struct Trained {
@@ -54,9 +76,9 @@ struct Trained {
   std::vector<double> norms;
 };
 
-// Trains the toy model for `steps` windows; with `writes` the backward fetches grad_target() and
-// writes or adds as it says, otherwise it adds into raw_grad().
-Trained train(const Case& c, bool writes, int steps) {
+// Trains the toy model for `steps` windows, fetching each gradient as `fetch` says; after
+// grad_target() the backward writes or adds as it is told.
+Trained train(const Case& c, Fetch fetch, int steps) {
   AdamWOptions adamw;
   adamw.lr = 1e-2;
   Engine engine = make_engine(case_config(c), make_adamw(adamw));
@@ -65,6 +87,7 @@ Trained train(const Case& c, bool writes, int steps) {
   const std::vector<Parameter> handles = register_toy(engine, tensors);
   const DType dtype = engine.model_dtype();
   Trained run;
+  void* kept_address = nullptr;
   std::int64_t micro = 0;
   for (int step = 0; step < steps; ++step) {
     for (int m = 0; m < c.accumulation; ++m, ++micro) {
@@ -79,11 +102,21 @@ Trained train(const Case& c, bool writes, int steps) {
             const std::vector<char> raw_param = to_host(engine, handles[k].raw_data(), bytes);
             std::vector<float> w(n);
             detail::convert_to_float(raw_param.data(), dtype, w.data(), n);
-            const GradTarget target =
-                writes ? handles[k].grad_target() : GradTarget{handles[k].raw_grad(), true};
+            const bool writes =
+                fetch == Fetch::kWritten ||
+                (fetch == Fetch::kAllButOneWritten && k != kAlwaysAdded) ||
+                (fetch == Fetch::kOneAddedInOddWindows && (k != kAlwaysAdded || step % 2 == 0));
+            GradTarget target{kept_address, true};
             if (writes) {
-              EXPECT_EQ(target.accumulate, !slots_in_use(c))
-                  << describe(c) << ", first fetch of " << tensors[k].name;
+              target = handles[k].grad_target();
+            } else if (kept_address == nullptr || slots_in_use(c) || k != kAlwaysAdded) {
+              target.data = handles[k].raw_grad();
+              if (fetch == Fetch::kAllButOneWritten) kept_address = target.data;
+            }
+            if (writes) {
+              EXPECT_EQ(target.accumulate, expected_accumulate(c, fetch, step, m))
+                  << describe(c) << ", first fetch of " << tensors[k].name << " at step " << step
+                  << ", micro-step " << m;
             }
             std::vector<float> g(n, 0.0f);
             std::vector<char> raw_grad(bytes);
@@ -130,7 +163,7 @@ TEST(GradTarget, WrittenGradientsTrainBitForBitAsAddedOnes) {
   constexpr int kSteps = 4;
   for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
     for (int accumulation : {1, 2}) {
-      const Trained stage0 = train({0, dtype, accumulation}, false, kSteps);
+      const Trained stage0 = train({0, dtype, accumulation}, Fetch::kAdded, kSteps);
       EXPECT_GT(stage0.norms.back(), 0.5) << "clipping must act";
       const bool stage0_is_reference = accumulation == 1 || dtype == DType::kFloat32;
       std::vector<Case> cases;
@@ -139,9 +172,13 @@ TEST(GradTarget, WrittenGradientsTrainBitForBitAsAddedOnes) {
       }
       cases.push_back({2, dtype, accumulation, GradHandover::kAtEnd});
       for (const Case& c : cases) {
-        const Trained added = train(c, false, kSteps);
-        const Trained written = train(c, true, kSteps);
-        expect_same_bits(written, added, describe(c) + ": written against added");
+        const Trained added = train(c, Fetch::kAdded, kSteps);
+        expect_same_bits(train(c, Fetch::kWritten, kSteps), added,
+                         describe(c) + ": written against added");
+        expect_same_bits(train(c, Fetch::kAllButOneWritten, kSteps), added,
+                         describe(c) + ": all but one written against added");
+        expect_same_bits(train(c, Fetch::kOneAddedInOddWindows, kSteps), added,
+                         describe(c) + ": one added in odd windows against added");
         if (stage0_is_reference) {
           expect_same_bits(added, stage0, describe(c) + ": added against stage 0");
         }
