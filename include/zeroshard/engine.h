@@ -80,9 +80,9 @@ struct ParamGroupOptions {
 struct GradTarget {
   /// Parameter::numel() elements of Parameter::dtype().
   void* data = nullptr;
-  /// True: the backward adds (+=) to what the buffer holds. False: it holds nothing yet in this
-  /// micro-step, and the backward writes (=) every element, as PyTorch's autograd assigns a
-  /// gradient that zero_grad(set_to_none=True) left unset (a GEMM with beta 0).
+  /// True: the backward adds (+=) to what the buffer holds. False: it holds nothing of this
+  /// micro-step (or window) yet, and the backward writes (=) every element, as PyTorch's autograd
+  /// assigns a gradient that zero_grad(set_to_none=True) left unset (a GEMM with beta 0).
   bool accumulate = true;
 };
 

@@ -51,7 +51,7 @@ class EngineState {
     if (!finalized_) finalize();
   }
   void* param_data(int index);
-  /// With `may_assign`, a first fetch at stages 2-3 is left unzeroed (Parameter::grad_target).
+  /// With `may_assign`, a first fetch of a place not zeroed is left so (Parameter::grad_target).
   GradTarget param_grad(int index, bool may_assign);
   void copy_param_from(int index, const float* values);
   void gather(ModuleId module);

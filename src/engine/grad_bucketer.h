@@ -46,8 +46,9 @@ class GradBucketer {
 
   void deliver_to(ReducedGradientSink& sink);
 
-  /// Where the model writes the gradient of parameter `index` in this micro-step. A slot's place
-  /// is zeroed at its first fetch, unless `may_assign`: then the model writes it whole instead.
+  /// Where the model writes the gradient of parameter `index` in this micro-step. A place not
+  /// zeroed since it was last reduced (a slot's, or whole gradients left by the last window) is
+  /// zeroed at its first fetch, unless `may_assign`: then the model writes it whole instead.
   GradTarget grad(int index, bool may_assign);
   /// The gradient was written; launches every bucket that is now complete, in order.
   void mark_ready(int index, std::int64_t micro_step);
