@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "comm/rank_counts.h"
 #include "command_line.h"
 #include "cpu_optimizer.h"  // cpu_optimizer::adam, active_isa: the update rule the engine runs
 #include "zeroshard/zeroshard.h"
@@ -390,9 +391,8 @@ class Floor {
     // gradient shard (two receive areas here, one per reduction in flight).
     std::byte* output = recv_[b % 2].data();
     if (stage_ <= 1) {
-      output =
-          input + std::accumulate(counts.begin(), counts.begin() + comm_.rank(), std::int64_t{0}) *
-                      static_cast<std::int64_t>(dsize);
+      output = input + zeroshard::detail::offset_of(counts, comm_.rank()) *
+                           static_cast<std::int64_t>(dsize);
     }
     return comm_.reduce_scatter_async(input, output, counts, dtype_, ReduceOp::kSum);
   }

@@ -12,6 +12,7 @@
 #include "comm/collective_tracker.h"
 #include "comm/gpu_communicator_factory.h"
 #include "comm/mpi_communicator.h"
+#include "comm/rank_counts.h"
 #include "comm/self_communicator.h"
 #include "comm/text_gather.h"
 #include "config/config_values.h"
@@ -35,12 +36,6 @@ void finish_quietly(std::unique_ptr<Request::Impl> impl, bool failed,
   } catch (const std::exception& error) {
     ZEROSHARD_LOG(kError, "error while waiting for a dropped request: " << error.what());
   }
-}
-
-std::int64_t sum_of(std::span<const std::int64_t> counts) noexcept {
-  std::int64_t total = 0;
-  for (std::int64_t count : counts) total += count;
-  return total;
 }
 
 bool launched_by_mpi_launcher() {
@@ -170,13 +165,13 @@ Request Communicator::all_reduce_async(void* data, std::int64_t count, DType dty
 Request Communicator::reduce_scatter_async(const void* input, void* output,
                                            std::span<const std::int64_t> counts, DType dtype,
                                            ReduceOp op) {
-  return tracked(Collective::kReduceScatter, sum_of(counts), dtype,
+  return tracked(Collective::kReduceScatter, detail::total_of(counts), dtype,
                  [&] { return start_reduce_scatter(input, output, counts, dtype, op); });
 }
 
 Request Communicator::all_gather_async(void* data, std::span<const std::int64_t> counts,
                                        DType dtype) {
-  return tracked(Collective::kAllGather, sum_of(counts), dtype,
+  return tracked(Collective::kAllGather, detail::total_of(counts), dtype,
                  [&] { return start_all_gather(data, counts, dtype); });
 }
 
@@ -249,7 +244,7 @@ Request typed_reduce_scatter(Communicator& c, std::span<const T> input, std::spa
   ZEROSHARD_CHECK_USAGE(
       static_cast<int>(counts.size()) == c.size(),
       "reduce-scatter: got " << counts.size() << " counts for " << c.size() << " ranks");
-  check_span(Collective::kReduceScatter, "input", input.size(), sum_of(counts));
+  check_span(Collective::kReduceScatter, "input", input.size(), detail::total_of(counts));
   check_span(Collective::kReduceScatter, "output", output.size(),
              counts[static_cast<std::size_t>(c.rank())]);
   return c.reduce_scatter_async(input.data(), output.data(), counts, kDTypeOf<T>, op);
@@ -260,7 +255,7 @@ Request typed_all_gather(Communicator& c, std::span<T> data, std::span<const std
   ZEROSHARD_CHECK_USAGE(
       static_cast<int>(counts.size()) == c.size(),
       "all-gather: got " << counts.size() << " counts for " << c.size() << " ranks");
-  check_span(Collective::kAllGather, "data", data.size(), sum_of(counts));
+  check_span(Collective::kAllGather, "data", data.size(), detail::total_of(counts));
   return c.all_gather_async(data.data(), counts, kDTypeOf<T>);
 }
 

@@ -8,10 +8,10 @@
 #include <cstdlib>
 #include <deque>
 #include <functional>
-#include <numeric>
 #include <utility>
 #include <vector>
 
+#include "comm/rank_counts.h"
 #include "util/check.h"
 
 namespace zeroshard::detail {
@@ -39,10 +39,6 @@ struct StagedOp {
 
 std::size_t bytes_of(std::int64_t count, DType dtype) {
   return static_cast<std::size_t>(count) * size_of(dtype);
-}
-
-std::int64_t sum_of(std::span<const std::int64_t> counts) {
-  return std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
 }
 
 }  // namespace
@@ -230,11 +226,10 @@ Request HostStagedCommunicator::start_reduce_scatter(const void* input, void* ou
                                                      DType dtype, ReduceOp op) {
   ZEROSHARD_CHECK_USAGE(static_cast<int>(counts.size()) == size_,
                         "reduce-scatter: " << counts.size() << " counts for " << size_ << " ranks");
-  const std::int64_t total = sum_of(counts);
+  const std::int64_t total = total_of(counts);
   count_traffic(Collective::kReduceScatter, total, dtype);
   const std::size_t in_bytes = bytes_of(total, dtype);
-  const std::size_t own_offset =
-      bytes_of(sum_of(counts.first(static_cast<std::size_t>(rank_))), dtype);
+  const std::size_t own_offset = bytes_of(offset_of(counts, rank_), dtype);
   const std::size_t out_bytes = bytes_of(counts[static_cast<std::size_t>(rank_)], dtype);
   Communicator& host = *core_->host;
   // The host reduce-scatter runs in place in the staged input, so that the staging buffer holds
@@ -251,10 +246,9 @@ Request HostStagedCommunicator::start_all_gather(void* data, std::span<const std
                                                  DType dtype) {
   ZEROSHARD_CHECK_USAGE(static_cast<int>(counts.size()) == size_,
                         "all-gather: " << counts.size() << " counts for " << size_ << " ranks");
-  const std::int64_t total = sum_of(counts);
+  const std::int64_t total = total_of(counts);
   count_traffic(Collective::kAllGather, total, dtype);
-  const std::size_t own_offset =
-      bytes_of(sum_of(counts.first(static_cast<std::size_t>(rank_))), dtype);
+  const std::size_t own_offset = bytes_of(offset_of(counts, rank_), dtype);
   const std::size_t own_bytes = bytes_of(counts[static_cast<std::size_t>(rank_)], dtype);
   const std::size_t bytes = bytes_of(total, dtype);
   Communicator& host = *core_->host;

@@ -20,6 +20,7 @@
 #include "comm/collective_checks.h"
 #include "comm/mpi_peer_channel.h"
 #include "comm/mpi_runtime.h"
+#include "comm/rank_counts.h"
 #include "comm/ring_reduce_scatter.h"
 #include "comm/wait_deadline.h"
 #include "util/check.h"
@@ -319,8 +320,7 @@ class MpiCommunicator final : public Communicator {
     check_buffer(Collective::kReduceScatter, input, total);
     check_buffer(Collective::kReduceScatter, output, mine);
     const auto element_bytes = static_cast<std::int64_t>(size_of(dtype));
-    const std::int64_t own_offset =
-        std::accumulate(counts.begin(), counts.begin() + rank_, std::int64_t{0});
+    const std::int64_t own_offset = offset_of(counts, rank_);
     const bool in_place = check_in_place(input, total * element_bytes, own_offset * element_bytes,
                                          output, mine * element_bytes);
 

@@ -3,8 +3,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <numeric>
 
+#include "comm/rank_counts.h"
 #include "util/check.h"
 #include "util/log.h"
 
@@ -294,8 +294,7 @@ void GradBucketer::launch(int b) {
     const std::int64_t hi = std::min(bucket.end, context_.layout.shard_end(context_.rank));
     bucket.output = !whole_ && hi > lo ? sink_->reduce_target(lo, hi, comm_dtype_) : nullptr;
     if (bucket.output == nullptr) {
-      const std::int64_t before =
-          std::accumulate(counts.begin(), counts.begin() + context_.rank, std::int64_t{0});
+      const std::int64_t before = offset_of(counts, context_.rank);
       bucket.output =
           static_cast<char*>(input) + before * static_cast<std::int64_t>(size_of(comm_dtype_));
     }
