@@ -95,5 +95,41 @@ TEST(MemoryReport, AdoptedMemoryIsCountedListedAndNeverFreed) {
   EXPECT_EQ(model[255], 1.5f);
 }
 
+TEST(MemoryReport, KeptBuffersLeaveTheirCategoryButStayInTheTotal) {
+  MemoryTracker tracker;
+  TrackedBuffer gathered(tracker, MemoryCategory::kParameters, 800);
+  TrackedBuffer shard(tracker, MemoryCategory::kParameters, 200);
+  const void* address = gathered.data();
+  gathered.keep_for_reuse();
+  MemoryReport report = tracker.report(0, 1);
+  EXPECT_EQ(report.at(MemoryCategory::kParameters).current, 200);
+  EXPECT_EQ(report.at(MemoryCategory::kParameters).peak, 1000);
+  EXPECT_EQ(report.kept_for_reuse[0].current, 800);
+  EXPECT_EQ(report.total_current(), 1000);
+  EXPECT_EQ(report.total_peak[0], 1000) << "keeping moves bytes; it allocates none";
+  EXPECT_EQ(report.model_state_bytes(), 200);
+  const auto json = nlohmann::json::parse(report.to_json());
+  EXPECT_EQ(json["host"]["kept_for_reuse"]["current"], 800);
+  EXPECT_EQ(json["host"]["kept_for_reuse"]["peak"], 800);
+  EXPECT_NE(report.to_table().find("kept for reuse"), std::string::npos);
+
+  TrackedBuffer moved = std::move(gathered);
+  moved.reuse();
+  EXPECT_EQ(moved.data(), address);
+  report = tracker.report(0, 1);
+  EXPECT_EQ(report.at(MemoryCategory::kParameters).current, 1000);
+  EXPECT_EQ(report.kept_for_reuse[0].current, 0);
+  EXPECT_EQ(report.kept_for_reuse[0].peak, 800);
+
+  // A kept buffer freed leaves the kept bytes and the total, not its category.
+  moved.keep_for_reuse();
+  moved.reset();
+  report = tracker.report(0, 1);
+  EXPECT_EQ(report.at(MemoryCategory::kParameters).current, 200);
+  EXPECT_EQ(report.kept_for_reuse[0].current, 0);
+  EXPECT_EQ(report.total_current(), 200);
+  EXPECT_EQ(report.total_peak[0], 1000);
+}
+
 }  // namespace
 }  // namespace zeroshard::detail

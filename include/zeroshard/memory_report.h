@@ -47,7 +47,12 @@ struct ZEROSHARD_API MemoryReport {
   /// Of `usage`, the current bytes that are the model's own memory the engine works in
   /// (Engine::adopt_memory) rather than buffers it allocated.
   std::array<std::array<std::int64_t, kMemoryCategoryCount>, kMemoryLocationCount> adopted{};
-  /// Peak of the sum over categories at one location (not the sum of the per-category peaks).
+  /// Buffers held between uses instead of being freed and allocated again, apart from every
+  /// category: stage 3's gathered copies across a step where they are host memory, to which a
+  /// fresh allocation would fault new pages in at every step.
+  std::array<MemoryUsage, kMemoryLocationCount> kept_for_reuse{};
+  /// Peak of the sum over categories and kept_for_reuse at one location (not the sum of the
+  /// per-category peaks).
   std::array<std::int64_t, kMemoryLocationCount> total_peak{};
   /// Peak resident set size of the whole process (VmHWM), as the kernel reports it.
   std::int64_t process_peak_rss = 0;
@@ -58,6 +63,7 @@ struct ZEROSHARD_API MemoryReport {
   }
   /// Parameters + gradients + master weights + optimizer states, current bytes.
   std::int64_t model_state_bytes(MemoryLocation location = MemoryLocation::kHost) const;
+  /// Every category and kept_for_reuse, current bytes.
   std::int64_t total_current(MemoryLocation location = MemoryLocation::kHost) const;
 
   /// A fixed-width table, one row per category, with current and peak in bytes and MiB.

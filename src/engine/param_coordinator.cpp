@@ -357,6 +357,7 @@ TrackedBuffer ParamCoordinator::take_gathered_buffer(std::size_t bytes) {
   }
   TrackedBuffer buffer = std::move(*fits);
   spare_gathered_.erase(fits);
+  buffer.reuse();
   return buffer;
 }
 
@@ -425,9 +426,15 @@ void ParamCoordinator::release_all_after_step(const char* caller) {
       free_module(static_cast<ModuleId>(i));
     }
   }
-  // Nothing gathered outlives the step: the update changes the shards, and the memory is the
-  // update's.
-  spare_gathered_.clear();
+  // Nothing gathered outlives the step as a parameter: the update changes the shards. A device's
+  // allocator (CUDA's stream-ordered pool) hands freed bytes to the next gathers, so there the
+  // memory is the update's; host memory comes back from the kernel as fresh pages, faulted in
+  // and zeroed at the next step's first gathers, so there the buffers are kept, and reported so.
+  if (context_.resource(Tier::kDevice).location() == MemoryLocation::kHost) {
+    for (TrackedBuffer& buffer : spare_gathered_) buffer.keep_for_reuse();
+  } else {
+    spare_gathered_.clear();
+  }
   if (!recording_.empty()) {
     trace_ = std::move(recording_);
     recording_.clear();

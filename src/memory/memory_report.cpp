@@ -44,7 +44,7 @@ std::int64_t MemoryReport::model_state_bytes(MemoryLocation location) const {
 }
 
 std::int64_t MemoryReport::total_current(MemoryLocation location) const {
-  std::int64_t total = 0;
+  std::int64_t total = kept_for_reuse[static_cast<int>(location)].current;
   for (const MemoryUsage& u : usage[static_cast<int>(location)]) total += u.current;
   return total;
 }
@@ -52,6 +52,7 @@ std::int64_t MemoryReport::total_current(MemoryLocation location) const {
 namespace {
 
 bool location_used(const MemoryReport& report, int location) {
+  if (report.kept_for_reuse[location].peak != 0) return true;
   for (const MemoryUsage& u : report.usage[location]) {
     if (u.peak != 0) return true;
   }
@@ -86,6 +87,13 @@ std::string MemoryReport::to_table() const {
                     mib(u.current).c_str(), static_cast<long long>(u.peak), mib(u.peak).c_str());
       os << line;
     }
+    if (const MemoryUsage& kept = kept_for_reuse[l]; kept.peak != 0) {
+      total += kept.current;
+      std::snprintf(line, sizeof line, "  %-18s %16lld %12s %16lld %12s\n", "kept for reuse",
+                    static_cast<long long>(kept.current), mib(kept.current).c_str(),
+                    static_cast<long long>(kept.peak), mib(kept.peak).c_str());
+      os << line;
+    }
     std::snprintf(line, sizeof line, "  %-18s %16lld %12s %16lld %12s\n", "total",
                   static_cast<long long>(total), mib(total).c_str(),
                   static_cast<long long>(total_peak[l]), mib(total_peak[l]).c_str());
@@ -115,7 +123,8 @@ std::string MemoryReport::to_json() const {
          << "\":{\"current\":" << u.current << ",\"peak\":" << u.peak
          << ",\"adopted\":" << adopted[l][c] << "}";
     }
-    os << ",\"total_peak\":" << total_peak[l] << "}";
+    os << ",\"kept_for_reuse\":{\"current\":" << kept_for_reuse[l].current
+       << ",\"peak\":" << kept_for_reuse[l].peak << "},\"total_peak\":" << total_peak[l] << "}";
   }
   os << ",\"process_peak_rss\":" << process_peak_rss << "}";
   return os.str();

@@ -37,6 +37,31 @@ void MemoryTracker::remove(MemoryLocation location, MemoryCategory category, std
   total_current_[l] -= bytes;
 }
 
+void MemoryTracker::keep(MemoryLocation location, MemoryCategory category, std::int64_t bytes) {
+  std::lock_guard lock(mutex_);
+  const int l = static_cast<int>(location);
+  usage_[l][static_cast<int>(category)].current -= bytes;
+  MemoryUsage& kept = kept_[l];
+  kept.current += bytes;
+  if (kept.current > kept.peak) kept.peak = kept.current;
+}
+
+void MemoryTracker::reuse(MemoryLocation location, MemoryCategory category, std::int64_t bytes) {
+  std::lock_guard lock(mutex_);
+  const int l = static_cast<int>(location);
+  kept_[l].current -= bytes;
+  MemoryUsage& usage = usage_[l][static_cast<int>(category)];
+  usage.current += bytes;
+  if (usage.current > usage.peak) usage.peak = usage.current;
+}
+
+void MemoryTracker::remove_kept(MemoryLocation location, std::int64_t bytes) {
+  std::lock_guard lock(mutex_);
+  const int l = static_cast<int>(location);
+  kept_[l].current -= bytes;
+  total_current_[l] -= bytes;
+}
+
 std::int64_t MemoryTracker::current(MemoryCategory category, MemoryLocation location) const {
   std::lock_guard lock(mutex_);
   return usage_[static_cast<int>(location)][static_cast<int>(category)].current;
@@ -47,6 +72,7 @@ void MemoryTracker::reset_peaks() {
   for (auto& location : usage_) {
     for (MemoryUsage& usage : location) usage.peak = usage.current;
   }
+  for (MemoryUsage& kept : kept_) kept.peak = kept.current;
   total_peak_ = total_current_;
 }
 
@@ -56,6 +82,7 @@ MemoryReport MemoryTracker::report(int rank, int world_size) const {
     std::lock_guard lock(mutex_);
     report.usage = usage_;
     report.adopted = adopted_;
+    report.kept_for_reuse = kept_;
     report.total_peak = total_peak_;
   }
   report.rank = rank;
@@ -138,7 +165,8 @@ TrackedBuffer::TrackedBuffer(TrackedBuffer&& other) noexcept
       category_(other.category_),
       data_(std::exchange(other.data_, nullptr)),
       bytes_(std::exchange(other.bytes_, 0)),
-      adopted_(std::exchange(other.adopted_, false)) {}
+      adopted_(std::exchange(other.adopted_, false)),
+      kept_(std::exchange(other.kept_, false)) {}
 
 TrackedBuffer& TrackedBuffer::operator=(TrackedBuffer&& other) noexcept {
   if (this != &other) {
@@ -149,6 +177,7 @@ TrackedBuffer& TrackedBuffer::operator=(TrackedBuffer&& other) noexcept {
     data_ = std::exchange(other.data_, nullptr);
     bytes_ = std::exchange(other.bytes_, 0);
     adopted_ = std::exchange(other.adopted_, false);
+    kept_ = std::exchange(other.kept_, false);
   }
   return *this;
 }
@@ -158,11 +187,29 @@ TrackedBuffer::~TrackedBuffer() { reset(); }
 void TrackedBuffer::reset() noexcept {
   if (data_ != nullptr) {
     if (!adopted_) resource_->deallocate(data_);
-    tracker_->remove(resource_->location(), category_, static_cast<std::int64_t>(bytes_), adopted_);
+    const auto bytes = static_cast<std::int64_t>(bytes_);
+    if (kept_) {
+      tracker_->remove_kept(resource_->location(), bytes);
+    } else {
+      tracker_->remove(resource_->location(), category_, bytes, adopted_);
+    }
   }
   data_ = nullptr;
   bytes_ = 0;
   adopted_ = false;
+  kept_ = false;
+}
+
+void TrackedBuffer::keep_for_reuse() noexcept {
+  if (data_ == nullptr || adopted_ || kept_) return;
+  tracker_->keep(resource_->location(), category_, static_cast<std::int64_t>(bytes_));
+  kept_ = true;
+}
+
+void TrackedBuffer::reuse() noexcept {
+  if (!kept_) return;
+  tracker_->reuse(resource_->location(), category_, static_cast<std::int64_t>(bytes_));
+  kept_ = false;
 }
 
 TrackedBuffer TrackedBuffer::uninitialized(MemoryTracker& tracker, MemoryCategory category,

@@ -19,6 +19,11 @@ class MemoryTracker {
            bool adopted = false);
   void remove(MemoryLocation location, MemoryCategory category, std::int64_t bytes,
               bool adopted = false);
+  /// Moves bytes from `category` to kept-for-reuse and back; the total does not change.
+  void keep(MemoryLocation location, MemoryCategory category, std::int64_t bytes);
+  void reuse(MemoryLocation location, MemoryCategory category, std::int64_t bytes);
+  /// Kept bytes freed.
+  void remove_kept(MemoryLocation location, std::int64_t bytes);
   MemoryReport report(int rank, int world_size) const;
   /// Every peak becomes the current value.
   void reset_peaks();
@@ -29,6 +34,7 @@ class MemoryTracker {
   mutable std::mutex mutex_;
   std::array<std::array<MemoryUsage, kMemoryCategoryCount>, kMemoryLocationCount> usage_{};
   std::array<std::array<std::int64_t, kMemoryCategoryCount>, kMemoryLocationCount> adopted_{};
+  std::array<MemoryUsage, kMemoryLocationCount> kept_{};
   std::array<std::int64_t, kMemoryLocationCount> total_current_{};
   std::array<std::int64_t, kMemoryLocationCount> total_peak_{};
 };
@@ -87,6 +93,10 @@ class TrackedBuffer {
   }
   /// Frees the memory now (adopted memory is only no longer counted); the buffer becomes empty.
   void reset() noexcept;
+  /// Counts the buffer as kept for reuse instead of under its category until reuse(): for a
+  /// buffer held between uses rather than freed (never the model's own memory).
+  void keep_for_reuse() noexcept;
+  void reuse() noexcept;
   /// A buffer of the same size, category and resource whose contents are undefined, to be
   /// filled and then swapped in for this one; empty for an empty buffer or the model's memory.
   TrackedBuffer uninitialized_twin() const;
@@ -98,6 +108,7 @@ class TrackedBuffer {
   void* data_ = nullptr;
   std::size_t bytes_ = 0;
   bool adopted_ = false;
+  bool kept_ = false;
 };
 
 /// Peak resident set size of this process in bytes (VmHWM from /proc/self/status), 0 if unknown.

@@ -55,6 +55,18 @@ TEST_P(EngineMemory, ModelStateBytesMatchTheZeroFormulas) {
     EXPECT_EQ(report.at(MemoryCategory::kMasterWeights, where).current, 0)
         << "fp32 has no extra copy";
     EXPECT_EQ(report.model_state_bytes(where), params + grads + states);
+    // Stage 3 on host memory keeps its gathered buffers through the step, apart from the
+    // parameters: at most the gathered bytes it held at once (stage3_max_live_parameters).
+    const std::int64_t kept = report.kept_for_reuse[static_cast<int>(where)].current;
+    if (stage == 3 && where == MemoryLocation::kHost) {
+      EXPECT_GT(kept, 0);
+      EXPECT_LE(kept, 4 * kP);
+      EXPECT_EQ(report.total_current(where),
+                params + grads + states + kept +
+                    report.at(MemoryCategory::kCommunication, where).current);
+    } else {
+      EXPECT_EQ(kept, 0);
+    }
   }
   const MemoryReport report = engine.memory_report();
   // Communication buffers: at most two buckets in flight, each an input area (stages 2-3) and a
