@@ -114,7 +114,7 @@ void add_flags(CLI::App& app, Options& options) {
       ->type_name("LIST");
   app.add_flag("--zeroed-grads", options.zeroed_grads,
                "fetch gradients with raw_grad(), zeroed for a backward that adds them, instead of "
-               "grad_target(), which at stages 2-3 leaves them for a backward that writes them");
+               "grad_target(), which hands them out unzeroed to a backward that writes them");
   app.add_flag("--check", options.check,
                "exit 1 unless every stage gave a positive, finite ratio (for the test suite)");
 }
@@ -673,7 +673,7 @@ int main(int argc, char** argv) {
           static_cast<long long>(model.total), static_cast<long long>(options.bucket),
           cpu_optimizer::to_string(cpu_optimizer::active_isa()), options.iterations, options.warmup,
           options.zeroed_grads ? "raw_grad() (zeroed by the engine: a backward that adds)"
-                               : "grad_target() (at stages 2-3 a backward that writes them)");
+                               : "grad_target() (a backward that writes them, unzeroed)");
     }
     bool traffic_matches = true;
     bool sane = true;

@@ -120,7 +120,7 @@ class LayerChain {
       std::optional<Engine::GatheredModule> gathered;
       if (communicate) gathered.emplace(engine_.gathered(modules_[i]));
       // Without communication the gradient goes to scratch memory: the engine's gradient buffer
-      // is borrowed only between grad() and grad_ready().
+      // is borrowed only between grad_target() and grad_ready().
       const zeroshard::GradTarget weight_grad =
           communicate ? weights_[i].grad_target()
                       : zeroshard::GradTarget{weight_grad_scratch_.data(), false};

@@ -37,22 +37,27 @@ void MemoryTracker::remove(MemoryLocation location, MemoryCategory category, std
   total_current_[l] -= bytes;
 }
 
+namespace {
+
+// Bytes that stay held change what they are counted as: the total does not move.
+void shift(MemoryUsage& from, MemoryUsage& to, std::int64_t bytes) {
+  from.current -= bytes;
+  to.current += bytes;
+  if (to.current > to.peak) to.peak = to.current;
+}
+
+}  // namespace
+
 void MemoryTracker::keep(MemoryLocation location, MemoryCategory category, std::int64_t bytes) {
   std::lock_guard lock(mutex_);
   const int l = static_cast<int>(location);
-  usage_[l][static_cast<int>(category)].current -= bytes;
-  MemoryUsage& kept = kept_[l];
-  kept.current += bytes;
-  if (kept.current > kept.peak) kept.peak = kept.current;
+  shift(usage_[l][static_cast<int>(category)], kept_[l], bytes);
 }
 
 void MemoryTracker::reuse(MemoryLocation location, MemoryCategory category, std::int64_t bytes) {
   std::lock_guard lock(mutex_);
   const int l = static_cast<int>(location);
-  kept_[l].current -= bytes;
-  MemoryUsage& usage = usage_[l][static_cast<int>(category)];
-  usage.current += bytes;
-  if (usage.current > usage.peak) usage.peak = usage.current;
+  shift(kept_[l], usage_[l][static_cast<int>(category)], bytes);
 }
 
 void MemoryTracker::remove_kept(MemoryLocation location, std::int64_t bytes) {
