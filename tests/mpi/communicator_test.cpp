@@ -500,5 +500,30 @@ TEST(CommunicatorText, EveryRanksTextArrivesInRankOrder) {
   }
 }
 
+// Lengths past 2^24 lose their low bits in a float: the gather must carry them exactly (an odd
+// length rounded up once made the copy write past its buffer).
+TEST(CommunicatorText, TextsLongerThanFloatsCountArriveWhole) {
+  auto comm = Communicator::from_environment();
+  const std::size_t length =
+      (std::size_t{1} << 24) + 1 + 2 * static_cast<std::size_t>(comm->rank());
+  std::string mine(length, static_cast<char>('a' + comm->rank()));
+  mine.back() = '!';
+  const std::vector<std::string> texts = comm->all_gather_text(mine);
+  ASSERT_EQ(static_cast<int>(texts.size()), comm->size());
+  for (int r = 0; r < comm->size(); ++r) {
+    const std::size_t expected = (std::size_t{1} << 24) + 1 + 2 * static_cast<std::size_t>(r);
+    ASSERT_EQ(texts[r].size(), expected) << "rank " << r;
+    EXPECT_EQ(texts[r].back(), '!') << "rank " << r;
+    EXPECT_EQ(texts[r].find_first_not_of(static_cast<char>('a' + r)), expected - 1) << "rank " << r;
+  }
+}
+
+TEST(CommunicatorText, EmptyTextsOnEveryRankGiveEmptyTexts) {
+  auto comm = Communicator::from_environment();
+  const std::vector<std::string> texts = comm->all_gather_text("");
+  ASSERT_EQ(static_cast<int>(texts.size()), comm->size());
+  for (const std::string& text : texts) EXPECT_TRUE(text.empty());
+}
+
 }  // namespace
 }  // namespace zeroshard
