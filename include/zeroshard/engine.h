@@ -23,6 +23,7 @@
 namespace zeroshard {
 
 namespace detail {
+class ActivationRegistry;
 class EngineState;
 class TrackedBuffer;
 struct EngineInternals;
@@ -125,6 +126,8 @@ class ZEROSHARD_API Parameter {
 
   /// Sets the parameter's values: every rank passes the whole tensor (numel() fp32 values, e.g.
   /// from the same seeded initialiser) and keeps what it owns. Also sets the fp32 master copy.
+  /// The next step() checks that every rank passed the same values: UsageError naming the
+  /// parameter otherwise, before the update.
   void copy_from(std::span<const float> values) const;
 
  private:
@@ -144,7 +147,8 @@ struct ParamSlice {
 };
 
 /// Memory on the engine's device for the model's activations, charged to the memory report's
-/// "activations".
+/// "activations". It may outlive its engine (a buffer kept in a global, say): the engine frees it
+/// when destroyed, and from then on data() is null and bytes() 0.
 class ZEROSHARD_API ActivationBuffer {
  public:
   ActivationBuffer();
@@ -156,7 +160,9 @@ class ZEROSHARD_API ActivationBuffer {
 
  private:
   friend class Engine;
+  void free() noexcept;
   std::unique_ptr<detail::TrackedBuffer> buffer_;
+  std::shared_ptr<detail::ActivationRegistry> registry_;
 };
 
 /// What the last call of Engine::step() did.
@@ -182,7 +188,10 @@ struct CheckpointInfo {
   std::string user_state;
 };
 
-/// Shards a model's optimizer over the ranks of a communicator. Movable, not copyable.
+/// Shards a model's optimizer over the ranks of a communicator. Movable, not copyable; every
+/// call on a moved-from engine throws UsageError. Parameter handles, GatheredModule and
+/// GatheredModel guards and ActivationCheckpointer refer to the engine and must not be used
+/// after it is destroyed; ActivationBuffer alone may outlive it.
 class ZEROSHARD_API Engine {
  public:
   /// Computes on the CPU. `rule` may be null: the config's `optimizer` section then chooses it.
@@ -385,6 +394,8 @@ class ZEROSHARD_API Engine {
   /// The library's own parts outside the engine (the activation checkpointer) and its tests
   /// reach the engine's components through it (src/engine/engine_internals.h).
   friend struct detail::EngineInternals;
+  /// The state, or UsageError when this engine was moved from.
+  detail::EngineState& live() const;
   std::unique_ptr<detail::EngineState> state_;
 };
 

@@ -92,6 +92,7 @@ EngineState::~EngineState() {
   // not be freed on it, nor may the communicator order anything after it.
   backend_->detach_stream();
   comm_->set_compute_stream(nullptr);
+  activations_->free_all();
 }
 
 void EngineState::resolve_gradient_dtypes() {
@@ -132,7 +133,8 @@ void EngineState::resolve_gradient_dtypes() {
 void EngineState::lay_out() {
   if (laid_out_) return;
   if (backend_->memory().location() != MemoryLocation::kHost) {
-    reduction_scalars_ = allocate(MemoryCategory::kCommunication, 2 * sizeof(float));
+    reduction_scalars_ =
+        allocate(MemoryCategory::kCommunication, (2 + step_agreement_floats()) * sizeof(float));
   }
   check_ranks_agree();
   std::vector<std::int64_t> numels;
@@ -267,6 +269,8 @@ void EngineState::finalize() {
                             "add ranks, or remove the key");
     }
   }
+  // Before the coordinator takes this rank's shard of them (and may poison the rest).
+  if (adopted_.parameters != nullptr) note_adopted_values();
   params_store_ = std::make_unique<ParamCoordinator>(*context_, shard_tier, adopted_.parameters);
   // Gradients handed over at the end of backward are all complete at once: the whole buffer is
   // held anyway, so stages 2-3 reduce it once per window as stage 1 does, through bounded slots,
@@ -349,6 +353,8 @@ void EngineState::release(ModuleId module) {
 
 void EngineState::copy_param_from(int index, const float* values) {
   require_finalized();
+  note_initial_values(index, values,
+                      static_cast<std::size_t>(params_[index].numel) * sizeof(float));
   params_store_->store(index, values);
   const ParamInfo& p = params_[index];
   if (!p.trainable) return;
@@ -457,8 +463,20 @@ void Parameter::copy_from(std::span<const float> values) const {
 
 ActivationBuffer::ActivationBuffer() = default;
 ActivationBuffer::ActivationBuffer(ActivationBuffer&&) noexcept = default;
-ActivationBuffer& ActivationBuffer::operator=(ActivationBuffer&&) noexcept = default;
-ActivationBuffer::~ActivationBuffer() = default;
+ActivationBuffer& ActivationBuffer::operator=(ActivationBuffer&& other) noexcept {
+  if (this != &other) {
+    free();
+    buffer_ = std::move(other.buffer_);
+    registry_ = std::move(other.registry_);
+  }
+  return *this;
+}
+ActivationBuffer::~ActivationBuffer() { free(); }
+void ActivationBuffer::free() noexcept {
+  if (registry_ && buffer_) registry_->free(*buffer_);
+  buffer_.reset();
+  registry_.reset();
+}
 float* ActivationBuffer::data() const noexcept { return buffer_ ? buffer_->as<float>() : nullptr; }
 std::size_t ActivationBuffer::bytes() const noexcept { return buffer_ ? buffer_->bytes() : 0; }
 
@@ -472,13 +490,19 @@ Engine::Engine(Config config, Device device, std::unique_ptr<Communicator> commu
     : state_(std::make_unique<detail::EngineState>(std::move(config), device,
                                                    std::move(communicator), std::move(rule))) {}
 Engine::Engine(Engine&&) noexcept = default;
+detail::EngineState& Engine::live() const {
+  ZEROSHARD_CHECK_USAGE(state_ != nullptr,
+                        "use of a moved-from Engine: it has no model, buffers or communicator "
+                        "left; use the Engine it was moved into");
+  return *state_;
+}
 Engine& Engine::operator=(Engine&&) noexcept = default;
 Engine::~Engine() = default;
 
 int Engine::add_param_group(const ParamGroupOptions& options) {
-  ZEROSHARD_CHECK_USAGE(!state_->laid_out_, "add_param_group('" << options.name
-                                                                << "') after the engine was "
-                                                                   "finalized");
+  ZEROSHARD_CHECK_USAGE(!live().laid_out_, "add_param_group('" << options.name
+                                                               << "') after the engine was "
+                                                                  "finalized");
   if (options.lr) {
     ZEROSHARD_CHECK_USAGE(
         std::isfinite(*options.lr) && *options.lr >= 0.0,
@@ -489,13 +513,13 @@ int Engine::add_param_group(const ParamGroupOptions& options) {
                           "Invalid weight_decay value: " << *options.weight_decay
                                                          << " (expected a finite value >= 0)");
   }
-  state_->groups_.push_back({options});
-  return static_cast<int>(state_->groups_.size()) - 1;
+  live().groups_.push_back({options});
+  return static_cast<int>(live().groups_.size()) - 1;
 }
 
 Parameter Engine::register_parameter(const std::string& name, std::vector<std::int64_t> shape,
                                      const ParamOptions& options) {
-  auto& s = *state_;
+  auto& s = live();
   ZEROSHARD_CHECK_USAGE(!s.laid_out_, "register_parameter('"
                                           << name
                                           << "') after the engine was finalized (the first "
@@ -551,21 +575,21 @@ Parameter Engine::register_parameter(const std::string& name, std::vector<std::i
   return Parameter(state_.get(), index);
 }
 
-void Engine::finalize() { state_->finalize(); }
+void Engine::finalize() { live().finalize(); }
 
 std::int64_t Engine::flat_offset(Parameter parameter) const {
   ZEROSHARD_CHECK_USAGE(parameter.state_ == state_.get(),
                         "flat_offset() with a parameter of another engine");
-  state_->lay_out();
-  const detail::ParamInfo& p = state_->params_[parameter.index_];
+  live().lay_out();
+  const detail::ParamInfo& p = live().params_[parameter.index_];
   ZEROSHARD_CHECK_USAGE(p.trainable, "flat_offset('" << p.name
                                                      << "'): the parameter is frozen and has no "
                                                         "place in the flat layout");
-  return state_->layout_.offset(p.tensor);
+  return live().layout_.offset(p.tensor);
 }
 
 ModuleId Engine::add_module(const std::string& name, const std::vector<ParamSlice>& slices) {
-  auto& s = *state_;
+  auto& s = live();
   ZEROSHARD_CHECK_USAGE(!s.laid_out_, "add_module('"
                                           << name
                                           << "') after the engine was finalized: "
@@ -603,146 +627,148 @@ ModuleId Engine::add_module(const std::string& name, const std::vector<ParamSlic
 }
 
 void Engine::gather_model() {
-  for (std::size_t m = 0; m < state_->modules_.size(); ++m) {
-    if (state_->modules_[m].slices.empty()) gather(static_cast<ModuleId>(m));
+  for (std::size_t m = 0; m < live().modules_.size(); ++m) {
+    if (live().modules_[m].slices.empty()) gather(static_cast<ModuleId>(m));
   }
 }
 
 void Engine::release_model() {
-  for (std::size_t m = state_->modules_.size(); m-- > 0;) {
-    if (state_->modules_[m].slices.empty()) release(static_cast<ModuleId>(m));
+  for (std::size_t m = live().modules_.size(); m-- > 0;) {
+    if (live().modules_[m].slices.empty()) release(static_cast<ModuleId>(m));
   }
 }
 
 std::int64_t Engine::peak_gathered_bytes() const {
-  if (state_->stage_ != 3 || !state_->finalized_) return 0;
-  return state_->params_store_->peak_gathered_elements() *
-         static_cast<std::int64_t>(state_->dsize_);
+  if (live().stage_ != 3 || !live().finalized_) return 0;
+  return live().params_store_->peak_gathered_elements() * static_cast<std::int64_t>(live().dsize_);
 }
 
 void Engine::adopt_memory(const ModelMemory& memory) {
-  ZEROSHARD_CHECK_USAGE(!state_->finalized_,
+  ZEROSHARD_CHECK_USAGE(!live().finalized_,
                         "adopt_memory() after the engine was finalized: call it before the first "
                         "data(), grad(), gather() or step()");
   ZEROSHARD_CHECK_USAGE(memory.parameters != nullptr || memory.gradients != nullptr,
                         "adopt_memory() with neither parameter nor gradient memory");
-  state_->adopted_ = memory;
+  live().adopted_ = memory;
 }
 
 std::vector<Parameter> Engine::parameters() const {
   std::vector<Parameter> result;
-  for (std::size_t i = 0; i < state_->params_.size(); ++i) {
+  for (std::size_t i = 0; i < live().params_.size(); ++i) {
     result.push_back(Parameter(state_.get(), static_cast<int>(i)));
   }
   return result;
 }
 
 Parameter Engine::parameter(std::string_view name) const {
-  for (std::size_t i = 0; i < state_->params_.size(); ++i) {
-    if (state_->params_[i].name == name) return Parameter(state_.get(), static_cast<int>(i));
+  for (std::size_t i = 0; i < live().params_.size(); ++i) {
+    if (live().params_[i].name == name) return Parameter(state_.get(), static_cast<int>(i));
   }
   throw UsageError("no parameter named '" + std::string(name) + "' is registered");
 }
 
 ModuleId Engine::module(std::string_view name) const {
   std::ostringstream known;
-  for (std::size_t m = 0; m < state_->modules_.size(); ++m) {
-    if (state_->modules_[m].name == name) return static_cast<ModuleId>(m);
-    known << (m ? ", " : "") << "'" << state_->modules_[m].name << "'";
+  for (std::size_t m = 0; m < live().modules_.size(); ++m) {
+    if (live().modules_[m].name == name) return static_cast<ModuleId>(m);
+    known << (m ? ", " : "") << "'" << live().modules_[m].name << "'";
   }
   throw UsageError("no module named '" + std::string(name) + "'; known modules: " + known.str());
 }
 
-void Engine::gather(ModuleId module) { state_->gather(module); }
-void Engine::release(ModuleId module) { state_->release(module); }
+void Engine::gather(ModuleId module) { live().gather(module); }
+void Engine::release(ModuleId module) { live().release(module); }
 
 void Engine::set_grad_handover(GradHandover handover) {
-  ZEROSHARD_CHECK_USAGE(!state_->laid_out_,
+  ZEROSHARD_CHECK_USAGE(!live().laid_out_,
                         "set_grad_handover() after the engine was finalized: the gradient buffers "
                         "depend on it, so call it before the first data(), grad(), gather(), "
                         "flat_offset(), padded_numel() or step()");
-  state_->grad_handover_ = handover;
+  live().grad_handover_ = handover;
 }
-GradHandover Engine::grad_handover() const { return state_->grad_handover_; }
+GradHandover Engine::grad_handover() const { return live().grad_handover_; }
 
-void Engine::all_grads_ready() { state_->mark_all_grads_ready(); }
+void Engine::all_grads_ready() { live().mark_all_grads_ready(); }
 
 void Engine::grad_ready(Parameter parameter) {
   ZEROSHARD_CHECK_USAGE(parameter.state_ == state_.get(),
                         "grad_ready() with a parameter of another engine");
-  state_->mark_grad_ready(parameter.index_);
+  live().mark_grad_ready(parameter.index_);
 }
 
-StepResult Engine::step() { return state_->step(); }
-void Engine::zero_grad() { state_->zero_grad(); }
+StepResult Engine::step() { return live().step(); }
+void Engine::zero_grad() { live().zero_grad(); }
 bool Engine::is_gradient_accumulation_boundary() const {
-  return state_->micro_step_ + 1 >= state_->config_.gradient_accumulation_steps;
+  return live().micro_step_ + 1 >= live().config_.gradient_accumulation_steps;
 }
-std::int64_t Engine::global_step() const { return state_->global_step_; }
-double Engine::lr() const { return state_->current_lr(); }
+std::int64_t Engine::global_step() const { return live().global_step_; }
+double Engine::lr() const { return live().current_lr(); }
 void Engine::set_lr(double lr) {
   ZEROSHARD_CHECK_USAGE(std::isfinite(lr) && lr >= 0.0,
                         "Invalid learning rate: " << lr << " (expected a finite value >= 0)");
-  state_->lr_override_ = lr;
+  live().lr_override_ = lr;
 }
-double Engine::loss_scale() const { return state_->loss_scale(); }
-double Engine::global_grad_norm() const { return state_->last_grad_norm_; }
-const Config& Engine::config() const { return state_->config_; }
-Device Engine::device() const { return state_->device_; }
+double Engine::loss_scale() const { return live().loss_scale(); }
+double Engine::global_grad_norm() const { return live().last_grad_norm_; }
+const Config& Engine::config() const { return live().config_; }
+Device Engine::device() const { return live().device_; }
 void Engine::set_compute_stream(void* stream) {
-  state_->backend_->set_stream(stream);
-  state_->comm_->set_compute_stream(stream);
+  live().backend_->set_stream(stream);
+  live().comm_->set_compute_stream(stream);
 }
-void* Engine::compute_stream() const { return state_->backend_->stream(); }
-Communicator& Engine::communicator() { return *state_->comm_; }
-const UpdateRule& Engine::update_rule() const { return *state_->rule_; }
-int Engine::rank() const { return state_->rank_; }
-int Engine::world_size() const { return state_->world_; }
-int Engine::stage() const { return state_->stage_; }
-DType Engine::model_dtype() const { return state_->dtype_; }
+void* Engine::compute_stream() const { return live().backend_->stream(); }
+Communicator& Engine::communicator() { return *live().comm_; }
+const UpdateRule& Engine::update_rule() const { return *live().rule_; }
+int Engine::rank() const { return live().rank_; }
+int Engine::world_size() const { return live().world_; }
+int Engine::stage() const { return live().stage_; }
+DType Engine::model_dtype() const { return live().dtype_; }
 std::int64_t Engine::trainable_numel() const {
-  state_->require_finalized();
-  return state_->layout_.unpadded_total();
+  live().require_finalized();
+  return live().layout_.unpadded_total();
 }
 std::int64_t Engine::padded_numel() const {
-  state_->lay_out();
-  return state_->layout_.padded_total();
+  live().lay_out();
+  return live().layout_.padded_total();
 }
 std::int64_t Engine::shard_begin() const {
-  state_->require_finalized();
-  return state_->layout_.shard_begin(state_->rank_);
+  live().require_finalized();
+  return live().layout_.shard_begin(live().rank_);
 }
 std::int64_t Engine::shard_end() const {
-  state_->require_finalized();
-  return state_->layout_.shard_end(state_->rank_);
+  live().require_finalized();
+  return live().layout_.shard_end(live().rank_);
 }
 
 ActivationBuffer Engine::allocate_activations(std::size_t bytes) {
+  detail::EngineState& state = live();
   ActivationBuffer buffer;
-  buffer.buffer_ = std::make_unique<detail::TrackedBuffer>(
-      state_->allocate(MemoryCategory::kActivations, bytes));
+  buffer.buffer_ =
+      std::make_unique<detail::TrackedBuffer>(state.allocate(MemoryCategory::kActivations, bytes));
+  buffer.registry_ = state.activations_;
+  buffer.registry_->add(*buffer.buffer_);
   return buffer;
 }
 
 MemoryReport Engine::memory_report() const {
-  return state_->tracker_.report(state_->rank_, state_->world_);
+  return live().tracker_.report(live().rank_, live().world_);
 }
 
-void Engine::reset_memory_peaks() { state_->tracker_.reset_peaks(); }
+void Engine::reset_memory_peaks() { live().tracker_.reset_peaks(); }
 
-MemoryLocation Engine::memory_location() const { return state_->backend_->memory().location(); }
+MemoryLocation Engine::memory_location() const { return live().backend_->memory().location(); }
 
 void Engine::save_checkpoint(const std::string& dir, const std::string& tag,
                              const std::string& user_state) {
-  state_->save_checkpoint(dir, tag, user_state);
+  live().save_checkpoint(dir, tag, user_state);
 }
 CheckpointInfo Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
-  return state_->load_checkpoint(dir, tag);
+  return live().load_checkpoint(dir, tag);
 }
 
-void Engine::load_weights(const std::string& file) { state_->load_weights(file); }
-bool Engine::save_16bit_model(const std::string& file) { return state_->save_16bit_model(file); }
+void Engine::load_weights(const std::string& file) { live().load_weights(file); }
+bool Engine::save_16bit_model(const std::string& file) { return live().save_16bit_model(file); }
 
-std::vector<float> Engine::consolidated_parameters() { return state_->consolidated_parameters(); }
+std::vector<float> Engine::consolidated_parameters() { return live().consolidated_parameters(); }
 
 }  // namespace zeroshard

@@ -347,6 +347,7 @@ CheckpointInfo EngineState::load_checkpoint(const std::string& dir, const std::s
     const ParamInfo& p = params_[i];
     if (!p.trainable) params_store_->store(static_cast<int>(i), frozen.data() + p.frozen_offset);
   }
+  forget_initial_values();
   global_step_ = m.global_step;
   micro_step_ = m.micro_step;
   lr_override_ = m.lr_override;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/compute_backend.h"
+#include "engine/activation_registry.h"
 #include "engine/engine_context.h"
 #include "engine/grad_bucketer.h"
 #include "engine/optimizer_shard.h"
@@ -76,16 +77,32 @@ class EngineState {
   /// Collective: "rank R: message" of the first rank that failed, empty when none did.
   std::string failure_on_any_rank(std::exception_ptr failure);
 
-  // --- rank_agreement.cpp: every rank runs the same config and registers the same model ---
+  // --- rank_agreement.cpp: every rank runs the same config, registers the same model, starts
+  // from the same values and steps with the same learning rates ---
   /// Throws ConfigError (a config key) or UsageError (rule, group or parameter) naming the first
   /// difference and each rank's value; world 1 returns at once.
   void check_ranks_agree();
-  std::string agreement_description() const;
+  /// Records a digest of parameter `index`'s initial values: `bytes` of host memory as copy_from(),
+  /// load_weights() or adopted memory gave them.
+  void note_initial_values(int index, const void* data, std::size_t bytes);
+  /// The adopted parameter memory holds the initial values of every trainable parameter.
+  void note_adopted_values();
+  /// A checkpoint set every rank's state: the initial values noted before no longer matter.
+  void forget_initial_values();
+  /// The floats step() sums over the ranks beside the gradient norm so that a difference in the
+  /// initial values, the step or the step's learning rates shows: 0 on one rank.
+  int step_agreement_floats() const;
+  void pack_step_agreement(const GroupContexts& contexts, float* out) const;
+  /// After the sum: UsageError naming the first difference and each rank's value, on every rank,
+  /// unless every rank packed the same.
+  void check_step_agreement(const GroupContexts& contexts, const float* summed);
   /// Communicator::all_gather_text for any communicator, bouncing through engine memory.
   std::vector<std::string> all_gather_text(const std::string& text);
 
   // --- engine_step.cpp ---
   StepResult step();
+  /// Per parameter group: the next update's scalars after the schedule and the group's options.
+  GroupContexts step_contexts() const;
   /// Runs the optimizer shard's update; with swap files, agrees across ranks on its outcome and
   /// undoes it everywhere (IoError) when any rank failed.
   void apply_update(float grad_factor, const GroupContexts& contexts);
@@ -135,10 +152,14 @@ class EngineState {
   std::unique_ptr<OptimizerShard> optimizer_;
   /// Device memory only: where the step's few all-reduced floats (norm, overflow) travel.
   TrackedBuffer reduction_scalars_;
+  /// Activation buffers handed out, freed here if they outlive the engine.
+  std::shared_ptr<ActivationRegistry> activations_ = std::make_shared<ActivationRegistry>();
 
   // Step bookkeeping.
   std::int64_t micro_step_ = 0;   ///< micro-steps in the current accumulation window
   std::int64_t global_step_ = 0;  ///< optimizer updates done
+  /// Per parameter: a digest of the initial values it was given (0 when none were).
+  std::vector<std::uint64_t> initial_value_digests_;
   double lr_override_ = -1.0;
   double last_grad_norm_ = 0.0;
 

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <sstream>
+#include <vector>
 
 #include "engine/engine_state.h"
 #include "util/check.h"
@@ -43,9 +44,14 @@ StepResult EngineState::step() {
   // inspects the gradients; the update then applies unscale x clip as one fp32 factor as it reads
   // them. The owned range is contiguous (padding between tensors stays zero), so it is one scan.
   const GradientScan scan = optimizer_->scan(lo, hi);
-  float partial[2] = {static_cast<float>(scan.sum_of_squares * unscale * unscale),
-                      scan.nonfinite ? 1.0f : 0.0f};
-  all_reduce_host(partial, 2, ReduceOp::kSum);
+  const GroupContexts contexts = step_contexts();
+  // The sum that finds the norm also carries the digest of what every rank must step with.
+  std::vector<float> partial(2 + step_agreement_floats());
+  partial[0] = static_cast<float>(scan.sum_of_squares * unscale * unscale);
+  partial[1] = scan.nonfinite ? 1.0f : 0.0f;
+  pack_step_agreement(contexts, partial.data() + 2);
+  all_reduce_host(partial.data(), static_cast<int>(partial.size()), ReduceOp::kSum);
+  check_step_agreement(contexts, partial.data() + 2);
   const double squares_total = partial[0];
   const bool nonfinite = partial[1] != 0.0f || !std::isfinite(partial[0]);
   // bf16 with check_grad_overflow off trusts the gradients, as DeepSpeed's BF16 optimizer does.
@@ -105,20 +111,6 @@ StepResult EngineState::step() {
     if (coefficient < 1.0) clip = coefficient;
   }
 
-  const ScheduledValues schedule = scheduled();
-  const double default_lr = rule_->default_lr();
-  GroupContexts contexts;
-  for (const GroupInfo& group : groups_) {
-    const ParamGroupOptions& options = group.options;
-    StepContext context;
-    context.step = global_step_ + 1;
-    context.lr = options.lr
-                     ? (default_lr > 0.0 ? *options.lr * schedule.lr / default_lr : *options.lr)
-                     : schedule.lr;
-    context.weight_decay = options.weight_decay.value_or(rule_->default_weight_decay());
-    context.momentum = schedule.momentum;
-    contexts.push_back(context);
-  }
   optimizer_->leave_whole_gradients(bucketer_->leaves_full_grads());
   apply_update(static_cast<float>(unscale * clip), contexts);
   times_.update += seconds_since(update_start);
@@ -135,6 +127,24 @@ StepResult EngineState::step() {
   result.updated = true;
   print_progress(result);
   return result;
+}
+
+GroupContexts EngineState::step_contexts() const {
+  const ScheduledValues schedule = scheduled();
+  const double default_lr = rule_->default_lr();
+  GroupContexts contexts;
+  for (const GroupInfo& group : groups_) {
+    const ParamGroupOptions& options = group.options;
+    StepContext context;
+    context.step = global_step_ + 1;
+    context.lr = options.lr
+                     ? (default_lr > 0.0 ? *options.lr * schedule.lr / default_lr : *options.lr)
+                     : schedule.lr;
+    context.weight_decay = options.weight_decay.value_or(rule_->default_weight_decay());
+    context.momentum = schedule.momentum;
+    contexts.push_back(context);
+  }
+  return contexts;
 }
 
 void EngineState::apply_update(float grad_factor, const GroupContexts& contexts) {

@@ -164,5 +164,91 @@ TEST_F(RankAgreement, AMissingParameterIsNamed) {
   EXPECT_THAT(message, HasSubstr("the number of registered parameters"));
 }
 
+// Ranks that start alike but then diverge: one rank's initial values, or a learning rate set on
+// one rank only. Each is found at the next step, before any update, on every rank.
+class StepAgreement : public RankAgreement {
+ protected:
+  // One micro-step of the toy model at `stage`, then the step; `before_step` runs before it.
+  void run_step(int stage, const std::function<void(Engine&, std::vector<Parameter>&)>& prepare) {
+    Engine engine = toy_engine_at(stage);
+    const std::vector<ToyTensor> tensors = uneven_toy_tensors();
+    std::vector<Parameter> handles = register_toy(engine, tensors);
+    prepare(engine, handles);
+    toy_micro_step(engine, tensors, handles, 0);
+    engine.step();
+  }
+  static Engine toy_engine_at(int stage) {
+    AdamWOptions options;
+    options.lr = 1e-3;
+    return make_engine(toy_config(stage), make_adamw(options));
+  }
+};
+
+TEST_F(StepAgreement, DifferentInitialValuesOnOneRankAreNamedAtTheFirstStepAtEveryStage) {
+  for (int stage = 0; stage <= 3; ++stage) {
+    const std::string message = message_of<UsageError>([&] {
+      run_step(stage, [&](Engine&, std::vector<Parameter>& handles) {
+        if (!odd_one_) return;
+        std::vector<float> values(static_cast<std::size_t>(handles[3].numel()), 0.25f);
+        handles[3].copy_from(values);  // "b.weight", a seed of its own
+      });
+    });
+    EXPECT_THAT(message, HasSubstr("initial values of 'b.weight'")) << "stage " << stage;
+    EXPECT_THAT(message, HasSubstr("rank " + std::to_string(world_size_ - 1))) << "stage " << stage;
+  }
+}
+
+TEST_F(StepAgreement, ALearningRateSetOnOneRankOnlyIsNamedBeforeTheUpdate) {
+  for (int stage = 0; stage <= 3; ++stage) {
+    Engine engine = toy_engine_at(stage);
+    const std::vector<ToyTensor> tensors = uneven_toy_tensors();
+    std::vector<Parameter> handles = register_toy(engine, tensors);
+    toy_micro_step(engine, tensors, handles, 0);
+    engine.step();
+    if (odd_one_) engine.set_lr(5e-4);
+    toy_micro_step(engine, tensors, handles, 1);
+    const std::string message = message_of<UsageError>([&] { engine.step(); });
+    EXPECT_THAT(message, HasSubstr("learning rate")) << "stage " << stage;
+    EXPECT_THAT(message, HasSubstr("0.0005")) << "stage " << stage;
+    EXPECT_THAT(message, HasSubstr("0.001")) << "stage " << stage;
+    EXPECT_EQ(engine.global_step(), 1) << "the update ran; stage " << stage;
+  }
+}
+
+TEST_F(StepAgreement, RanksThatSetTheSameValuesTrainOn) {
+  run_step(3, [](Engine& engine, std::vector<Parameter>&) { engine.set_lr(5e-4); });
+}
+
+TEST(EngineLifetime, AnActivationBufferThatOutlivesItsEngineIsEmptied) {
+  ActivationBuffer kept;
+  {
+    Engine engine = toy_engine();
+    engine.register_parameter("a.weight", {8});
+    kept = engine.allocate_activations(4096);
+    ASSERT_NE(kept.data(), nullptr);
+    EXPECT_EQ(kept.bytes(), 4096u);
+    ActivationBuffer replaced = engine.allocate_activations(64);
+    replaced = engine.allocate_activations(128);  // the 64 bytes go back at once
+    EXPECT_EQ(
+        engine.memory_report().at(MemoryCategory::kActivations, engine_memory(engine)).current,
+        4096 + 128);
+  }
+  // Freed with the engine: a pointer into freed memory would be the alternative.
+  EXPECT_EQ(kept.data(), nullptr);
+  EXPECT_EQ(kept.bytes(), 0u);
+}
+
+TEST(EngineLifetime, EveryCallOnAMovedFromEngineIsAUsageError) {
+  Engine engine = toy_engine();
+  engine.register_parameter("a.weight", {8});
+  Engine moved = std::move(engine);
+  const std::string message = message_of<UsageError>([&] { engine.step(); });
+  EXPECT_THAT(message, HasSubstr("moved-from Engine"));
+  EXPECT_THROW(engine.register_parameter("b.weight", {4}), UsageError);
+  EXPECT_THROW(engine.memory_report(), UsageError);
+  EXPECT_THROW(engine.allocate_activations(16), UsageError);
+  EXPECT_EQ(moved.parameters().size(), 1u);
+}
+
 }  // namespace
 }  // namespace zeroshard::testing
