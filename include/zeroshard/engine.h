@@ -42,7 +42,8 @@ struct ParamOptions {
   /// updated; they are kept whole on every rank.
   bool trainable = true;
   /// Module the parameter belongs to; empty means the name up to its last '.' ("fc1.weight" ->
-  /// "fc1"). A module's parameters must be registered one after another.
+  /// "fc1"), and a name without a '.' is a module of its own. A module's parameters must be
+  /// registered one after another.
   std::string module;
 };
 

@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
 
 #include "util/check.h"
 
@@ -15,10 +18,17 @@ namespace {
 // progress poll test them all.
 constexpr int kMaxGathersInFlight = 2;
 
+bool poison_released_from_environment() {
+  const char* value = std::getenv("ZEROSHARD_POISON_RELEASED");
+  return value != nullptr && std::strcmp(value, "1") == 0;
+}
+
 }  // namespace
 
 ParamCoordinator::ParamCoordinator(const EngineContext& context, Tier shard_tier, void* adopted)
-    : context_(context), modules_(context.modules.size()) {
+    : context_(context),
+      modules_(context.modules.size()),
+      poison_released_(poison_released_from_environment()) {
   const std::size_t dsize = context_.dsize;
   const std::size_t full_bytes = context_.layout.padded_total() * dsize;
   TrackedBuffer model_memory;
@@ -57,6 +67,7 @@ ParamCoordinator::ParamCoordinator(const EngineContext& context, Tier shard_tier
       const std::int64_t begin = context_.layout.shard_begin(context_.rank);
       write_owned(begin, adopted_full_.as<char>() + begin * static_cast<std::int64_t>(dsize),
                   adopted_full_.location(), shard);
+      for (std::size_t m = 0; m < modules_.size(); ++m) poison_released(static_cast<ModuleId>(m));
     }
     for (std::size_t i = 0; i < context_.params.size(); ++i) {
       const ParamInfo& p = context_.params[i];
@@ -365,9 +376,40 @@ void ParamCoordinator::free_module(ModuleId module) {
   ModuleState& m = modules_[module];
   for (Request& request : m.pending) request.wait();
   m.pending.clear();
+  poison_released(module);
   if (!m.gathered.empty()) spare_gathered_.push_back(std::move(m.gathered));
   m.residency = Residency::kReleased;
   live_elements_ -= module_size(module);
+}
+
+void ParamCoordinator::poison_released(ModuleId module) {
+  const ModuleInfo& info = context_.modules[module];
+  if (!poison_released_ || !info.sharded) return;
+  // x * NaN is NaN for every x, so the backend's scaling kernel fills any element type with it.
+  constexpr float kPoison = std::numeric_limits<float>::quiet_NaN();
+  const auto dsize = static_cast<std::int64_t>(context_.dsize);
+  const auto fill = [&](char* data, std::int64_t count) {
+    context_.backend.scale(data, context_.dtype, count, kPoison);
+  };
+  ModuleState& m = modules_[module];
+  if (adopted_full_.empty()) {
+    if (!m.gathered.empty()) fill(m.gathered.as<char>(), module_size(module));
+    return;
+  }
+  // In the model's memory, persistent parameters stay readable: only the sharded parts go.
+  char* base = adopted_full_.as<char>();
+  if (!info.slices.empty()) {
+    for (const FlatRange& range : info.ranges) {
+      fill(base + range.begin * dsize, range.end - range.begin);
+    }
+    return;
+  }
+  for (int index : info.params) {
+    const ParamInfo& p = context_.params[index];
+    if (p.trainable && !p.persistent) {
+      fill(base + context_.layout.offset(p.tensor) * dsize, p.numel);
+    }
+  }
 }
 
 void ParamCoordinator::prefetch_after(std::size_t trace_index) {

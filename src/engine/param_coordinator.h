@@ -96,6 +96,9 @@ class ParamCoordinator {
   TrackedBuffer take_gathered_buffer(std::size_t bytes);
   void prefetch_after(std::size_t trace_index);
   bool reused_soon(ModuleId module) const;
+  /// ZEROSHARD_POISON_RELEASED: fills what the model would read of a module that is not
+  /// gathered with NaN, so that a read outside gather() shows at once instead of as stale values.
+  void poison_released(ModuleId module);
   /// Stage 3: where module `module`'s gathered copy starts, and parameter `index`'s persistent
   /// copy: buffers of their own, or their place in the adopted memory.
   char* gathered_base(ModuleId module);
@@ -131,6 +134,7 @@ class ParamCoordinator {
   std::int64_t live_elements_ = 0;
   std::int64_t peak_live_elements_ = 0;
   std::int64_t persistent_elements_ = 0;
+  bool poison_released_ = false;
 };
 
 }  // namespace zeroshard::detail

@@ -4,6 +4,8 @@
 // buffer of the engine's beside them); addresses that stay put; the model's initial values taken.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdlib>
 #include <string>
 #include <tuple>
 
@@ -278,6 +280,81 @@ TEST(AdoptedMemory, FlatOffsetOfAFrozenParameterIsAUsageError) {
   frozen.trainable = false;
   const Parameter table = engine.register_parameter("table", {8}, frozen);
   EXPECT_THROW(engine.flat_offset(table), UsageError);
+}
+
+// Stage 3 gathers into the model's memory and the update changes the shards, so what a module
+// holds there outside gather() is stale. ZEROSHARD_POISON_RELEASED=1 makes it NaN instead, and
+// leaves the persistent parameters, which are whole on every rank, readable.
+class PoisonReleased : public ::testing::Test {
+ protected:
+  void SetUp() override { setenv("ZEROSHARD_POISON_RELEASED", "1", 1); }
+  void TearDown() override { setenv("ZEROSHARD_POISON_RELEASED", previous_.c_str(), 1); }
+
+  static std::vector<float> values_of(Engine& engine, const OwnMemory& own,
+                                      const Parameter& handle) {
+    const DType dtype = engine.model_dtype();
+    const std::int64_t n = handle.numel();
+    const std::vector<char> raw =
+        to_host(engine,
+                static_cast<const char*>(static_cast<const void*>(own.parameters.data())) +
+                    engine.flat_offset(handle) * size_of(dtype),
+                n * size_of(dtype));
+    std::vector<float> values(n);
+    detail::convert_to_float(raw.data(), dtype, values.data(), n);
+    return values;
+  }
+  static int nan_count(const std::vector<float>& values) {
+    int count = 0;
+    for (float v : values) count += std::isnan(v) ? 1 : 0;
+    return count;
+  }
+
+ private:
+  std::string previous_ = [] {
+    const char* value = std::getenv("ZEROSHARD_POISON_RELEASED");
+    return std::string(value ? value : "");
+  }();
+};
+
+TEST_F(PoisonReleased, AModuleReadOutsideItsGatherIsNaNAtStage3) {
+  for (bool bf16 : {false, true}) {
+    OwnMemory own;
+    Engine engine = make_engine(adopted_config(3, bf16), adamw());
+    const std::vector<ToyTensor> tensors = uneven_toy_tensors();
+    std::vector<Parameter> handles = register_adopted(engine, tensors, own);
+    engine.finalize();
+    const Parameter& b_weight = handles[3];
+    const Parameter& a_bias = handles[1];  // 7 elements: persistent, whole on every rank
+    EXPECT_EQ(nan_count(values_of(engine, own, b_weight)), b_weight.numel()) << "bf16 " << bf16;
+    EXPECT_EQ(nan_count(values_of(engine, own, a_bias)), 0) << "bf16 " << bf16;
+    {
+      auto gathered = engine.gathered(b_weight.module());
+      const std::vector<float> values = values_of(engine, own, b_weight);
+      EXPECT_EQ(nan_count(values), 0) << "bf16 " << bf16;
+    }
+    toy_micro_step_any_precision(engine, tensors, handles, 0);
+    engine.step();
+    // The step's update made the last gathered values stale: they are poisoned again.
+    EXPECT_EQ(nan_count(values_of(engine, own, b_weight)), b_weight.numel()) << "bf16 " << bf16;
+    EXPECT_EQ(nan_count(values_of(engine, own, a_bias)), 0) << "bf16 " << bf16;
+  }
+}
+
+TEST_F(PoisonReleased, PoisonedTrainingEqualsTrainingWithoutIt) {
+  std::vector<float> results[2];
+  for (bool poison : {false, true}) {
+    setenv("ZEROSHARD_POISON_RELEASED", poison ? "1" : "0", 1);
+    OwnMemory own;
+    Engine engine = make_engine(adopted_config(3, false), adamw());
+    const std::vector<ToyTensor> tensors = uneven_toy_tensors();
+    std::vector<Parameter> handles = register_adopted(engine, tensors, own);
+    for (std::int64_t step = 0; step < 3; ++step) {
+      toy_micro_step_any_precision(engine, tensors, handles, step);
+      engine.step();
+    }
+    results[poison ? 1 : 0] = engine.consolidated_parameters();
+  }
+  EXPECT_EQ(results[0], results[1]);
 }
 
 }  // namespace
