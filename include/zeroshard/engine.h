@@ -319,7 +319,8 @@ class ZEROSHARD_API Engine {
   std::int64_t global_step() const;
   /// The learning rate the next update will use (from the scheduler, unless set).
   double lr() const;
-  /// Overrides the learning rate (the scheduler, if any, no longer drives it).
+  /// Overrides the learning rate (the scheduler, if any, no longer drives it). Every rank must set
+  /// the same value: the next update's step() throws UsageError on every rank otherwise.
   void set_lr(double lr);
   /// The factor the model multiplies its loss by before backward (1 unless fp16).
   double loss_scale() const;
