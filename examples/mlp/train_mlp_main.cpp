@@ -129,6 +129,7 @@ int train(const Options& options, Communicator& communicator,
   std::vector<double> losses;
   for (int step = first_step; step < common.steps; ++step) {
     std::chrono::steady_clock::duration busy{};
+    std::chrono::steady_clock::duration stepping{};
     float loss = 0.0f;
     zeroshard::StepResult result;
     for (int micro = 0; micro < accumulation; ++micro) {
@@ -137,9 +138,12 @@ int train(const Options& options, Communicator& communicator,
       data.sample(range.first, range.count, x.data(), labels.data());
       const auto start = std::chrono::steady_clock::now();
       loss += model.train_micro_step(x.data(), labels.data(), range.count);
+      const auto step_start = std::chrono::steady_clock::now();
       // The engine knows where the accumulation window ends; in between, step() only reduces.
       result = engine.step();
-      busy += std::chrono::steady_clock::now() - start;
+      const auto end = std::chrono::steady_clock::now();
+      busy += end - start;
+      stepping += end - step_start;
     }
     // Every rank's micro-batches are the same size, so the mean of the rank means is the mean
     // over the global batch.
@@ -153,11 +157,12 @@ int train(const Options& options, Communicator& communicator,
     // One line per step; the engine adds its own lr / grad-norm line every steps_per_print.
     if (rank == 0) {
       std::printf(
-          "step %5d/%d | loss %.6f | lr %.3e | grad norm %.4f | %8.2f ms/step | model states "
-          "%.3f MiB/rank%s\n",
+          "step %5d/%d | loss %.6f | lr %.3e | grad norm %.4f | %8.2f ms/step (step() %.2f) | "
+          "model states %.3f MiB/rank%s\n",
           step + 1, common.steps, global_loss, result.lr, result.grad_norm,
-          std::chrono::duration<double, std::milli>(busy).count(), static_cast<double>(stats[1]),
-          result.skipped ? " | skipped (overflow)" : "");
+          std::chrono::duration<double, std::milli>(busy).count(),
+          std::chrono::duration<double, std::milli>(stepping).count(),
+          static_cast<double>(stats[1]), result.skipped ? " | skipped (overflow)" : "");
       std::fflush(stdout);
     }
     checkpoints.after_step(step);

@@ -84,6 +84,10 @@ struct StepTimes {
   /// Swap files: what the update waited for reads and writes (I/O it did not hide).
   double swap_read_wait = 0.0;
   double swap_write_wait = 0.0;
+  /// Offload: what the host waited for copies between the device and the pinned staging, in
+  /// backward (gradients on their way to the host) and in the update (parameters on their way
+  /// back).
+  double copy_wait = 0.0;
 };
 
 struct EngineContext {

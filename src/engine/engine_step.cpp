@@ -214,6 +214,10 @@ void EngineState::print_progress(const StepResult& result) {
     const double per_step = 1000.0 / static_cast<double>(every);
     os << " | reduce " << times_.reduce * per_step << " ms | update " << times_.update * per_step
        << " ms | gather " << times_.gather * per_step << " ms";
+    if (optimizer_->offloaded()) {
+      os << " | host-device copy wait " << times_.copy_wait * per_step
+         << " ms (of backward and the update)";
+    }
     if (optimizer_->swaps()) {
       os << " | NVMe read wait " << times_.swap_read_wait * per_step << " ms, write wait "
          << times_.swap_write_wait * per_step << " ms (of the update)";

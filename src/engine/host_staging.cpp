@@ -2,6 +2,7 @@
 #include "engine/host_staging.h"
 
 #include <algorithm>
+#include <chrono>
 #include <exception>
 #include <utility>
 
@@ -17,7 +18,7 @@ std::int64_t host_staging_half_bytes(std::int64_t share_bytes, bool writes_back,
 }
 
 HostStaging::HostStaging(const EngineContext& context, std::size_t half_bytes)
-    : backend_(context.backend), half_bytes_(half_bytes) {
+    : backend_(context.backend), times_(context.times), half_bytes_(half_bytes) {
   for (Half& half : halves_) {
     half.buffer = context.allocate(Tier::kPinnedHost, MemoryCategory::kCommunication, half_bytes);
     half.done = backend_.make_copy_event();
@@ -37,7 +38,9 @@ HostStaging::~HostStaging() {
 }
 
 void HostStaging::settle(Half& half) {
+  const auto start = std::chrono::steady_clock::now();
   half.done->wait();
+  times_.copy_wait += seconds_since(start);
   if (half.land) std::exchange(half.land, nullptr)();
 }
 

@@ -56,6 +56,7 @@ class HostStaging {
   void settle(Half& half);
 
   ComputeBackend& backend_;
+  StepTimes& times_;
   std::size_t half_bytes_;
   Half halves_[2];
   int next_ = 0;     ///< the half acquire() hands out next: the older copy
