@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "command_line.h"
 #include "tools/config_override_flags.h"
 #include "zeroshard/config.h"
@@ -48,6 +50,7 @@ struct Options {
   std::optional<std::int64_t> largest_tensor;
   std::optional<std::int64_t> persistent_params;
   std::optional<std::int64_t> fit_memory;
+  bool json = false;
   zeroshard::ConfigOverrides overrides;  ///< "auto" values of the config
 };
 
@@ -153,6 +156,9 @@ void add_flags(CLI::App& app, Options& options) {
       "also print the largest model that fits in BYTES of device memory per rank, per stage: "
       "80GB, 80e9, 40GiB")
       ->type_name("BYTES");
+  app.add_flag("--json", options.json,
+               "print the estimates as a JSON array (one object per stage, bytes per rank) "
+               "instead of the table, for scripts");
   zeroshard::tools::add_override_flags(app, options.overrides);
 }
 
@@ -344,6 +350,35 @@ void print_estimates(const std::vector<MemoryEstimate>& estimates,
   for (const auto& [stages, note] : notes) std::cout << "note (" << stages << "): " << note << "\n";
 }
 
+/// One estimate as JSON: bytes per category and tier, the totals the table prints, and the
+/// largest model that fits in `fit_memory` when given.
+nlohmann::json estimate_json(const MemoryEstimate& e,
+                             const std::optional<std::int64_t>& fit_memory) {
+  nlohmann::json out = {{"stage", e.input.stage}, {"valid", e.valid}};
+  if (!e.valid) {
+    out["reason"] = e.reason;
+    return out;
+  }
+  for (MemoryTier tier : {MemoryTier::kDevice, MemoryTier::kHost, MemoryTier::kNvme}) {
+    nlohmann::json& bytes = out[zeroshard::to_string(tier)];
+    for (int c = 0; c < zeroshard::kMemoryCategoryCount; ++c) {
+      const auto category = static_cast<MemoryCategory>(c);
+      bytes[zeroshard::to_string(category)] = e.at(category, tier);
+    }
+    bytes["model_states"] = e.model_state_bytes(tier);
+    bytes["total"] = e.total(tier);
+  }
+  out[zeroshard::to_string(MemoryTier::kDevice)]["transient"] = e.transient_device_bytes;
+  out[zeroshard::to_string(MemoryTier::kDevice)]["peak"] = e.device_peak();
+  out[zeroshard::to_string(MemoryTier::kHost)]["per_node"] = e.host_per_node();
+  out["padded_params"] = e.padded_params;
+  out["shard_params"] = e.shard_params;
+  out["traffic_bytes_per_step"] = e.traffic_bytes_per_step;
+  out["notes"] = e.notes;
+  if (fit_memory) out["largest_model_params"] = zeroshard::largest_model(*fit_memory, e.input);
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -363,6 +398,12 @@ int main(int argc, char** argv) {
       EstimateInput in = base;
       in.stage = stage;
       estimates.push_back(zeroshard::estimate(in));
+    }
+    if (options.json) {
+      nlohmann::json out = nlohmann::json::array();
+      for (const MemoryEstimate& e : estimates) out.push_back(estimate_json(e, options.fit_memory));
+      std::cout << out.dump(2) << "\n";
+      return 0;
     }
     print_estimates(estimates, options.fit_memory);
     return 0;
