@@ -9,6 +9,10 @@
 #include <sstream>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
+#include "zeroshard/memory_estimator.h"
+
 namespace {
 
 /// Runs a command and returns what it printed on stdout.
@@ -51,6 +55,29 @@ TEST(EstimateTool, PrintsThePaperFiguresInGB) {
 TEST(EstimateTool, AnswersTheInverseQuestion) {
   const std::string out = run(tool() + " --params 1B --ranks 8 --fit-memory 80GB");
   EXPECT_NE(out.find("largest model in 80.0 GB"), std::string::npos) << out;
+}
+
+TEST(EstimateTool, JsonGivesTheEstimatorsBytesForEveryStage) {
+  const std::string out =
+      run(tool() + " --params 7.5B --ranks 64 --precision fp16 --optimizer adam --json");
+  const nlohmann::json estimates = nlohmann::json::parse(out);
+  ASSERT_EQ(estimates.size(), 4u) << out;
+  for (int stage = 0; stage <= 3; ++stage) {
+    zeroshard::EstimateInput in;
+    in.params = 7'500'000'000;
+    in.ranks = 64;
+    in.stage = stage;
+    in.precision = zeroshard::DType::kFloat16;
+    in.optimizer = "adam";
+    const zeroshard::MemoryEstimate expected = zeroshard::estimate(in);
+    const nlohmann::json& e = estimates[stage];
+    EXPECT_EQ(e["stage"], stage);
+    EXPECT_EQ(e["device"]["model_states"], expected.model_state_bytes()) << "stage " << stage;
+    EXPECT_EQ(e["device"]["peak"], expected.device_peak()) << "stage " << stage;
+    EXPECT_EQ(e["host"]["total"], expected.total(zeroshard::MemoryTier::kHost));
+    EXPECT_EQ(e["device"]["optimizer_states"],
+              expected.at(zeroshard::MemoryCategory::kOptimizerStates));
+  }
 }
 
 TEST(EstimateTool, ReadsADeepSpeedConfig) {
