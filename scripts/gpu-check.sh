@@ -1,0 +1,310 @@
+#!/usr/bin/env bash
+# The one call for a machine with a GPU: builds what the GPU checks need with every core, runs the
+# gpu-labelled tests, the CUDA kernel benchmarks and an offload training run of the largest MLP the
+# machine holds (stage 3, bf16, the optimizer on the host), and writes one report, report.md, with
+# its logs to OUT_DIR. Without a GPU it still builds, says why it skipped the rest, and writes the
+# report. Exit status: 0 when nothing failed (skips included), 1 otherwise.
+#
+#   bash scripts/gpu-check.sh OUT_DIR
+#
+# ZEROSHARD_DEPS_BUNDLE=DIR: on a machine that cannot reach a package registry, unpack the
+#   packages scripts/bundle_deps.sh downloaded into DIR (never over a file already there) instead
+#   of running scripts/install_deps.sh.
+# GPU_CHECK_INSTALL_DEPS=0: the packages are installed already; install nothing.
+# GPU_CHECK_BUILD_DIR (build-gpu; one configured already is built as it is configured),
+# GPU_CHECK_TEST_TIMEOUT (s per test, 120), GPU_CHECK_STEPS (3), GPU_CHECK_PARAMS (the offload
+# run's parameters; default: the largest the estimator fits). CUDA_VISIBLE_DEVICES set empty (or
+# -1) hides the GPUs, as it does from CUDA.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+if (($# != 1)); then
+  echo "usage: scripts/gpu-check.sh OUT_DIR" >&2
+  exit 2
+fi
+out=$(mkdir -p "$1" && cd "$1" && pwd)
+build=${GPU_CHECK_BUILD_DIR:-build-gpu}
+test_timeout=${GPU_CHECK_TEST_TIMEOUT:-120}
+steps=${GPU_CHECK_STEPS:-3}
+report="$out/report.md"
+started=$(date +%s)
+failed=0
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1
+
+elapsed() { echo "$(($(date +%s) - started)) s"; }
+section() { printf '\n## %s\n\n' "$1" >>"$report"; }
+# Runs "$@" with its output in $out/$log; the last lines go to the report when it fails.
+logged() {
+  local log=$1
+  shift
+  "$@" >"$out/$log" 2>&1
+  local status=$?
+  if ((status != 0)); then
+    printf 'failed (exit %d): `%s`; the end of %s:\n\n```\n%s\n```\n' "$status" "$*" "$log" \
+      "$(tail -n 25 "$out/$log")" >>"$report"
+  fi
+  return "$status"
+}
+
+{
+  echo "# zeroshard GPU check"
+  echo
+  echo "- commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet \
+    2>/dev/null || echo ' (with uncommitted changes)')"
+  echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo "- host: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' \
+    /proc/meminfo) memory"
+} >"$report"
+
+# --- dependencies ---------------------------------------------------------------------------
+install_bundle() {
+  local bundle=$1 deb link target
+  for deb in "$bundle"/*.deb; do
+    dpkg-deb --fsys-tarfile "$deb" | tar -x --skip-old-files -C / || return 1
+  done
+  while read -r link target; do
+    if [[ ! -e "$link" && ! -L "$link" && -e "$target" ]]; then
+      mkdir -p "$(dirname "$link")" && ln -s "$target" "$link"
+    fi
+  done <"$bundle/links.txt"
+  ldconfig
+}
+section "Set-up"
+if [[ "${GPU_CHECK_INSTALL_DEPS:-1}" == 0 ]]; then
+  echo "- packages: taken as installed (GPU_CHECK_INSTALL_DEPS=0)" >>"$report"
+elif [[ -n "${ZEROSHARD_DEPS_BUNDLE:-}" ]]; then
+  logged deps.log install_bundle "$ZEROSHARD_DEPS_BUNDLE" && echo "- packages: unpacked from" \
+    "$ZEROSHARD_DEPS_BUNDLE ($(ls "$ZEROSHARD_DEPS_BUNDLE"/*.deb | wc -l) .deb files)" >>"$report"
+else
+  logged deps.log bash scripts/install_deps.sh && echo "- packages: scripts/install_deps.sh" \
+    >>"$report"
+fi
+
+gpu_reason=""
+if [[ -v CUDA_VISIBLE_DEVICES && ( -z "$CUDA_VISIBLE_DEVICES" || "$CUDA_VISIBLE_DEVICES" == -1 ) ]]
+then
+  gpu_reason="CUDA_VISIBLE_DEVICES='$CUDA_VISIBLE_DEVICES' hides every GPU"
+elif ! command -v nvidia-smi >/dev/null 2>&1; then
+  gpu_reason="nvidia-smi is not on PATH (no NVIDIA driver)"
+elif ! gpu_line=$(nvidia-smi --query-gpu=name,memory.total,compute_cap,driver_version \
+  --format=csv,noheader,nounits 2>&1 | head -n 1) || [[ -z "$gpu_line" ]]; then
+  gpu_reason="nvidia-smi found no GPU: ${gpu_line:-no output}"
+fi
+cuda_architectures=90
+if [[ -z "$gpu_reason" ]]; then
+  IFS=', ' read -r -a gpu_fields <<<"$(tr -s ' ' <<<"${gpu_line//, /,}" | tr ',' ' ')"
+  gpu_memory_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1)
+  cuda_architectures=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 |
+    tr -d '.')
+  echo "- GPU: $gpu_line (name, MiB, compute capability, driver)" >>"$report"
+else
+  echo "- GPU: none: $gpu_reason" >>"$report"
+fi
+echo "- nvcc: $( (nvcc --version 2>/dev/null || /usr/local/cuda/bin/nvcc --version) |
+  grep -o 'release [0-9.]*' | head -n 1)" >>"$report"
+
+# --- build ----------------------------------------------------------------------------------
+section "Build"
+build_start=$(date +%s)
+if [[ -f "$build/CMakeCache.txt" ]]; then
+  echo "- build folder $build: configured already, built as it is" >>"$report"
+else
+  generator=()
+  command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
+  logged configure.log cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+    -DZEROSHARD_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$cuda_architectures" || failed=1
+fi
+# What the gpu label runs (with the fixtures its cases need), the kernel benchmarks, the trainer
+# and the estimator: a program is named by its path in a test's command.
+targets=()
+if ((failed == 0)); then
+  ctest --test-dir "$build" -L gpu --show-only=json-v1 >"$out/gpu-tests.json" 2>/dev/null
+  cmake --build "$build" --target help 2>/dev/null |
+    sed -n 's/^\.\.\. \([^ ]*\).*/\1/p; s/^\([A-Za-z0-9_.-]*\): .*/\1/p' >"$out/targets.txt"
+  mapfile -t targets < <(python3 - "$out/gpu-tests.json" "$(cd "$build" && pwd)" \
+    "$out/targets.txt" <<'EOF'
+import json, os, sys
+tests = json.load(open(sys.argv[1]))["tests"]
+known = set(open(sys.argv[3]).read().split())
+wanted = {"bench_kernels", "bench_cpu_optimizer", "zeroshard-train-mlp", "zeroshard-estimate"}
+for test in tests:
+    for argument in test.get("command", []):
+        path = argument.split("=", 1)[-1]
+        if path.startswith(sys.argv[2] + "/"):
+            wanted.add(os.path.basename(path))
+print("\n".join(sorted(wanted & known)))
+EOF
+  )
+  logged build.log cmake --build "$build" -j"$(nproc)" --target "${targets[@]}" || failed=1
+fi
+echo "- ${#targets[@]} targets built in $(($(date +%s) - build_start)) s with $(nproc) jobs" \
+  "($(sed -n 's/^CMAKE_BUILD_TYPE:STRING=//p; s/^CMAKE_CUDA_ARCHITECTURES:STRING=/CUDA architectures /p' \
+  "$build/CMakeCache.txt" 2>/dev/null | paste -sd ' '))" >>"$report"
+grep -c 'warning:' "$out/build.log" 2>/dev/null | xargs -I{} echo "- compiler warnings: {}" \
+  >>"$report"
+
+# --- tests ----------------------------------------------------------------------------------
+section "ctest -L gpu"
+if ((failed != 0)); then
+  echo "not run: the build failed" >>"$report"
+elif [[ -n "$gpu_reason" ]]; then
+  echo "skipped: $gpu_reason" >>"$report"
+else
+  test_start=$(date +%s)
+  ctest --test-dir "$build" -L gpu -j"$(($(nproc) / 2))" --timeout "$test_timeout" \
+    --output-on-failure --output-junit "$out/ctest-junit.xml" >"$out/ctest.log" 2>&1 || failed=1
+  python3 - "$out/ctest-junit.xml" >>"$report" <<'EOF'
+import sys, xml.etree.ElementTree as ET
+cases = ET.parse(sys.argv[1]).getroot().iter("testcase")
+rows, counts = [], {}
+for case in cases:
+    status = case.get("status", "run")
+    if case.find("failure") is not None:
+        status = "failed"
+    elif case.find("skipped") is not None or status == "notrun":
+        status = "skipped"
+    else:
+        status = "passed" if status == "run" else status
+    counts[status] = counts.get(status, 0) + 1
+    rows.append((case.get("name"), status, float(case.get("time", 0))))
+print(", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + "\n")
+print("| test | result | seconds |\n| --- | --- | --- |")
+for name, status, seconds in rows:
+    print(f"| {name} | {status} | {seconds:.1f} |")
+EOF
+  echo >>"$report"
+  echo "$(($(date +%s) - test_start)) s; output in ctest.log" >>"$report"
+fi
+
+# --- kernel benchmarks ----------------------------------------------------------------------
+section "Kernel benchmarks"
+if ((failed != 0)) && [[ ! -x "$build/benchmarks/bench_kernels" ]]; then
+  echo "not run: the build failed" >>"$report"
+elif [[ -n "$gpu_reason" ]]; then
+  echo "skipped: $gpu_reason" >>"$report"
+else
+  # The fused AdamW against a device-to-device copy of the same bytes, with the ratio lines the
+  # program prints; then the host's CPU update, which the offloaded step runs.
+  if logged bench-kernels.log "$build/benchmarks/bench_kernels" --benchmark_min_time=0.2; then
+    printf '```\n%s\n```\n' "$(grep -vE '^(---|Run on|CPU Caches|  L[123]|Load Average)' \
+      "$out/bench-kernels.log")" >>"$report"
+  else
+    failed=1
+  fi
+  if logged bench-cpu.log timeout 90 "$build/benchmarks/bench_cpu_optimizer" \
+    --benchmark_min_time=0.1; then
+    printf '\nCPU update (the offloaded step'"'"'s):\n\n```\n%s\n```\n' "$(grep -iE \
+      'ratio|stream|BM_' "$out/bench-cpu.log" | head -n 30)" >>"$report"
+  fi
+fi
+
+# --- the offload run ------------------------------------------------------------------------
+section "Offload training run (stage 3, bf16, optimizer on the host)"
+offload_config="$out/offload-config.json"
+cat >"$offload_config" <<'EOF'
+{
+  "train_micro_batch_size_per_gpu": 16,
+  "gradient_clipping": 1.0,
+  "steps_per_print": 1,
+  "wall_clock_breakdown": true,
+  "bf16": {"enabled": true},
+  "optimizer": {"type": "AdamW", "params": {"lr": 0.0001, "weight_decay": 0.01}},
+  "zero_optimization": {
+    "stage": 3,
+    "offload_optimizer": {"device": "cpu", "pin_memory": true}
+  }
+}
+EOF
+if [[ -n "$gpu_reason" ]]; then
+  echo "skipped: $gpu_reason" >>"$report"
+elif [[ ! -x "$build/examples/mlp/zeroshard-train-mlp" || ! -x "$build/zeroshard-estimate" ]]; then
+  echo "not run: the trainer or the estimator did not build" >>"$report"
+  failed=1
+else
+  host_mib=$(awk '/MemAvailable/ {print int($2 / 1024)}' /proc/meminfo)
+  # The largest MLP whose estimate fits 85% of the GPU and 75% of the host's available memory
+  # (the rest: CUDA contexts, the trainer's own buffers, the page cache). Square layers of 8192.
+  sizing=$(python3 - "$build/zeroshard-estimate" "$offload_config" "$gpu_memory_mib" "$host_mib" \
+    "${GPU_CHECK_PARAMS:-}" <<'EOF'
+import json, subprocess, sys
+estimate, config, gpu_mib, host_mib, forced = sys.argv[1:6]
+width, inputs, classes = 8192, 1024, 16
+def params(layers):
+    return inputs * width + width + (layers - 2) * (width * width + width) + width * classes + classes
+def figures(p):
+    text = subprocess.run([estimate, "--config", config, "--params", str(p), "--json",
+                           "--largest-tensor", str(width * width)],
+                          check=True, capture_output=True, text=True).stdout
+    e = json.loads(text)[0]
+    return e["device"]["peak"], e["host"]["total"]
+gpu, host = int(gpu_mib) << 20, int(host_mib) << 20
+layers = 3
+if forced:
+    layers = max(3, round((int(float(forced)) - params(2)) / (width * width + width)) + 2)
+else:
+    while True:
+        device, host_bytes = figures(params(layers + 1))
+        if device > 0.85 * gpu or host_bytes > 0.75 * host:
+            break
+        layers += 1
+device, host_bytes = figures(params(layers))
+print(layers, params(layers), device, host_bytes, width, inputs, classes)
+EOF
+  )
+  read -r layers offload_params estimate_device estimate_host width inputs classes <<<"$sizing"
+  if [[ -z "${layers:-}" ]]; then
+    echo "not run: the estimator gave no size (see above)" >>"$report"
+    failed=1
+  else
+    run_start=$(date +%s)
+    logged offload.log "$build/examples/mlp/zeroshard-train-mlp" --config "$offload_config" \
+      --device cuda --steps "$steps" --layers "$layers" --width "$width" --inputs "$inputs" \
+      --classes "$classes" --report-json "$out/offload-report.json" || failed=1
+    python3 - "$out/offload.log" "$out/offload-report.json" "$offload_params" "$estimate_device" \
+      "$estimate_host" "$(($(date +%s) - run_start))" "$layers" "$width" >>"$report" <<'EOF'
+import json, os, re, sys
+log, report_path, params, est_device, est_host, seconds, layers, width = sys.argv[1:9]
+gib = lambda b: f"{int(b) / 2**30:.2f} GiB"
+trainer, engine = {}, {}
+for line in open(log):
+    m = re.match(r"step +(\d+)/\d+ .*\| +([\d.]+) ms/step \(step\(\) ([\d.]+)\)", line)
+    if m:
+        trainer[int(m[1])] = (float(m[2]), float(m[3]))
+    m = re.match(r".*step (\d+) \| lr .*reduce ([\d.e+-]+) ms \| update ([\d.e+-]+) ms \| gather "
+                 r"([\d.e+-]+) ms(?:.*copy wait ([\d.e+-]+) ms)?", line)
+    if m:
+        engine[int(m[1])] = [float(x) if x else 0.0 for x in m.groups()[1:]]
+print(f"MLP of {layers} layers of width {width}: {int(params) / 1e9:.2f}B parameters; "
+      f"{seconds} s in all (set-up, {len(trainer)} steps, checksums).\n")
+print("| step | ms/step | forward + backward | step() | reduce | CPU update | host-device copy "
+      "wait | gather |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+for step, (total, stepping) in sorted(trainer.items()):
+    reduce, update, gather, wait = engine.get(step, [0.0] * 4)
+    print(f"| {step} | {total:.0f} | {total - stepping:.0f} | {stepping:.0f} | {reduce:.0f} | "
+          f"{update - wait:.0f} | {wait:.0f} | {gather:.0f} |")
+print("\nforward + backward: the model's GPU compute and its gathers; CPU update: the update's "
+      "time less its waits on copies; copy wait: the host blocked on device-host copies in "
+      "backward and the update.\n")
+if os.path.exists(report_path):
+    memory = json.load(open(report_path))["memory"][0]
+    print("| memory per rank | measured peak | estimate | measured / estimate |")
+    print("| --- | --- | --- | --- |")
+    for name, estimated in (("device", est_device), ("host", est_host)):
+        measured = memory[name]["total_peak"]
+        print(f"| {name} | {gib(measured)} | {gib(estimated)} | "
+              f"{measured / max(1, int(estimated)):.3f} |")
+    print(f"\nThe process's peak resident host memory: {gib(memory['process_peak_rss'])} (the "
+          "trainer's own buffers and the CUDA runtime's included).")
+else:
+    print("no memory report (the run failed)")
+EOF
+  fi
+fi
+
+section "Summary"
+echo "$( ((failed == 0)) && echo "nothing failed" || echo "FAILURES above"); $(elapsed) in all." \
+  >>"$report"
+cat "$report"
+exit "$failed"
