@@ -5,7 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/install_deps.sh
-bash scripts/build.sh
+# Only what the demo runs: the library, the trainer and the tools beside it (scripts/test.sh
+# builds the rest).
+ZEROSHARD_BUILD_TARGETS="zeroshard zeroshard-train-mlp zeroshard-config zeroshard-estimate" \
+  bash scripts/build.sh
 
 # --oversubscribe and --bind-to none let 4 ranks share fewer cores, and one BLAS thread per rank
 # keeps them from fighting over those cores; containers often forbid the single-copy (CMA) path.
