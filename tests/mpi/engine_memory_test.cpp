@@ -94,8 +94,9 @@ TEST_P(EngineMemory, ElementsSentPerStepMatchTheory) {
     toy_micro_step(engine, tensors, handles, step);
     engine.step();
     const TrafficCounters& t = engine.communicator().traffic();
-    // Every stage also all-reduces two scalars (sum of squares, non-finite count): 2 x 2.
-    const std::int64_t scalars = 4;
+    // Every stage also all-reduces two scalars (sum of squares, non-finite count) and, on two
+    // ranks or more, the eight small integers that carry the step's agreement digest.
+    const std::int64_t scalars = 2 * (engine.world_size() > 1 ? 2 + 8 : 2);
     const std::int64_t expected = (stage == 3 ? 3 * kP : 2 * kP) + scalars;
     EXPECT_EQ(t.total_elements(), expected) << "stage " << stage << " step " << step;
     const int all_reduce = static_cast<int>(Collective::kAllReduce);
