@@ -5,11 +5,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -287,6 +289,66 @@ TEST(CommunicatorTimeout, AbortDumpsTheFlightRecorderToTheTraceDirectory) {
                       text.find("\"op\": \"all-reduce\"") != std::string::npos);
   }
   EXPECT_TRUE(found) << "no rank-0 dump naming the abort and the all-reduce in " << dir;
+}
+
+// Every flight-recorder dump in `dir`, parsed.
+std::vector<nlohmann::json> dumps_in(const std::string& dir) {
+  std::vector<nlohmann::json> dumps;
+  for (const auto& file : std::filesystem::directory_iterator(dir)) {
+    std::ifstream in(file.path());
+    dumps.push_back(nlohmann::json::parse(in));
+  }
+  return dumps;
+}
+
+// The program's communicator and the engine's stall together; the one that times out must not
+// take the other's records with it when the error unwinds the engine.
+TEST(CommunicatorTimeout, ATimeoutDumpsEveryCommunicatorOfTheProcess) {
+  const std::string dir = ::testing::TempDir() + "communicator_test_timeout_dumps_all";
+  std::filesystem::remove_all(dir);
+  setenv("ZEROSHARD_TRACE_DIR", dir.c_str(), 1);
+  std::vector<FakeTransport> engine_transports(2);
+  FakeCommunicator engine(engine_transports);
+  float data[2] = {};
+  engine.broadcast(data, 2, DType::kFloat32, 0);
+  engine.all_reduce(data, 2, DType::kFloat32);
+  std::vector<FakeTransport> program_transports(1);
+  program_transports[0].fail = true;
+  FakeCommunicator program(program_transports);
+  try {
+    program.all_reduce(data, 1, DType::kFloat32);
+    ADD_FAILURE() << "the fake timeout did not surface";
+  } catch (const TimeoutError& error) {
+    EXPECT_THAT(error.what(), HasSubstr("and this process's other communicators': " + dir));
+  }
+  unsetenv("ZEROSHARD_TRACE_DIR");
+
+  const std::vector<nlohmann::json> dumps = dumps_in(dir);
+  ASSERT_EQ(dumps.size(), 2u) << "expected the program's dump and the engine's in " << dir;
+  const auto timed_out = std::find_if(
+      dumps.begin(), dumps.end(), [](const nlohmann::json& d) { return d.at("gave_up_in") == 1; });
+  ASSERT_NE(timed_out, dumps.end());
+  EXPECT_THAT(timed_out->at("reason").get<std::string>(),
+              HasSubstr("collective #1 all-reduce of 1 fp32 elements on rank 0 of 2 (fake) "
+                        "timed out"));
+  const nlohmann::json& other = dumps[timed_out == dumps.begin() ? 1 : 0];
+  EXPECT_EQ(other.at("reason").get<std::string>(),
+            "dumped with communicator " + std::to_string(timed_out->at("communicator").get<int>()) +
+                " of this process, whose collective #1 all-reduce of 1 fp32 elements on rank 0 of "
+                "2 (fake) timed out first");
+  ASSERT_EQ(other.at("entries").size(), 2u);
+  EXPECT_EQ(other.at("entries")[0].at("op"), "broadcast");
+  EXPECT_EQ(other.at("entries")[1].at("op"), "all-reduce");
+  EXPECT_EQ(other.at("entries")[1].at("state"), "completed");
+
+  // An abort then rewrites both, each keeping the reason it was first dumped for.
+  setenv("ZEROSHARD_TRACE_DIR", dir.c_str(), 1);
+  EXPECT_EXIT(program.abort(3), ::testing::ExitedWithCode(3), "");
+  unsetenv("ZEROSHARD_TRACE_DIR");
+  for (const nlohmann::json& dump : dumps_in(dir)) {
+    EXPECT_EQ(dump.at("reason").get<std::string>().find("abort("), std::string::npos)
+        << dump.at("reason");
+  }
 }
 
 TEST(Names, DTypesAndCollectives) {

@@ -108,8 +108,9 @@ enum class ReduceOp { kSum, kMax };
 /// Every collective gets a sequence number (1, 2, ... per communicator) and an entry in a flight
 /// recorder, a ring of the last ZEROSHARD_FLIGHT_RECORDER_SIZE (default 256) collectives. A
 /// timeout names the collective by number and says what the transport knows of the other ranks;
-/// with ZEROSHARD_TRACE_DIR set, a timeout or abort() writes the ring to DIR/rank-R.json, which
-/// the zeroshard-trace tool reads (docs/troubleshooting.md).
+/// with ZEROSHARD_TRACE_DIR set, a timeout or abort() writes the ring of every communicator of the
+/// process to DIR/rank-R[.comm-N].json, which the zeroshard-trace tool reads
+/// (docs/troubleshooting.md).
 class ZEROSHARD_API Communicator {
  public:
   virtual ~Communicator();
@@ -180,7 +181,7 @@ class ZEROSHARD_API Communicator {
 
   /// Ends every rank's process with `error_code` (MPI_Abort under MPI): for a rank that fails
   /// alone, so that the others do not wait for it in their next collective for ever. Writes the
-  /// flight recorder first when ZEROSHARD_TRACE_DIR is set.
+  /// flight recorder of every communicator of the process first when ZEROSHARD_TRACE_DIR is set.
   [[noreturn]] void abort(int error_code) noexcept;
 
   /// Collective: every rank's `text`, in rank order, on every rank (reports, diagnostics).

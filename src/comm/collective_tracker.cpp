@@ -1,5 +1,5 @@
-// Sequence numbers, the first-timeout rule, the diagnosis a timeout reports and the dump of the
-// flight recorder.
+// Sequence numbers, the first-timeout rule, the diagnosis a timeout reports, the dump of the
+// flight recorder and the registry of the process's live trackers.
 #include "comm/collective_tracker.h"
 
 #include <unistd.h>
@@ -10,10 +10,12 @@
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "util/log.h"
 #include "zeroshard/error.h"
@@ -27,6 +29,18 @@ namespace {
 constexpr std::chrono::duration<double> kPeerAnswerWindow{0.5};
 
 std::atomic<int> g_next_communicator_id{0};
+
+// The trackers alive in this process, in creation order. Built by the first tracker, so that it
+// outlives every tracker, those of communicators held in globals included.
+struct LiveTrackers {
+  std::mutex mutex;
+  std::vector<CollectiveTracker*> trackers;
+};
+
+LiveTrackers& live_trackers() {
+  static LiveTrackers live;
+  return live;
+}
 
 double wall_seconds(std::chrono::system_clock::time_point time) {
   return std::chrono::duration<double>(time.time_since_epoch()).count();
@@ -77,7 +91,17 @@ void write_atomically(const std::filesystem::path& path, const std::string& text
 CollectiveTracker::CollectiveTracker()
     : id_(g_next_communicator_id.fetch_add(1)),
       recorder_(flight_recorder_size_from_environment()),
-      board_(std::make_shared<ProgressBoard>()) {}
+      board_(std::make_shared<ProgressBoard>()) {
+  LiveTrackers& live = live_trackers();
+  const std::lock_guard<std::mutex> lock(live.mutex);
+  live.trackers.push_back(this);
+}
+
+CollectiveTracker::~CollectiveTracker() {
+  LiveTrackers& live = live_trackers();
+  const std::lock_guard<std::mutex> lock(live.mutex);
+  std::erase(live.trackers, this);
+}
 
 void CollectiveTracker::identify(int rank, int size, std::string backend) {
   rank_ = rank;
@@ -237,9 +261,18 @@ std::string CollectiveTracker::diagnose_timeout(std::int64_t seq,
        << "ranks' dumps with zeroshard-trace.";
   }
   first_timeout_ = "collective " + describe(seq) + " timed out first";
-  const std::string path = dump(os.str());
+  dump_reason_ = os.str();
+  const std::string path = dump(dump_reason_);
   if (!path.empty()) {
-    os << " Flight recorder: " << path << " (run zeroshard-trace on its directory).";
+    os << " Flight recorder: " << path;
+    const std::vector<std::string> others =
+        dump_all(this, "dumped with communicator " + std::to_string(id_) +
+                           " of this process, whose " + first_timeout_);
+    if (!others.empty()) {
+      os << ", and this process's other communicators': " << others.front();
+      for (std::size_t i = 1; i < others.size(); ++i) os << ", " << others[i];
+    }
+    os << " (run zeroshard-trace on its directory).";
   } else {
     os << " Set ZEROSHARD_TRACE_DIR to dump every rank's flight recorder for zeroshard-trace.";
   }
@@ -251,6 +284,7 @@ std::string CollectiveTracker::dump(const std::string& reason) noexcept {
   const char* dir = std::getenv("ZEROSHARD_TRACE_DIR");
   if (dir == nullptr || *dir == '\0') return {};
   try {
+    if (dump_reason_.empty()) dump_reason_ = reason;
     using nlohmann::json;
     const auto now = std::chrono::steady_clock::now();
     json entries = json::array();
@@ -286,7 +320,7 @@ std::string CollectiveTracker::dump(const std::string& reason) noexcept {
                            {"host", host_name()},
                            {"pid", static_cast<long>(getpid())},
                            {"dumped_at_s", wall_now()},
-                           {"reason", reason},
+                           {"reason", dump_reason_},
                            {"capacity", recorder_.capacity()},
                            {"last_started", board_->last_started},
                            {"last_completed", board_->last_completed},
@@ -303,6 +337,23 @@ std::string CollectiveTracker::dump(const std::string& reason) noexcept {
                               << dir << "': " << error.what());
     return {};
   }
+}
+
+std::vector<std::string> CollectiveTracker::dump_all(const CollectiveTracker* except,
+                                                     const std::string& reason) noexcept {
+  std::vector<std::string> paths;
+  try {
+    LiveTrackers& live = live_trackers();
+    const std::lock_guard<std::mutex> lock(live.mutex);
+    for (CollectiveTracker* tracker : live.trackers) {
+      if (tracker == except) continue;
+      std::string path = tracker->dump(reason);
+      if (!path.empty()) paths.push_back(std::move(path));
+    }
+  } catch (const std::exception& error) {
+    ZEROSHARD_LOG(kError, "could not dump every communicator's flight recorder: " << error.what());
+  }
+  return paths;
 }
 
 }  // namespace zeroshard::detail

@@ -1,6 +1,7 @@
 // What every communicator knows about its own collectives, whatever the transport: their sequence
 // numbers, the flight recorder, the first timeout (after which the communicator refuses to wait
-// again), and the diagnosis a timeout reports, with what a transport's side channel says of peers.
+// again), the diagnosis a timeout reports, with what a transport's side channel says of peers, and
+// the dump of every communicator of the process when one of them times out or aborts.
 #pragma once
 
 #include <chrono>
@@ -49,10 +50,15 @@ class PeerChannel {
   virtual std::string how() const = 0;
 };
 
-/// Shared by a communicator and its requests, which may outlive it. Not thread-safe.
+/// Shared by a communicator and its requests, which may outlive it. Not thread-safe. Each tracker
+/// is listed in a process-wide registry for its lifetime, so that the dump of one communicator
+/// brings the others' with it.
 class CollectiveTracker {
  public:
   CollectiveTracker();
+  ~CollectiveTracker();
+  CollectiveTracker(const CollectiveTracker&) = delete;
+  CollectiveTracker& operator=(const CollectiveTracker&) = delete;
 
   /// Sets the rank, world size and transport name shown in messages and dumps; the base class
   /// calls it before the first collective, when the transport knows them.
@@ -71,11 +77,21 @@ class CollectiveTracker {
   void check_usable(std::int64_t seq) const;
   bool timed_out() const noexcept { return !first_timeout_.empty(); }
   /// Records the first timeout, in `seq`: logs and returns the full diagnosis (what was awaited,
-  /// for how long, what the peers said, who is behind) and dumps the recorder when asked to.
+  /// for how long, what the peers said, who is behind) and dumps this recorder, and every other
+  /// live one of the process, when asked to.
   std::string diagnose_timeout(std::int64_t seq, const std::string& transport_message);
   /// Writes the recorder to ZEROSHARD_TRACE_DIR/rank-R.json (temporary file, then rename) when
   /// that variable is set; returns the path, or "" when it is unset or writing failed (logged).
+  /// The first reason stays the reason of later dumps (an abort after a timeout does not hide
+  /// the timeout), except that this tracker's own timeout replaces it with its diagnosis.
   std::string dump(const std::string& reason) noexcept;
+  /// dump() of every tracker alive in this process but `except` (null: all of them); returns the
+  /// paths written. The program's communicator and the engine's stall together, and the one that
+  /// times out first is not always the one whose records explain the stall. Reads the other
+  /// trackers from the calling thread, which is sound because one thread drives them all, as for
+  /// any tracker.
+  static std::vector<std::string> dump_all(const CollectiveTracker* except,
+                                           const std::string& reason) noexcept;
 
  private:
   void update_board() noexcept;
@@ -92,6 +108,7 @@ class CollectiveTracker {
   std::shared_ptr<PeerChannel> channel_;
   std::vector<PeerReport> last_peers_;
   std::string first_timeout_;
+  std::string dump_reason_;  // why the recorder was first dumped, or this tracker's diagnosis
 };
 
 }  // namespace zeroshard::detail

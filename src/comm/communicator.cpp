@@ -189,9 +189,10 @@ void Communicator::barrier() {
 }
 
 void Communicator::abort(int error_code) noexcept {
-  if (tracker_)
-    tracker_->dump("abort(" + std::to_string(error_code) + ") called on rank " +
-                   std::to_string(rank()));
+  // Every communicator of the process: the engine's records may be what explains the program's
+  // reason to abort.
+  detail::CollectiveTracker::dump_all(nullptr, "abort(" + std::to_string(error_code) +
+                                                   ") called on rank " + std::to_string(rank()));
   end_job(error_code);
   // end_job ends the process; the compiler cannot see that through the virtual call.
   std::_Exit(error_code);
