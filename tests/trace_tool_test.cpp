@@ -1,5 +1,6 @@
 // zeroshard-trace as a user runs it, on dumps written here: a missing rank, a rank behind, ranks
-// that issued different collectives, dumps that agree, and a directory without dumps.
+// that issued different collectives, dumps that agree, and a directory without dumps; and on the
+// dumps of a real 4-host job whose host 3 lost its data link (tests/trace_dumps).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -103,7 +104,37 @@ TEST(TraceTool, ExitsOneWhenTheDumpsAgree) {
   write_dump(dir, 1, 2, 5, 0);
   const ToolRun run = run_tool(dir);
   EXPECT_EQ(run.status, 1) << run.out;
-  EXPECT_NE(run.out.find("no rank is behind or missing"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("no rank is singled out"), std::string::npos) << run.out;
+}
+
+fs::path recorded_set(const std::string& name) {
+  const char* source = std::getenv("ZEROSHARD_SOURCE_DIR");
+  return fs::path(source != nullptr ? source : ".") / "tests" / "trace_dumps" / name;
+}
+
+TEST(TraceTool, NamesTheRankWhoseLinkWasCutAndNoHealthyRank) {
+  // The cut rank had started more collectives than the healthy ones, which wait in an earlier one.
+  const ToolRun run = run_tool(recorded_set("link_cut_numbers_differ"));
+  EXPECT_EQ(run.status, 0) << run.out;
+  EXPECT_NE(run.out.find("rank 2 is cut off: ranks 0,1,3 heard one another"), std::string::npos)
+      << run.out;
+  EXPECT_NE(run.out.find("\nnamed: rank 2\n"), std::string::npos) << run.out;
+  EXPECT_EQ(run.out.find(" is behind:"), std::string::npos) << run.out;
+}
+
+TEST(TraceTool, NamesTheRankNoOtherHeardWhenAllWaitInTheSameCollective) {
+  const ToolRun run = run_tool(recorded_set("link_cut_numbers_agree"));
+  EXPECT_EQ(run.status, 0) << run.out;
+  EXPECT_NE(run.out.find("\nnamed: rank 2\n"), std::string::npos) << run.out;
+}
+
+TEST(TraceTool, ExitsTwoNamingTheFieldOfABadDump) {
+  const fs::path dir = fresh_dir("bad");
+  std::ofstream(dir / "rank-0.json") << R"({"rank":0,"size":2,"entries":[]})";
+  const ToolRun run = run_tool(dir);
+  EXPECT_EQ(run.status, 2) << run.out;
+  EXPECT_NE(run.out.find("rank-0.json: missing field 'last_started'"), std::string::npos)
+      << run.out;
 }
 
 TEST(TraceTool, ExitsTwoWithoutDumps) {
