@@ -5,9 +5,11 @@
 # usage: run_multihost.sh equivalence HOSTS RANKS_PER_HOST
 #          stages 0-3 of the example trainer on HOSTS hosts give the one-host run's losses and
 #          parameter checksums bit for bit
-#        run_multihost.sh link-down
-#          two hosts; the data link of the second is cut mid-run: the job must end, non-zero and
-#          with the collective timeout's message, within 1.5 timeouts (plus slack) of the cut
+#        run_multihost.sh link-down [HOSTS [CUT]]
+#          HOSTS hosts (default 2), one rank each; the data link of host CUT (1..HOSTS, default
+#          the last) is cut mid-run: the job must end, non-zero and with the collective timeout's
+#          message, within 1.5 timeouts (plus slack) of the cut; from 3 hosts on, zeroshard-trace
+#          must name that host's rank, and no other, from the flight recorders the ranks dumped
 #        run_multihost.sh wire-bytes HOSTS
 #          one rank per host; the bytes each host's data interface sends per reduce-scatter step,
 #          for the ring and for MPI's own reduce-scatter, beside a ring's (N-1)/N * P * 4: the
@@ -16,6 +18,7 @@
 #          one rank per host; the bytes all hosts' data interfaces send per training step of
 #          stages 0-3, with the ring reduce-scatter and with MPI's (a measurement, no check)
 # Environment: ZEROSHARD_TRAINER (the zeroshard-train-mlp program; equivalence, link-down),
+# ZEROSHARD_TRACE_TOOL (the zeroshard-trace program; link-down from 3 hosts on),
 # ZEROSHARD_WIRE_BENCH (the zeroshard-reduce-scatter-wire program; wire-bytes),
 # ZEROSHARD_SOURCE_DIR, ZEROSHARD_WORK_DIR (scratch; its path also names this run's namespaces).
 # Exits 77, ctest's skip code here, with the reason where namespaces cannot be made.
@@ -32,7 +35,7 @@ readonly kWireElements=4194304 # P, fp32 elements per reduce-scatter (16 MiB)
 readonly kWireRepeats=4        # K, measured steps
 readonly kWireMaxRatio=1.05    # TCP/IP headers and ACKs on top of the ring's payload
 
-mode=${1:?usage: run_multihost.sh equivalence HOSTS RANKS_PER_HOST | link-down | wire-bytes HOSTS | trainer-bytes HOSTS}
+mode=${1:?usage: run_multihost.sh equivalence HOSTS RANKS_PER_HOST | link-down [HOSTS [CUT]] | wire-bytes HOSTS | trainer-bytes HOSTS}
 source_dir=${ZEROSHARD_SOURCE_DIR:?ZEROSHARD_SOURCE_DIR must name the source tree}
 work_dir=${ZEROSHARD_WORK_DIR:?ZEROSHARD_WORK_DIR must name a scratch folder}
 agent=$source_dir/tests/multihost/netns_agent.sh
@@ -44,9 +47,14 @@ case $mode in
     tag=e${hosts}x${ranks_per_host}
     ;;
   link-down)
-    hosts=2
+    hosts=${2:-2}
+    cut_host=${3:-$hosts}
     ranks_per_host=1
-    tag=ld
+    tag=ld${hosts}c$cut_host
+    if ((cut_host < 1 || cut_host > hosts)); then
+      echo "run_multihost.sh: link-down: got CUT $cut_host, expected a host 1..$hosts" >&2
+      exit 2
+    fi
     ;;
   wire-bytes | trainer-bytes)
     hosts=${2:?HOSTS missing}
@@ -98,6 +106,10 @@ if [[ $mode == wire-bytes ]]; then
 else
   trainer=${ZEROSHARD_TRAINER:?ZEROSHARD_TRAINER must name zeroshard-train-mlp}
   [[ -x $trainer ]] || { say "no trainer at $trainer"; exit 1; }
+fi
+if [[ $mode == link-down && $hosts -ge 3 ]]; then
+  trace_tool=${ZEROSHARD_TRACE_TOOL:?ZEROSHARD_TRACE_TOOL must name zeroshard-trace}
+  [[ -x $trace_tool ]] || { say "no zeroshard-trace at $trace_tool"; exit 1; }
 fi
 
 remove_namespaces # leftovers of a killed earlier run
@@ -155,9 +167,10 @@ mpirun_on_hosts() {
   if [[ -n ${ZEROSHARD_COLLECTIVE_TIMEOUT_S:-} ]]; then
     forward+=(-x ZEROSHARD_COLLECTIVE_TIMEOUT_S)
   fi
-  if [[ -n ${ZEROSHARD_REDUCE_SCATTER:-} ]]; then
-    forward+=(-x ZEROSHARD_REDUCE_SCATTER)
-  fi
+  local name
+  for name in ZEROSHARD_REDUCE_SCATTER ZEROSHARD_TRACE_DIR ZEROSHARD_FLIGHT_RECORDER_SIZE; do
+    if [[ -n ${!name:-} ]]; then forward+=(-x "$name"); fi
+  done
   ip netns exec "$switch" env \
     ZEROSHARD_NETNS_HOSTS="$hosts_map" ZEROSHARD_NETNS_TMPDIR="$work_dir/tmp" \
     mpirun --allow-run-as-root --oversubscribe --bind-to none \
@@ -228,6 +241,8 @@ run_equivalence() {
 run_link_down() {
   local log=$work_dir/link_down.log pid start started cut end elapsed bound waited rc left
   export ZEROSHARD_COLLECTIVE_TIMEOUT_S=$kLinkDownTimeout
+  # Every namespace sees the same file system, as ranks on a shared one would.
+  export ZEROSHARD_TRACE_DIR=$work_dir/trace
   start=$(now)
   : >"$log"
   # Stage 2, 100-element all-gather chunks, one sample per rank: most of a step is the parameter
@@ -249,9 +264,9 @@ run_link_down() {
   fi
   started=$(now)
   sleep "$kLinkDownCutAfter"
-  ip -n "$switch" link set "d$hosts" down
+  ip -n "$switch" link set "d$cut_host" down
   cut=$(now)
-  say "training from $(seconds_between "$start" "$started") s; data link of host $hosts cut at" \
+  say "training from $(seconds_between "$start" "$started") s; data link of host $cut_host cut at" \
     "$(seconds_between "$start" "$cut") s"
   while kill -0 "$pid" 2>/dev/null; do
     if awk -v e="$(seconds_between "$cut" "$(now)")" -v g="$kLinkDownGiveUp" \
@@ -279,6 +294,20 @@ run_link_down() {
   check "no rank or daemon is left on any host" test -z "$left"
   check "the job ends within 1.5 timeouts + $kLinkDownSlack s of the cut ($elapsed s <= $bound s)" \
     awk -v e="$elapsed" -v b="$bound" 'BEGIN { exit !(e <= b) }'
+  # Two hosts that cannot hear each other are symmetric: no record can tell whose link was cut.
+  if [[ $hosts -ge 3 ]]; then check_trace_names "$((cut_host - 1))"; fi
+}
+
+# zeroshard-trace on the dumps must name rank $1, and no other rank, in every communicator that
+# names one.
+check_trace_names() {
+  local report=$work_dir/trace_report.txt status=0 named
+  "$trace_tool" "$ZEROSHARD_TRACE_DIR" >"$report" 2>&1 || status=$?
+  sed 's/^/  | /' "$report"
+  named=$(sed -n 's/^named: //p' "$report" | sort -u | tr '\n' ' ')
+  check "zeroshard-trace names a rank (exit $status)" test "$status" -eq 0
+  check "zeroshard-trace names rank $1, whose link was cut, and no other (named: $named)" \
+    test "$named" = "rank $1 "
 }
 
 run_wire_bytes() {
