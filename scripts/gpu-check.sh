@@ -12,8 +12,9 @@
 #   of running scripts/install_deps.sh.
 # GPU_CHECK_INSTALL_DEPS=0: the packages are installed already; install nothing.
 # GPU_CHECK_BUILD_DIR (build-gpu; one configured already is built as it is configured),
-# GPU_CHECK_TEST_TIMEOUT (s per test, 120), GPU_CHECK_STEPS (3), GPU_CHECK_PARAMS (the offload
-# run's parameters; default: the largest the estimator fits). CUDA_VISIBLE_DEVICES set empty (or
+# GPU_CHECK_TEST_TIMEOUT (s per test, 120), GPU_CHECK_TESTS_LIMIT (s for all tests, 240),
+# GPU_CHECK_OFFLOAD_LIMIT (s for the offload run, 240), GPU_CHECK_STEPS (3), GPU_CHECK_PARAMS (the
+# offload run's parameters; default: the largest the estimator fits). CUDA_VISIBLE_DEVICES set empty (or
 # -1) hides the GPUs, as it does from CUDA.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +26,8 @@ fi
 out=$(mkdir -p "$1" && cd "$1" && pwd)
 build=${GPU_CHECK_BUILD_DIR:-build-gpu}
 test_timeout=${GPU_CHECK_TEST_TIMEOUT:-120}
+tests_limit=${GPU_CHECK_TESTS_LIMIT:-240}
+offload_limit=${GPU_CHECK_OFFLOAD_LIMIT:-240}
 steps=${GPU_CHECK_STEPS:-3}
 report="$out/report.md"
 started=$(date +%s)
@@ -144,6 +147,28 @@ echo "- ${#targets[@]} targets built in $(($(date +%s) - build_start)) s with $(
 grep -c 'warning:' "$out/build.log" 2>/dev/null | xargs -I{} echo "- compiler warnings: {}" \
   >>"$report"
 
+# --- kernel benchmarks ----------------------------------------------------------------------
+section "Kernel benchmarks"
+if ((failed != 0)) && [[ ! -x "$build/benchmarks/bench_kernels" ]]; then
+  echo "not run: the build failed" >>"$report"
+elif [[ -n "$gpu_reason" ]]; then
+  echo "skipped: $gpu_reason" >>"$report"
+else
+  # The fused AdamW against a device-to-device copy of the same bytes, with the ratio lines the
+  # program prints; then the host's CPU update, which the offloaded step runs.
+  if logged bench-kernels.log "$build/benchmarks/bench_kernels" --benchmark_min_time=0.1; then
+    printf '```\n%s\n```\n' "$(grep -vE '^(---|Run on|CPU Caches|  L[123]|Load Average)' \
+      "$out/bench-kernels.log")" >>"$report"
+  else
+    failed=1
+  fi
+  if logged bench-cpu.log timeout 60 "$build/benchmarks/bench_cpu_optimizer" \
+    --benchmark_min_time=0.1; then
+    printf '\nCPU update (the offloaded step'"'"'s):\n\n```\n%s\n```\n' "$(grep -iE \
+      'ratio|stream|BM_' "$out/bench-cpu.log" | head -n 30)" >>"$report"
+  fi
+fi
+
 # --- tests ----------------------------------------------------------------------------------
 section "ctest -L gpu"
 if ((failed != 0)); then
@@ -152,8 +177,10 @@ elif [[ -n "$gpu_reason" ]]; then
   echo "skipped: $gpu_reason" >>"$report"
 else
   test_start=$(date +%s)
+  # Cases not started by the stop time are reported as not run, so the offload run still gets
+  # its turn on a machine lent for minutes.
   ctest --test-dir "$build" -L gpu -j"$(($(nproc) / 2))" --timeout "$test_timeout" \
-    --output-on-failure --output-junit "$out/ctest-junit.xml" >"$out/ctest.log" 2>&1 || failed=1
+    --stop-time "$(date -d "+${tests_limit} sec" +%H:%M:%S)" --output-on-failure --output-junit "$out/ctest-junit.xml" >"$out/ctest.log" 2>&1 || failed=1
   python3 - "$out/ctest-junit.xml" >>"$report" <<'EOF'
 import sys, xml.etree.ElementTree as ET
 cases = ET.parse(sys.argv[1]).getroot().iter("testcase")
@@ -175,28 +202,6 @@ for name, status, seconds in rows:
 EOF
   echo >>"$report"
   echo "$(($(date +%s) - test_start)) s; output in ctest.log" >>"$report"
-fi
-
-# --- kernel benchmarks ----------------------------------------------------------------------
-section "Kernel benchmarks"
-if ((failed != 0)) && [[ ! -x "$build/benchmarks/bench_kernels" ]]; then
-  echo "not run: the build failed" >>"$report"
-elif [[ -n "$gpu_reason" ]]; then
-  echo "skipped: $gpu_reason" >>"$report"
-else
-  # The fused AdamW against a device-to-device copy of the same bytes, with the ratio lines the
-  # program prints; then the host's CPU update, which the offloaded step runs.
-  if logged bench-kernels.log "$build/benchmarks/bench_kernels" --benchmark_min_time=0.2; then
-    printf '```\n%s\n```\n' "$(grep -vE '^(---|Run on|CPU Caches|  L[123]|Load Average)' \
-      "$out/bench-kernels.log")" >>"$report"
-  else
-    failed=1
-  fi
-  if logged bench-cpu.log timeout 90 "$build/benchmarks/bench_cpu_optimizer" \
-    --benchmark_min_time=0.1; then
-    printf '\nCPU update (the offloaded step'"'"'s):\n\n```\n%s\n```\n' "$(grep -iE \
-      'ratio|stream|BM_' "$out/bench-cpu.log" | head -n 30)" >>"$report"
-  fi
 fi
 
 # --- the offload run ------------------------------------------------------------------------
@@ -258,7 +263,8 @@ EOF
     failed=1
   else
     run_start=$(date +%s)
-    logged offload.log "$build/examples/mlp/zeroshard-train-mlp" --config "$offload_config" \
+    logged offload.log timeout "$offload_limit" "$build/examples/mlp/zeroshard-train-mlp" \
+      --config "$offload_config" \
       --device cuda --steps "$steps" --layers "$layers" --width "$width" --inputs "$inputs" \
       --classes "$classes" --report-json "$out/offload-report.json" || failed=1
     python3 - "$out/offload.log" "$out/offload-report.json" "$offload_params" "$estimate_device" \
