@@ -49,6 +49,9 @@ struct ZeroConfig {
   bool gather_16bit_weights_on_model_save = false;  ///< stage3_gather_16bit_weights_on_model_save
   bool ignore_unused_parameters = true;
   bool round_robin_gradients = false;
+  /// Each parameter's view 16-byte aligned (DeepSpeed #8277). Holds whatever the value: every
+  /// tensor starts on a multiple of 16 elements.
+  bool parameter_alignment = false;
   OffloadConfig offload_optimizer;
   OffloadConfig offload_param = param_offload_defaults();
 

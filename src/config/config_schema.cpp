@@ -19,11 +19,6 @@ constexpr Range kFraction{.min = 0, .max = 1};
 const char* const kIntegration = "a Python-side integration";
 
 bool enables_hpz(const nlohmann::json& value) { return value.get<double>() > 1; }
-// Every tensor starts on a multiple of kTensorAlignment (16) elements of at least 2 bytes.
-bool misaligns_parameters(const nlohmann::json& value) {
-  const std::int64_t bytes = *integer_value(value);
-  return bytes > 0 && 32 % bytes != 0;
-}
 bool enables_autocast(const nlohmann::json& value) {
   const auto enabled = value.find("enabled");
   return enabled != value.end() && *enabled != false;
@@ -562,18 +557,22 @@ std::vector<KeySpec> make_key_specs() {
                   "uses it (DeepSpeed #8331). zeroshard always computes it.",
        .status = S::kRefused},
       {.path = "zero_optimization.parameter_alignment",
-       .kind = K::kInteger,
-       .default_json = "16",
-       .meaning = "Bytes each parameter's view in the flat buffer is aligned to (DeepSpeed "
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "Pad each parameter's view in the flat buffer to a 16-byte boundary (DeepSpeed "
                   "#8277). zeroshard starts every tensor on a multiple of 16 elements (32 bytes "
-                  "or more), so any value dividing 32 holds.",
-       .status = S::kRefused,
-       .range = kNonNegative,
-       .is_active = misaligns_parameters},
+                  "or more) whatever the value, so true holds and false changes nothing.",
+       .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.parameter_alignment)},
       {.path = "zero_optimization.enable_sanity_checks",
        .kind = K::kBool,
        .default_json = "false",
        .meaning = "DeepSpeed's internal sanity checks for debugging.",
+       .status = S::kRefused},
+      {.path = "zero_optimization.save_muon_momentum_buffer_in_memory",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "Muon at stage 3 with NVMe offload: keep the momentum in memory rather than "
+                  "swap it with the other states. zeroshard has no Muon rule.",
        .status = S::kRefused},
       {.path = "zero_optimization.memory_efficient_linear",
        .kind = K::kBool,
