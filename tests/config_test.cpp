@@ -150,14 +150,12 @@ TEST(Config, StepsPerPrintZeroOrNullMeansNever) {
 TEST(Config, MapsDeprecatedAliasesAndSaysSo) {
   Config config = Config::from_json_string(R"({"train_batch_size": 8,
     "bfloat16": {"enabled": true},
-    "zero_optimization": {"stage": 3, "cpu_offload_use_pin_memory": false},
-    "aio": {"thread_count": 4}})");
+    "zero_optimization": {"stage": 3, "cpu_offload_use_pin_memory": false}})");
   const ZeroConfig& zero = config.zero_optimization;
   EXPECT_TRUE(config.bf16.enabled);
   EXPECT_FALSE(zero.offload_optimizer.pin_memory);
   EXPECT_FALSE(zero.offload_param.pin_memory);
-  EXPECT_EQ(config.aio.intra_op_parallelism, 4);
-  ASSERT_EQ(config.notices().size(), 3u);
+  ASSERT_EQ(config.notices().size(), 2u);
   for (const std::string& notice : config.notices()) EXPECT_THAT(notice, HasSubstr("deprecated"));
   EXPECT_THAT(config.notices()[0], StartsWith("bfloat16: deprecated; read as bf16"));
 }
@@ -561,9 +559,13 @@ TEST(ConfigValidation, BothSpellingsOfAStage3Key) {
 
 TEST(ConfigValidation, DeprecatedAndNewNameTogether) {
   ConfigError error = config_error(R"({"train_batch_size": 8,
-    "aio": {"thread_count": 2, "intra_op_parallelism": 2}})");
-  EXPECT_EQ(error.key_path(), "aio.thread_count");
-  EXPECT_THAT(error.what(), HasSubstr("given together with aio.intra_op_parallelism"));
+    "zero_optimization": {"stage3_gather_fp16_weights_on_model_save": true,
+                          "stage3_gather_16bit_weights_on_model_save": true}})");
+  EXPECT_EQ(error.key_path(), "zero_optimization.stage3_gather_fp16_weights_on_model_save");
+  EXPECT_THAT(
+      error.what(),
+      HasSubstr("given together with "
+                "zero_optimization.stage3_gather_16bit_weights_on_model_save, its new name"));
 }
 
 TEST(ConfigValidation, ZeroPlusPlusAndMicsAreRefused) {
@@ -628,6 +630,26 @@ TEST(DeepSpeedParity, ParameterAlignmentIsASwitchAsInDeepSpeed) {
       config_error(R"({"train_batch_size": 8, "zero_optimization": {"parameter_alignment": 16}})");
   EXPECT_EQ(bytes.key_path(), "zero_optimization.parameter_alignment");
   EXPECT_THAT(bytes.what(), HasSubstr("got 16, expected a boolean"));
+}
+
+TEST(DeepSpeedParity, AioThreadCountIsIgnoredAsDeepSpeedIgnoresIt) {
+  // DeepSpeed 0.19.8 reads only intra_op_parallelism (#7056 renamed thread_count).
+  const Config config =
+      Config::from_json_string(R"({"train_batch_size": 8, "aio": {"thread_count": 4}})");
+  EXPECT_EQ(config.aio.intra_op_parallelism, 1);
+  ASSERT_EQ(config.notices().size(), 1u);
+  EXPECT_THAT(config.notices()[0], StartsWith("aio.thread_count: accepted, has no effect"));
+  EXPECT_THAT(config.notices()[0], HasSubstr("aio.intra_op_parallelism"));
+  const Config both = Config::from_json_string(
+      R"({"train_batch_size": 8, "aio": {"thread_count": 4, "intra_op_parallelism": 2}})");
+  EXPECT_EQ(both.aio.intra_op_parallelism, 2);
+}
+
+TEST(DeepSpeedParity, AioNullTakesTheDefaults) {
+  const Config config = Config::from_json_string(R"({"train_batch_size": 8, "aio": null})");
+  EXPECT_EQ(config.aio.block_size, 1048576);
+  EXPECT_EQ(config.aio.queue_depth, 8);
+  EXPECT_TRUE(config.notices().empty());
 }
 
 TEST(DeepSpeedParity, CoercesValuesAsPydanticDoes) {

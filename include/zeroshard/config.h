@@ -111,7 +111,7 @@ struct ActivationCheckpointingConfig {
 struct AioConfig {
   std::int64_t block_size = 1048576;
   std::int64_t queue_depth = 8;
-  std::int64_t intra_op_parallelism = 1;  ///< old name `thread_count`
+  std::int64_t intra_op_parallelism = 1;  ///< `thread_count` is ignored, as DeepSpeed 0.19.8 does
   bool single_submit = false;
   bool overlap_events = true;
   bool use_gds = false;

@@ -764,8 +764,9 @@ std::vector<KeySpec> make_key_specs() {
       // --- asynchronous I/O for NVMe offload --------------------------------------------------
       {.path = "aio",
        .kind = K::kSection,
-       .default_json = "{}",
-       .meaning = "I/O settings of the NVMe swapper."},
+       .default_json = "null",
+       .meaning = "I/O settings of the NVMe swapper; null = every default (DeepSpeed's "
+                  "get_aio_config)."},
       {.path = "aio.block_size",
        .kind = K::kInteger,
        .default_json = "1048576",
@@ -786,9 +787,11 @@ std::vector<KeySpec> make_key_specs() {
        .range = kPositive},
       {.path = "aio.thread_count",
        .kind = K::kInteger,
-       .meaning = "Old name of intra_op_parallelism.",
-       .status = S::kDeprecatedAlias,
-       .alias_of = "aio.intra_op_parallelism"},
+       .default_json = "null",
+       .meaning = "Old name of intra_op_parallelism, which DeepSpeed 0.19.8 no longer reads.",
+       .status = S::kNoEffect,
+       .no_effect_reason = "DeepSpeed 0.19.8 ignores it since #7056 renamed it; set "
+                           "aio.intra_op_parallelism"},
       {.path = "aio.single_submit",
        .kind = K::kBool,
        .default_json = "false",
