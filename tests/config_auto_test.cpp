@@ -168,6 +168,19 @@ TEST(AutoValues, TrainBatchSizeFollowsTheOtherTwoFromTheFile) {
   EXPECT_EQ(config.train_batch_size, 24);
 }
 
+TEST(AutoValues, OffloadParamBufferSizeAutoIsDeepSpeedsDefault) {
+  // The Trainer fills nothing there and DeepSpeed drops the "auto", taking 1e8.
+  const Config config = Config::from_json_string(R"({"train_batch_size": 8,
+    "zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme"},
+      "offload_param": {"device": "nvme", "nvme_path": "/local_nvme", "buffer_size": "auto"}}})");
+  EXPECT_EQ(config.zero_optimization.offload_param.buffer_size, 100000000);
+  ASSERT_EQ(config.notices().size(), 1u);
+  EXPECT_THAT(config.notices()[0],
+              HasSubstr("zero_optimization.offload_param.buffer_size: \"auto\" is DeepSpeed's "
+                        "default 100000000"));
+}
+
 TEST(AutoValues, AKeyNoOverrideFillsIsAnError) {
   ConfigError error =
       error_of(R"({"train_batch_size": 8, "zero_optimization": {"stage": "auto"}})", {});

@@ -49,8 +49,9 @@ std::string override_name(const std::string& fields) {
 
 class Resolver {
  public:
-  Resolver(json& document, const ConfigOverrides& overrides, int world_size)
-      : document_(document), overrides_(overrides), world_size_(world_size) {}
+  Resolver(json& document, const ConfigOverrides& overrides, int world_size,
+           std::vector<std::string>& notices)
+      : document_(document), overrides_(overrides), world_size_(world_size), notices_(notices) {}
 
   void run() {
     const std::optional<json> micro = number(overrides_.per_device_train_batch_size);
@@ -98,10 +99,13 @@ class Resolver {
     } else {
       for (const char* path : {"zero_optimization.stage3_prefetch_bucket_size",
                                "zero_optimization.stage3_param_persistence_threshold"}) {
-        if (json* value = find(document_, path); value != nullptr && is_auto(*value)) {
-          const std::string key(path);
-          find(document_, key.substr(0, key.rfind('.')))->erase(key.substr(key.rfind('.') + 1));
-        }
+        drop_auto(path);
+      }
+    }
+    for (const KeySpec& spec : key_specs()) {
+      if (spec.auto_is_default && drop_auto(spec.path)) {
+        notices_.push_back(spec.path + ": \"auto\" is DeepSpeed's default " + spec.default_json +
+                           " (DeepSpeed drops \"auto\" there and the Trainer fills nothing)");
       }
     }
     refuse_remaining(document_, "");
@@ -143,6 +147,14 @@ class Resolver {
       }
     }
     return 0;  // not a stage: the key's own check reports it
+  }
+
+  // Removes the key at `path` when it is "auto", so that its default applies; says whether it was.
+  bool drop_auto(const std::string& path) {
+    const json* value = find(document_, path);
+    if (value == nullptr || !is_auto(*value)) return false;
+    find(document_, path.substr(0, path.rfind('.')))->erase(path.substr(path.rfind('.') + 1));
+    return true;
   }
 
   // fill_match: "auto" takes the override; a number must equal it.
@@ -197,12 +209,14 @@ class Resolver {
   json& document_;
   const ConfigOverrides& overrides_;
   int world_size_;
+  std::vector<std::string>& notices_;
 };
 
 }  // namespace
 
-void resolve_auto_values(json& document, const ConfigOverrides& overrides, int world_size) {
-  Resolver(document, overrides, world_size).run();
+void resolve_auto_values(json& document, const ConfigOverrides& overrides, int world_size,
+                         std::vector<std::string>& notices) {
+  Resolver(document, overrides, world_size, notices).run();
 }
 
 }  // namespace zeroshard::detail

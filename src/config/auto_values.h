@@ -2,6 +2,9 @@
 // transformers' HfTrainerDeepSpeedConfig fills them from the Trainer's arguments.
 #pragma once
 
+#include <string>
+#include <vector>
+
 #include <nlohmann/json.hpp>
 
 #include "zeroshard/config.h"
@@ -9,10 +12,11 @@
 namespace zeroshard::detail {
 
 /// Replaces every "auto" in `document` (aliases already resolved) and checks that keys the
-/// Trainer would fill, when given as numbers, equal the override. Throws ConfigError naming the
-/// key and the override (and its zeroshard-config flag) for an "auto" nothing fills, and for a
-/// mismatch.
-void resolve_auto_values(nlohmann::json& document, const ConfigOverrides& overrides,
-                         int world_size);
+/// Trainer would fill, when given as numbers, equal the override. An "auto" that stands for
+/// DeepSpeed's default (KeySpec::auto_is_default) is removed, with a line in `notices`. Throws
+/// ConfigError naming the key and the override (and its zeroshard-config flag) for an "auto"
+/// nothing fills, and for a mismatch.
+void resolve_auto_values(nlohmann::json& document, const ConfigOverrides& overrides, int world_size,
+                         std::vector<std::string>& notices);
 
 }  // namespace zeroshard::detail

@@ -274,7 +274,7 @@ Config ConfigParser::parse(const std::string& text) {
   json document = read_json(text);
   read_deprecated_zero_switch(document);
   resolve_aliases(document);
-  detail::resolve_auto_values(document, overrides_, world_size_);
+  detail::resolve_auto_values(document, overrides_, world_size_, notices_);
   read_section(document, "");
   check_combinations(document);
   config_.notices_ = std::move(notices_);
