@@ -168,6 +168,17 @@ TEST(AutoValues, TrainBatchSizeFollowsTheOtherTwoFromTheFile) {
   EXPECT_EQ(config.train_batch_size, 24);
 }
 
+TEST(AutoValues, WarmupStepsZeroIsTheTrainersDefault) {
+  ConfigOverrides overrides;
+  overrides.warmup_steps = 0;
+  const Config config = Config::from_json_string(R"({"train_batch_size": 8,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+    "scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 10,
+                                                      "warmup_num_steps": "auto"}}})",
+                                                 1, overrides);
+  EXPECT_EQ(config.scheduler.params.at("warmup_num_steps"), 0.0);
+}
+
 TEST(AutoValues, OffloadParamBufferSizeAutoIsDeepSpeedsDefault) {
   // The Trainer fills nothing there and DeepSpeed drops the "auto", taking 1e8.
   const Config config = Config::from_json_string(R"({"train_batch_size": 8,

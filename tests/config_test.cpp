@@ -1047,6 +1047,13 @@ TEST_F(ConfigTool, ExitsOneOnAnInvalidConfig) {
                               ": zero_optimization.stage: got 4, expected 0..3"));
 }
 
+TEST_F(ConfigTool, TakesTheTrainersDefaultWarmupOfZero) {
+  auto file = write("warmup.json", R"({"train_batch_size": 8, "optimizer": {"type": "AdamW"},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": "auto"}}})");
+  ASSERT_EQ(run("'" + file.string() + "' --warmup-steps 0"), 0) << err_;
+  EXPECT_EQ(nlohmann::json::parse(out_)["scheduler"]["params"]["warmup_num_steps"], 0);
+}
+
 TEST_F(ConfigTool, ExitsOneOnAMissingFile) {
   auto file = dir_ / "missing.json";
   EXPECT_EQ(run("'" + file.string() + "'"), 1);

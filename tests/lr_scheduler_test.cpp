@@ -90,14 +90,17 @@ TEST(WarmupLr, WarmsUpToTheOptimizerLrWhenNoMaximumIsGiven) {
   EXPECT_NEAR(lr_at(*schedule, 9), kOptimizerLr / 3.0, kTolerance);  // log(10) / log(1000)
 }
 
-TEST(WarmupLr, StretchesAOneStepWarmupToTwoAsDeepSpeedDoes) {
-  SchedulerConfig config = scheduler("WarmupLR");
-  config.params = {{"warmup_max_lr", 1.0}, {"warmup_num_steps", 1}};
-  config.string_params = {{"warmup_type", "linear"}};
-  const auto schedule = make(config);
-  EXPECT_EQ(lr_at(*schedule, 0), 0.0);
-  EXPECT_EQ(lr_at(*schedule, 1), 0.5);
-  EXPECT_EQ(lr_at(*schedule, 2), 1.0);
+TEST(WarmupLr, StretchesAZeroOrOneStepWarmupToTwoAsDeepSpeedDoes) {
+  // 0 is the Hugging Face Trainer's default warmup_steps, which it writes into warmup_num_steps.
+  for (double steps : {0.0, 1.0}) {
+    SchedulerConfig config = scheduler("WarmupLR");
+    config.params = {{"warmup_max_lr", 1.0}, {"warmup_num_steps", steps}};
+    config.string_params = {{"warmup_type", "linear"}};
+    const auto schedule = make(config);
+    EXPECT_EQ(lr_at(*schedule, 0), 0.0) << steps;
+    EXPECT_EQ(lr_at(*schedule, 1), 0.5) << steps;
+    EXPECT_EQ(lr_at(*schedule, 2), 1.0) << steps;
+  }
 }
 
 // --- WarmupDecayLR ------------------------------------------------------------------------------
@@ -276,10 +279,11 @@ TEST(LrScheduler, RejectsAnUnknownWarmupType) {
                       "got 'cosine', expected 'log' or 'linear'");
 }
 
-TEST(LrScheduler, RejectsNonPositiveOrFractionalWarmupSteps) {
+TEST(LrScheduler, RejectsNegativeOrFractionalWarmupSteps) {
   SchedulerConfig config = scheduler("WarmupLR");
-  config.params = {{"warmup_num_steps", 0}};
-  expect_config_error(config, "scheduler.params.warmup_num_steps", "got 0, expected an integer");
+  config.params = {{"warmup_num_steps", -1}};
+  expect_config_error(config, "scheduler.params.warmup_num_steps",
+                      "got -1, expected an integer >= 0");
   config.params = {{"warmup_num_steps", 2.5}};
   expect_config_error(config, "scheduler.params.warmup_num_steps", "got 2.5, expected an integer");
 }

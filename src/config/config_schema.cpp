@@ -819,8 +819,9 @@ std::vector<SchedulerSpec> make_scheduler_specs() {
       .name = "warmup_type", .kind = K::kString, .choices = "log|linear"};
   const SchedulerParamSpec last_batch_iteration{
       .name = "last_batch_iteration", .kind = K::kInteger, .range = {.min = -1}};
+  // 0 is the Trainer's default warmup_steps, which it writes here; the ramp takes 2 steps then.
   const SchedulerParamSpec warmup_num_steps{
-      .name = "warmup_num_steps", .kind = K::kInteger, .range = kPositive};
+      .name = "warmup_num_steps", .kind = K::kInteger, .range = kNonNegative};
   const SchedulerParamSpec total_num_steps{
       .name = "total_num_steps", .kind = K::kInteger, .required = true, .range = kPositive};
   return {

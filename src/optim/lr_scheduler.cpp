@@ -134,7 +134,7 @@ enum class WarmupType { kLog, kLinear };
 class WarmupRamp {
  public:
   explicit WarmupRamp(const SchedulerParams& params)
-      : num_steps_(std::max<std::int64_t>(2, params.integer("warmup_num_steps", 1000, 1))),
+      : num_steps_(std::max<std::int64_t>(2, params.integer("warmup_num_steps", 1000, 0))),
         inverse_log_num_steps_(1.0 / std::log(static_cast<double>(num_steps_))) {
     // DeepSpeed warns and falls back to log on an unknown type; a typo should not pass silently.
     const std::string type = params.text("warmup_type", "log");
@@ -145,7 +145,8 @@ class WarmupRamp {
     }
   }
 
-  /// DeepSpeed raises warmup_num_steps to 2 so that log(warmup_num_steps) is not 0.
+  /// DeepSpeed raises warmup_num_steps to 2 so that log(warmup_num_steps) is not 0; 0, the
+  /// Hugging Face Trainer's default, is raised too.
   std::int64_t num_steps() const { return num_steps_; }
   bool in_warmup(std::int64_t iteration) const { return iteration < num_steps_; }
 
@@ -165,7 +166,7 @@ class WarmupRamp {
 std::int64_t read_total_num_steps(const SchedulerParams& params) {
   const std::int64_t total = SchedulerParams::check_integer(
       "total_num_steps", params.required_number("total_num_steps"), 1);
-  const std::int64_t warmup = params.integer("warmup_num_steps", 1000, 1);
+  const std::int64_t warmup = params.integer("warmup_num_steps", 1000, 0);
   if (total < warmup) {
     throw ConfigError(key_path("total_num_steps"), "got " + std::to_string(total) +
                                                        ", expected at least warmup_num_steps (" +

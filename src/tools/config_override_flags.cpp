@@ -18,13 +18,23 @@ std::string bad_value(std::string_view flag, std::string_view value, const char*
   return std::string(flag) + ": got '" + std::string(value) + "', expected " + expected;
 }
 
-std::int64_t positive_integer(std::string_view flag, std::string_view value) {
+std::int64_t integer_at_least(std::string_view flag, std::string_view value, std::int64_t min,
+                              const char* expected) {
   std::int64_t number = 0;
   auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), number);
-  if (error != std::errc() || end != value.data() + value.size() || number < 1) {
-    throw UsageError(bad_value(flag, value, "an integer > 0"));
+  if (error != std::errc() || end != value.data() + value.size() || number < min) {
+    throw UsageError(bad_value(flag, value, expected));
   }
   return number;
+}
+
+std::int64_t positive_integer(std::string_view flag, std::string_view value) {
+  return integer_at_least(flag, value, 1, "an integer > 0");
+}
+
+// The Trainer's warmup_steps defaults to 0.
+std::int64_t non_negative_integer(std::string_view flag, std::string_view value) {
+  return integer_at_least(flag, value, 0, "an integer >= 0");
 }
 
 double finite_number(std::string_view flag, std::string_view value) {
@@ -75,7 +85,7 @@ void add_override_flags(CLI::App& app, ConfigOverrides& overrides) {
            "optimizer.params.weight_decay");
   add_flag(group, "--num-training-steps", overrides.num_training_steps, positive_integer, "N",
            "scheduler.params.total_num_steps");
-  add_flag(group, "--warmup-steps", overrides.warmup_steps, positive_integer, "N",
+  add_flag(group, "--warmup-steps", overrides.warmup_steps, non_negative_integer, "N",
            "scheduler.params.warmup_num_steps");
   add_flag(group, "--fp16", overrides.fp16, boolean, "true|false", "fp16.enabled");
   add_flag(group, "--bf16", overrides.bf16, boolean, "true|false", "bf16.enabled");
