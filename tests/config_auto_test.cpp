@@ -168,6 +168,25 @@ TEST(AutoValues, TrainBatchSizeFollowsTheOtherTwoFromTheFile) {
   EXPECT_EQ(config.train_batch_size, 24);
 }
 
+TEST(AutoValues, TrainBatchSizeMustMatchTheOverridesAsTheTrainerChecks) {
+  // The Trainer compares the file's train_batch_size with world x per_device_train_batch_size x
+  // gradient_accumulation_steps (its default 1); a micro batch of 8 would silently be 4x the
+  // program's.
+  ConfigOverrides overrides;
+  overrides.per_device_train_batch_size = 2;
+  ConfigError error = error_of(R"({"train_batch_size": 8})", overrides);
+  EXPECT_EQ(error.key_path(), "train_batch_size");
+  EXPECT_THAT(error.what(), HasSubstr("got 8, but world size 1 x per_device_train_batch_size 2 x "
+                                      "gradient_accumulation_steps 1 = 2"));
+  const Config agrees = Config::from_json_string(
+      R"({"train_batch_size": 8, "gradient_accumulation_steps": 4})", 1, overrides);
+  EXPECT_EQ(agrees.train_micro_batch_size_per_gpu, 2);
+  const Config filled = Config::from_json_string(R"({"train_batch_size": "auto"})", 2, overrides);
+  EXPECT_EQ(filled.train_batch_size, 4);
+  EXPECT_EQ(filled.train_micro_batch_size_per_gpu, 2);
+  EXPECT_EQ(filled.gradient_accumulation_steps, 1);
+}
+
 TEST(AutoValues, WarmupStepsZeroIsTheTrainersDefault) {
   ConfigOverrides overrides;
   overrides.warmup_steps = 0;

@@ -58,9 +58,7 @@ class Resolver {
     const std::optional<json> steps = number(overrides_.gradient_accumulation_steps);
     fill_match("train_micro_batch_size_per_gpu", micro, "per_device_train_batch_size");
     fill_match("gradient_accumulation_steps", steps, "gradient_accumulation_steps");
-    // A number is left to the batch-size identity, whose message shows all three sizes.
-    fill_only("train_batch_size", train_batch_size(),
-              "per_device_train_batch_size|gradient_accumulation_steps");
+    fill_train_batch_size();
     fill_match("gradient_clipping", number(overrides_.max_grad_norm), "max_grad_norm");
     fill_match("optimizer.params.lr", number(overrides_.learning_rate), "learning_rate");
     std::optional<json> betas;
@@ -120,9 +118,14 @@ class Resolver {
     return value ? std::optional<json>(*value) : std::nullopt;
   }
 
-  // The Trainer's world_size * per_device_train_batch_size * gradient_accumulation_steps, where
-  // the file may give either factor as a number.
-  std::optional<json> train_batch_size() const {
+  // The Trainer's fill_match of train_batch_size with world_size * per_device_train_batch_size *
+  // gradient_accumulation_steps. Each factor comes from the overrides or else the file's number;
+  // once the program gives a batch override, an absent gradient_accumulation_steps is the
+  // Trainer's default 1. Without a batch override a number is left to the batch-size identity.
+  void fill_train_batch_size() {
+    const char* const fields = "per_device_train_batch_size|gradient_accumulation_steps";
+    const bool overridden =
+        overrides_.per_device_train_batch_size || overrides_.gradient_accumulation_steps;
     auto factor = [this](const char* key, const std::optional<std::int64_t>& given) {
       if (given) return given;
       const json* value = find(document_, key);
@@ -130,10 +133,26 @@ class Resolver {
     };
     const auto micro =
         factor("train_micro_batch_size_per_gpu", overrides_.per_device_train_batch_size);
-    const auto steps =
-        factor("gradient_accumulation_steps", overrides_.gradient_accumulation_steps);
-    if (!micro || !steps) return std::nullopt;
-    return *micro * *steps * world_size_;
+    auto steps = factor("gradient_accumulation_steps", overrides_.gradient_accumulation_steps);
+    if (!steps && overridden && find(document_, "gradient_accumulation_steps") == nullptr)
+      steps = 1;
+    std::int64_t total = 0;
+    if (!micro || !steps || __builtin_mul_overflow(*micro, *steps, &total) ||
+        __builtin_mul_overflow(total, std::int64_t{world_size_}, &total)) {
+      fill_only("train_batch_size", std::nullopt, fields);  // the identity reports an overflow
+      return;
+    }
+    const json* given = find(document_, "train_batch_size");
+    if (overridden && given != nullptr && given->is_number() && integer_value(*given) != total) {
+      throw ConfigError("train_batch_size",
+                        "got " + describe_value(*given) + ", but world size " +
+                            std::to_string(world_size_) + " x per_device_train_batch_size " +
+                            std::to_string(*micro) + " x gradient_accumulation_steps " +
+                            std::to_string(*steps) + " = " + std::to_string(total) +
+                            ", the Trainer's train_batch_size; give \"auto\" or sizes that agree "
+                            "(an absent gradient_accumulation_steps is the Trainer's 1)");
+    }
+    fill_only("train_batch_size", json(total), fields);
   }
 
   int stage() const {
