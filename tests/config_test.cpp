@@ -6,9 +6,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -275,6 +278,49 @@ TEST(Config, ResolvedJsonRoundTrips) {
   EXPECT_EQ(second.optimizer.params, first.optimizer.params);
   EXPECT_EQ(second.scheduler.params, first.scheduler.params);
   EXPECT_TRUE(second.notices().empty());
+}
+
+TEST(Config, ResolvedJsonOfEveryIntegerKeyAtItsLargestParsesAgain) {
+  for (const detail::KeySpec& spec : detail::key_specs()) {
+    if (spec.kind != detail::ValueKind::kInteger ||
+        std::holds_alternative<std::monostate>(spec.field)) {
+      continue;
+    }
+    const bool narrow = std::holds_alternative<int& (*)(Config&)>(spec.field);
+    const nlohmann::json largest = std::isfinite(spec.range.max)
+                                       ? nlohmann::json(static_cast<std::int64_t>(spec.range.max))
+                                   : narrow ? nlohmann::json(INT_MAX)
+                                            : nlohmann::json(INT64_MAX);
+    nlohmann::json document = {{"train_micro_batch_size_per_gpu", 1}};
+    std::string pointer = "/" + spec.path;
+    std::replace(pointer.begin(), pointer.end(), '.', '/');
+    document[nlohmann::json::json_pointer(pointer)] = largest;
+    std::optional<Config> first;
+    try {
+      first = Config::from_json_string(document.dump());
+    } catch (const ConfigError&) {
+      continue;  // refused with a message (another key's rule, or the field's range)
+    }
+    try {
+      const Config second = Config::from_json_string(first->resolved_json());
+      EXPECT_EQ(second.resolved_json(), first->resolved_json()) << spec.path;
+    } catch (const ConfigError& error) {
+      ADD_FAILURE() << spec.path << " = " << largest
+                    << ": the dump does not parse again: " << error.what();
+    }
+  }
+}
+
+TEST(Config, MinLossScaleIsRefusedWhereItsDoubleWouldRoundIt) {
+  ConfigError error =
+      config_error(R"({"train_batch_size": 8, "fp16": {"min_loss_scale": 9223372036854775807}})");
+  EXPECT_EQ(error.key_path(), "fp16.min_loss_scale");
+  EXPECT_THAT(error.what(), HasSubstr("got 9223372036854775807, expected an integer up to 2^53"));
+  const Config largest = Config::from_json_string(
+      R"({"train_batch_size": 8, "fp16": {"min_loss_scale": 9007199254740992}})");
+  EXPECT_EQ(largest.fp16.min_loss_scale, 9007199254740992.0);
+  EXPECT_EQ(Config::from_json_string(largest.resolved_json()).resolved_json(),
+            largest.resolved_json());
 }
 
 // --- bad input ------------------------------------------------------------------------------

@@ -218,6 +218,23 @@ void set_path(json& document, const std::string& path, json value) {
   }
 }
 
+// An integer must be held exactly by its field, so that the resolved dump reads back the same.
+void check_fits_field(const KeySpec& spec, std::int64_t number) {
+  if (std::holds_alternative<int& (*)(Config&)>(spec.field) &&
+      (number < INT_MIN || number > INT_MAX)) {
+    throw ConfigError(
+        spec.path, "got " + std::to_string(number) + ", expected an integer that fits in 32 bits");
+  }
+  // A double holds every integer up to 2^53 and rounds some above it.
+  constexpr std::int64_t kExactInDouble = std::int64_t{1} << 53;
+  if (std::holds_alternative<double& (*)(Config&)>(spec.field) &&
+      (number < -kExactInDouble || number > kExactInDouble)) {
+    throw ConfigError(
+        spec.path, "got " + std::to_string(number) + ", expected an integer up to 2^53 = " +
+                       std::to_string(kExactInDouble) + " (zeroshard holds this key as a double)");
+  }
+}
+
 bool is_alias(const KeySpec& spec) {
   return spec.status == KeyStatus::kAlias || spec.status == KeyStatus::kDeprecatedAlias;
 }
@@ -378,13 +395,7 @@ void ConfigParser::read_key(const KeySpec& spec, const json& value) {
     case ValueKind::kString: {
       json checked = check_scalar(spec.path, spec.kind, spec.range, spec.choices, spec.fold_case,
                                   spec.refused_choices, value);
-      if (std::holds_alternative<int& (*)(Config&)>(spec.field)) {
-        std::int64_t number = *detail::integer_value(checked);
-        if (number < INT_MIN || number > INT_MAX) {
-          throw ConfigError(spec.path, "got " + std::to_string(number) +
-                                           ", expected an integer that fits in 32 bits");
-        }
-      }
+      if (spec.kind == ValueKind::kInteger) check_fits_field(spec, *detail::integer_value(checked));
       detail::write_field(spec.field, config_, checked);
       if ((spec.status == KeyStatus::kRefused || spec.status == KeyStatus::kNotYet) &&
           (spec.is_active ? spec.is_active(checked) : checked != json::parse(spec.default_json))) {
