@@ -11,6 +11,7 @@
 #include <exception>
 #include <sstream>
 
+#include "config/config_checks.h"
 #include "crc32c.h"
 #include "util/log.h"
 #include "zeroshard/error.h"
@@ -18,13 +19,14 @@
 namespace zeroshard::detail {
 namespace {
 
+// check_aio() cuts requests into whole pieces of kAioBlockAlignment bytes.
+static_assert(kAioBlockAlignment % kDirectIoAlignment == 0);
 // The header occupies the record's first page, so the payload stays page-aligned for O_DIRECT.
 constexpr std::int64_t kHeaderBytes = static_cast<std::int64_t>(kDirectIoAlignment);
 constexpr char kMagic[8] = {'Z', 'S', 'S', 'W', 'A', 'P', '\0', '\1'};
 constexpr std::uint32_t kFormatVersion = 1;
 // A request that keeps reporting EAGAIN this often is given up as an error.
 constexpr int kMaxRetries = 1000;
-constexpr unsigned kMaxInFlight = 4096;
 
 // Little-endian, as the CPU stores it; header_crc covers every byte before it.
 struct RecordHeader {
@@ -85,26 +87,7 @@ std::string advice(int error) {
 }
 
 const NvmeSwapperOptions& validated(const NvmeSwapperOptions& o) {
-  const AioConfig& aio = o.aio;
-  if (aio.use_gds) {
-    throw ConfigError("aio.use_gds", "got true; GPUDirect Storage is not supported, set it false");
-  }
-  if (aio.block_size <= 0 || aio.block_size % static_cast<std::int64_t>(kDirectIoAlignment) != 0 ||
-      aio.block_size > (std::int64_t{1} << 30)) {
-    throw ConfigError("aio.block_size", "got " + std::to_string(aio.block_size) +
-                                            ", expected a multiple of 4096 (O_DIRECT) up to 1 GiB");
-  }
-  if (aio.queue_depth < 1 || aio.queue_depth > kMaxInFlight) {
-    throw ConfigError("aio.queue_depth", "got " + std::to_string(aio.queue_depth) +
-                                             ", expected 1.." + std::to_string(kMaxInFlight));
-  }
-  if (aio.intra_op_parallelism < 1 ||
-      aio.queue_depth * aio.intra_op_parallelism > static_cast<std::int64_t>(kMaxInFlight)) {
-    throw ConfigError("aio.intra_op_parallelism",
-                      "got " + std::to_string(aio.intra_op_parallelism) +
-                          ", expected at least 1 and queue_depth * intra_op_parallelism <= " +
-                          std::to_string(kMaxInFlight));
-  }
+  check_aio(o.aio);
   if (o.slot_count < 1) {
     throw UsageError("NVMe swapper: slot_count " + std::to_string(o.slot_count) +
                      ", expected at least 1");

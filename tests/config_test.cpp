@@ -260,8 +260,8 @@ TEST(Config, ResolvedJsonRoundTrips) {
     "bf16": {"enabled": true},
     "zero_optimization": {"stage": 3, "reduce_bucket_size": 5e7,
                           "prefetch_bucket_size": 1000},
-    "optimizer": {"type": "Lion", "params": {"lr": 3e-4, "betas": [0.9, 0.99],
-                                             "use_triton": false}},
+    "optimizer": {"type": "Adam", "params": {"lr": 3e-4, "betas": [0.9, 0.99],
+                                             "adam_w_mode": false}},
     "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 1e-5, "cycle_max_lr": 1e-3,
                                                  "cycle_first_step_size": 10,
                                                  "cycle_momentum": false}},
@@ -558,6 +558,51 @@ TEST(ConfigValidation, OptimizerParamOfTheWrongType) {
   ConfigError array_error = config_error(R"({"train_batch_size": 8,
     "optimizer": {"type": "adam", "params": {"betas": [0.9, "x"]}}})");
   EXPECT_EQ(array_error.key_path(), "optimizer.params.betas");
+}
+
+TEST(ConfigValidation, OptimizerParamsAreCheckedAsTheEngineChecksThem) {
+  // One validation path: what the update rule refuses when the engine builds it, parsing refuses.
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"betas": [0.9, 0.99, 0.999]})", "expected an array of two numbers, got 3"},
+      {R"({"eps": -1})", "Invalid epsilon value: -1"},
+      {R"({"foo": 1})", "unknown parameter for optimizer type 'adamw'"},
+  };
+  for (const auto& [params, message] : cases) {
+    auto document = nlohmann::json::parse(R"({"train_batch_size": 8,
+      "optimizer": {"type": "AdamW"}})");
+    document["optimizer"]["params"] = nlohmann::json::parse(params);
+    ConfigError error = config_error(document.dump());
+    EXPECT_EQ(error.key_path(), "optimizer.params." + nlohmann::json::parse(params).begin().key());
+    EXPECT_THAT(error.what(), HasSubstr(message)) << params;
+  }
+}
+
+TEST(ConfigValidation, SchedulerParamsAreCheckedAsTheEngineChecksThem) {
+  ConfigError error = config_error(R"({"train_batch_size": 8,
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": -1}}})");
+  EXPECT_EQ(error.key_path(), "scheduler.params.warmup_min_lr");
+  EXPECT_THAT(error.what(), HasSubstr("got -1, expected a number >= 0"));
+}
+
+TEST(ConfigValidation, GradientTypesAreCheckedAsTheEngineChecksThem) {
+  ConfigError comm = config_error(R"({"train_batch_size": 8, "communication_data_type": "bf16",
+    "fp16": {"enabled": true}})");
+  EXPECT_EQ(comm.key_path(), "communication_data_type");
+  ConfigError accum = config_error(R"({"train_batch_size": 8, "bf16": {"enabled": true},
+    "data_types": {"grad_accum_dtype": "fp32"}, "zero_optimization": {"stage": 1}})");
+  EXPECT_EQ(accum.key_path(), "data_types.grad_accum_dtype");
+}
+
+TEST(ConfigValidation, AioSettingsTheSwapperCannotUseAreRefused) {
+  ConfigError block = config_error(R"({"train_batch_size": 8, "aio": {"block_size": 1000}})");
+  EXPECT_EQ(block.key_path(), "aio.block_size");
+  EXPECT_THAT(block.what(), HasSubstr("got 1000, expected a multiple of 4096"));
+  ConfigError depth = config_error(
+      R"({"train_batch_size": 8, "aio": {"queue_depth": 4096, "intra_op_parallelism": 2}})");
+  EXPECT_EQ(depth.key_path(), "aio.intra_op_parallelism");
+  ConfigError gds = config_error(R"({"train_batch_size": 8, "aio": {"use_gds": true}})");
+  EXPECT_EQ(gds.key_path(), "aio.use_gds");
+  EXPECT_THAT(gds.what(), HasSubstr("not implemented in zeroshard"));
 }
 
 TEST(ConfigValidation, OptimizerParamsWithoutAType) {
@@ -1091,6 +1136,25 @@ TEST_F(ConfigTool, ExitsOneOnAnInvalidConfig) {
   EXPECT_EQ(run("'" + file.string() + "'"), 1);
   EXPECT_THAT(err_, HasSubstr("zeroshard-config: " + file.string() +
                               ": zero_optimization.stage: got 4, expected 0..3"));
+}
+
+TEST_F(ConfigTool, RefusesWhatTheEngineRefuses) {
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"train_batch_size": 8, "optimizer": {"type": "AdamW",
+          "params": {"betas": [0.9, 0.99, 0.999]}}})",
+       ": optimizer.params.betas: expected an array of two numbers, got 3"},
+      {R"({"train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"eps": -1}}})",
+       ": optimizer.params.eps: Invalid epsilon value: -1"},
+      {R"({"train_batch_size": 8, "aio": {"block_size": 1000}})",
+       ": aio.block_size: got 1000, expected a multiple of 4096"},
+      {R"({"train_batch_size": 8, "aio": {"use_gds": true}})",
+       ": aio.use_gds: got true; not implemented in zeroshard"},
+  };
+  for (const auto& [text, message] : cases) {
+    auto file = write("refused.json", text);
+    EXPECT_EQ(run("'" + file.string() + "'"), 1) << text;
+    EXPECT_THAT(err_, HasSubstr(file.string() + message)) << text;
+  }
 }
 
 TEST_F(ConfigTool, TakesTheTrainersDefaultWarmupOfZero) {

@@ -15,6 +15,9 @@ namespace zeroshard {
 /// Where optimizer states or parameters live when offloaded.
 enum class OffloadDevice { kNone, kCpu, kNvme };
 
+/// "none", "cpu" or "nvme", as the config spells it.
+ZEROSHARD_API const char* to_string(OffloadDevice device) noexcept;
+
 /// `zero_optimization.offload_optimizer` and `zero_optimization.offload_param`.
 struct OffloadConfig {
   OffloadDevice device = OffloadDevice::kNone;

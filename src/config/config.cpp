@@ -50,6 +50,18 @@ ordered_json::json_pointer pointer_to(const std::string& dotted_path) {
 
 }  // namespace
 
+const char* to_string(OffloadDevice device) noexcept {
+  switch (device) {
+    case OffloadDevice::kNone:
+      return "none";
+    case OffloadDevice::kCpu:
+      return "cpu";
+    case OffloadDevice::kNvme:
+      return "nvme";
+  }
+  return "none";
+}
+
 Config Config::from_json_file(const std::string& path, int world_size,
                               const ConfigOverrides& overrides) {
   std::error_code error;

@@ -8,6 +8,7 @@
 
 #include "config/auto_values.h"
 #include "config/batch_sizes.h"
+#include "config/config_checks.h"
 #include "config/config_values.h"
 #include "config/key_suggestion.h"
 
@@ -263,9 +264,7 @@ ConfigError unknown_key(const std::string& prefix, const std::string& key) {
 }
 
 std::string device_text(OffloadDevice device) {
-  return device == OffloadDevice::kCpu    ? "\"cpu\""
-         : device == OffloadDevice::kNvme ? "\"nvme\""
-                                          : "\"none\"";
+  return std::string("\"") + to_string(device) + "\"";
 }
 
 std::string optimizer_choices() {
@@ -397,13 +396,7 @@ void ConfigParser::read_key(const KeySpec& spec, const json& value) {
                                   spec.refused_choices, value);
       if (spec.kind == ValueKind::kInteger) check_fits_field(spec, *detail::integer_value(checked));
       detail::write_field(spec.field, config_, checked);
-      if ((spec.status == KeyStatus::kRefused || spec.status == KeyStatus::kNotYet) &&
-          (spec.is_active ? spec.is_active(checked) : checked != json::parse(spec.default_json))) {
-        refuse(spec.path, "got " + detail::describe_value(checked) + "; " +
-                              (spec.status == KeyStatus::kRefused ? "not implemented in zeroshard"
-                                                                  : "not implemented yet") +
-                              " (only the default " + spec.default_json + " is accepted)");
-      }
+      if (spec.refuses(checked)) refuse(spec.path, spec.refusal(checked));
       break;
     }
   }
@@ -617,7 +610,7 @@ void ConfigParser::check_combinations(const json& document) {
   if (overlap == nullptr || overlap->is_null()) zero.overlap_comm = zero.stage == 3;
 
   if (refusal_) throw *refusal_;
-  check_offload_devices(zero);
+  check_config(config_);
   for (const Offload& offload : offloads) {
     const std::string path(offload.path);
     if (offload.config.device != OffloadDevice::kCpu) continue;
@@ -646,22 +639,6 @@ void ConfigParser::check_combinations(const json& document) {
                           "; partial optimizer offload (part of the sub-groups updated on the "
                           "device) is not implemented yet: use 1.0");
   }
-}
-
-void check_offload_devices(const ZeroConfig& zero) {
-  if (zero.offload_param.device != OffloadDevice::kNvme ||
-      zero.offload_optimizer.device == OffloadDevice::kNvme) {
-    return;
-  }
-  // The update writes the parameter shard's swap file as it goes; only a master and states on
-  // NVMe can go back to the step's start when one of those writes fails on some rank.
-  throw ConfigError("zero_optimization.offload_param.device",
-                    "got \"nvme\" with offload_optimizer.device " +
-                        device_text(zero.offload_optimizer.device) +
-                        "; parameters on NVMe need the optimizer states on NVMe too, so that a "
-                        "failed write rolls the whole step back: set "
-                        "zero_optimization.offload_optimizer.device to \"nvme\", or keep the "
-                        "parameters in CPU memory with \"cpu\"");
 }
 
 void ConfigParser::refuse(const std::string& path, const std::string& message) {

@@ -15,11 +15,6 @@
 
 namespace zeroshard {
 
-/// Throws ConfigError when the offload devices do not go together (parameters on NVMe need the
-/// optimizer states on NVMe): the parser's check, also run by the engine on a Config built in
-/// code.
-void check_offload_devices(const ZeroConfig& zero);
-
 /// One parse; Config's friend, so that it can hand over the notices.
 class ConfigParser {
  public:

@@ -806,7 +806,9 @@ std::vector<KeySpec> make_key_specs() {
       {.path = "aio.use_gds",
        .kind = K::kBool,
        .default_json = "false",
-       .meaning = "GPUDirect Storage (CUDA only).",
+       .meaning = "GPUDirect Storage (CUDA only): NVMe reads and writes straight into GPU memory. "
+                  "zeroshard's swapper goes through pinned host buffers.",
+       .status = S::kRefused,
        .field = ZEROSHARD_CONFIG_FIELD(aio.use_gds)},
   };
 }
@@ -891,6 +893,17 @@ std::string KeySpec::name() const {
 std::string KeySpec::parent() const {
   auto dot = path.rfind('.');
   return dot == std::string::npos ? std::string() : path.substr(0, dot);
+}
+
+bool KeySpec::refuses(const nlohmann::json& value) const {
+  if (status != KeyStatus::kRefused && status != KeyStatus::kNotYet) return false;
+  return is_active ? is_active(value) : value != nlohmann::json::parse(default_json);
+}
+
+std::string KeySpec::refusal(const nlohmann::json& value) const {
+  return "got " + describe_value(value) + "; " +
+         (status == KeyStatus::kRefused ? "not implemented in zeroshard" : "not implemented yet") +
+         " (only the default " + default_json + " is accepted)";
 }
 
 const std::vector<KeySpec>& key_specs() {
@@ -984,9 +997,7 @@ nlohmann::json read_field(const FieldRef& field, Config& config) {
           const auto& value = accessor(config);
           using Value = std::decay_t<decltype(value)>;
           if constexpr (std::is_same_v<Value, OffloadDevice>) {
-            return value == OffloadDevice::kCpu    ? "cpu"
-                   : value == OffloadDevice::kNvme ? "nvme"
-                                                   : "none";
+            return to_string(value);
           } else if constexpr (std::is_same_v<Value, std::optional<std::int64_t>>) {
             return value ? nlohmann::json(*value) : nlohmann::json(nullptr);
           } else if constexpr (std::is_same_v<Value, std::string>) {

@@ -85,6 +85,12 @@ struct KeySpec {
 
   std::string name() const;    ///< the last path component
   std::string parent() const;  ///< the path without its last component ("" at the top)
+  /// Whether this kRefused/kNotYet key refuses `value`, which asks for what zeroshard lacks; false
+  /// for every other status.
+  bool refuses(const nlohmann::json& value) const;
+  /// The message refusing `value`: "got true; not implemented in zeroshard (only the default
+  /// false is accepted)".
+  std::string refusal(const nlohmann::json& value) const;
 };
 
 /// Every key, parents before children, in the order the docs and the dump list them.

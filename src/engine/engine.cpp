@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "comm/host_staged_communicator.h"
-#include "config/config_parser.h"
+#include "config/config_checks.h"
 #include "engine/engine_state.h"
 #include "engine/shape.h"
 #include "precision/half_conversion.h"
@@ -52,6 +52,7 @@ EngineState::EngineState(Config config, Device device, std::unique_ptr<Communica
       device_(device),
       comm_(std::move(communicator)),
       rule_(std::move(rule)) {
+  check_config(config_);
   ZEROSHARD_CHECK_USAGE(comm_ != nullptr, "Engine needs a communicator");
   ZEROSHARD_CHECK_USAGE(comm_->buffer_device() == device_.type,
                         "Engine on "
@@ -96,38 +97,11 @@ EngineState::~EngineState() {
 }
 
 void EngineState::resolve_gradient_dtypes() {
-  const std::string model = to_string(dtype_);
   // DeepSpeed's communication_data_type: 16-bit gradients are reduced in their own type unless
-  // fp32 is asked for, which rounds the sum once instead of once per partial sum.
-  const std::string& comm = config_.communication_data_type;
-  comm_dtype_ = comm == "fp32" ? DType::kFloat32 : dtype_;
-  if (!comm.empty() && comm != "fp32" && comm != model) {
-    throw ConfigError("communication_data_type",
-                      "got " + comm + " with " + model +
-                          " parameters; zeroshard reduces gradients in the parameters' type (" +
-                          model + ", the default) or in fp32");
-  }
-  const std::string& accum = config_.grad_accum_dtype;
-  if (accum.empty() || accum == model) {
-    grad_shard_dtype_ = dtype_;
-    return;
-  }
-  if (accum != "fp32") {
-    throw ConfigError("data_types.grad_accum_dtype", "got " + accum + " with " + model +
-                                                         " parameters; expected " + model +
-                                                         " (the default) or fp32");
-  }
-  // At stages 0-1 the model's backward accumulates into the engine's whole gradient buffer,
-  // which is in the parameters' type; only the stage 2-3 gradient shard can be kept in fp32.
-  if (stage_ <= 1) {
-    throw ConfigError("data_types.grad_accum_dtype",
-                      "got fp32 with " + model + " parameters at zero_optimization.stage " +
-                          std::to_string(stage_) + "; at stages 0-1 gradients accumulate in " +
-                          model +
-                          " buffers the model writes. Use stage 2 or 3 for an fp32 gradient "
-                          "shard, or leave the key unset");
-  }
-  grad_shard_dtype_ = DType::kFloat32;
+  // fp32 is asked for, which rounds the sum once instead of once per partial sum. check_config()
+  // allows no other type, and an fp32 gradient shard only at stages 2-3.
+  comm_dtype_ = config_.communication_data_type == "fp32" ? DType::kFloat32 : dtype_;
+  grad_shard_dtype_ = config_.grad_accum_dtype == "fp32" ? DType::kFloat32 : dtype_;
 }
 
 void EngineState::lay_out() {
@@ -252,7 +226,6 @@ void EngineState::finalize() {
                                                            .tracker = tracker_,
                                                            .times = times_});
   const OffloadConfig& offload_param = zero.offload_param;
-  check_offload_devices(zero);
   Tier shard_tier = Tier::kDevice;
   if (offload_param.device != OffloadDevice::kNone) {
     // The shard in CPU memory: all of it under cpu, its first max_in_cpu elements under nvme.

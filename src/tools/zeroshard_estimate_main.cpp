@@ -206,18 +206,6 @@ const char* precision_description(DType precision) {
   return "?";
 }
 
-const char* offload_name(OffloadDevice device) {
-  switch (device) {
-    case OffloadDevice::kNone:
-      return "none";
-    case OffloadDevice::kCpu:
-      return "cpu";
-    case OffloadDevice::kNvme:
-      return "nvme";
-  }
-  return "?";
-}
-
 /// "   31.4 GB  29.25 GiB": the decimal figure the ZeRO paper prints, then the binary one.
 std::string cell(std::int64_t bytes) {
   char text[64];
@@ -275,8 +263,8 @@ void print_header(const EstimateInput& in) {
             << (in.nodes == 1 ? " node" : " nodes") << "\n"
             << "  precision: " << precision_description(in.precision) << "\n"
             << "  optimizer: " << in.optimizer
-            << ", offload_optimizer: " << offload_name(in.offload_optimizer)
-            << ", offload_param: " << offload_name(in.offload_param) << "\n"
+            << ", offload_optimizer: " << zeroshard::to_string(in.offload_optimizer)
+            << ", offload_param: " << zeroshard::to_string(in.offload_param) << "\n"
             << "  reduce_bucket_size: " << in.reduce_bucket_size << " elements, largest tensor: "
             << (in.largest_tensor > 0 ? std::to_string(in.largest_tensor) + " elements"
                                       : std::string("none larger than a bucket"))

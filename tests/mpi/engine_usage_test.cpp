@@ -1,5 +1,6 @@
-// Contract checks of the engine's public calls: shapes whose element counts overflow, non-finite
-// learning rates, and ranks that were started with different configs or models.
+// Contract checks of the engine's public calls: shapes whose element counts overflow, a config
+// built in code, non-finite learning rates, and ranks that were started with different configs or
+// models.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -86,6 +87,26 @@ TEST(EngineUserRule, AConfigWithoutAnOptimizerSectionTakesIt) {
   const Device device = test_device();
   Engine engine(config, device, Communicator::from_environment(device), make_sgd({.lr = 0.1}));
   EXPECT_EQ(engine.update_rule().name(), "sgd");
+}
+
+TEST(EngineConfig, ACodeBuiltConfigIsCheckedAsAParsedOneIs) {
+  // One validation path: what the parser refuses, the engine refuses in a Config built in code,
+  // even where nothing would read the key (no NVMe offload here).
+  const auto key_of_error = [](void (*change)(Config&)) -> std::string {
+    Config config = toy_config(2);
+    change(config);
+    try {
+      Engine engine = make_engine(config, make_adamw({}));
+    } catch (const ConfigError& error) {
+      return error.key_path();
+    }
+    return "";
+  };
+  EXPECT_EQ(key_of_error([](Config& c) { c.aio.use_gds = true; }), "aio.use_gds");
+  EXPECT_EQ(key_of_error([](Config& c) { c.aio.block_size = 1000; }), "aio.block_size");
+  EXPECT_EQ(key_of_error([](Config& c) { c.zero_optimization.contiguous_gradients = false; }),
+            "zero_optimization.contiguous_gradients");
+  EXPECT_EQ(key_of_error([](Config&) {}), "");
 }
 
 TEST(EngineLearningRate, NonFiniteValuesAreRefused) {

@@ -1,0 +1,119 @@
+// The checks a whole Config must pass before the engine builds from it (see config_checks.h).
+#include "config/config_checks.h"
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "config/config_schema.h"
+#include "zeroshard/error.h"
+#include "zeroshard/lr_scheduler.h"  // make_lr_scheduler
+#include "zeroshard/optimizer.h"     // make_update_rule
+
+namespace zeroshard {
+namespace {
+
+// Keys accepted only at their default that have a field, so that a Config built in code can ask
+// for them too.
+void check_refused_fields(const Config& config) {
+  Config view = config;  // the key table's accessors take a mutable Config
+  for (const detail::KeySpec& spec : detail::key_specs()) {
+    if (std::holds_alternative<std::monostate>(spec.field)) continue;
+    const nlohmann::json value = detail::read_field(spec.field, view);
+    if (spec.refuses(value)) throw ConfigError(spec.path, spec.refusal(value));
+  }
+}
+
+void check_offload_devices(const ZeroConfig& zero) {
+  if (zero.offload_param.device != OffloadDevice::kNvme ||
+      zero.offload_optimizer.device == OffloadDevice::kNvme) {
+    return;
+  }
+  // The update writes the parameter shard's swap file as it goes; only a master and states on
+  // NVMe can go back to the step's start when one of those writes fails on some rank.
+  throw ConfigError("zero_optimization.offload_param.device",
+                    std::string("got \"nvme\" with offload_optimizer.device \"") +
+                        to_string(zero.offload_optimizer.device) +
+                        "\"; parameters on NVMe need the optimizer states on NVMe too, so that a "
+                        "failed write rolls the whole step back: set "
+                        "zero_optimization.offload_optimizer.device to \"nvme\", or keep the "
+                        "parameters in CPU memory with \"cpu\"");
+}
+
+// The engine reduces gradients in the parameters' type or in fp32, and keeps an fp32 gradient
+// shard only at stages 2-3, where it owns one.
+void check_gradient_types(const Config& config) {
+  const std::string model = config.fp16.enabled ? "fp16" : config.bf16.enabled ? "bf16" : "fp32";
+  const std::string& comm = config.communication_data_type;
+  if (!comm.empty() && comm != "fp32" && comm != model) {
+    throw ConfigError("communication_data_type",
+                      "got " + comm + " with " + model +
+                          " parameters; zeroshard reduces gradients in the parameters' type (" +
+                          model + ", the default) or in fp32");
+  }
+  const std::string& accum = config.grad_accum_dtype;
+  if (accum.empty() || accum == model) return;
+  if (accum != "fp32") {
+    throw ConfigError("data_types.grad_accum_dtype", "got " + accum + " with " + model +
+                                                         " parameters; expected " + model +
+                                                         " (the default) or fp32");
+  }
+  // At stages 0-1 the model's backward accumulates into the engine's whole gradient buffer,
+  // which is in the parameters' type.
+  const int stage = config.zero_optimization.stage;
+  if (stage <= 1) {
+    throw ConfigError("data_types.grad_accum_dtype",
+                      "got fp32 with " + model + " parameters at zero_optimization.stage " +
+                          std::to_string(stage) + "; at stages 0-1 gradients accumulate in " +
+                          model +
+                          " buffers the model writes. Use stage 2 or 3 for an fp32 gradient "
+                          "shard, or leave the key unset");
+  }
+}
+
+// Builds what the engine builds from the optimizer and scheduler sections, for their checks.
+void check_rule_and_schedule(const Config& config) {
+  std::unique_ptr<UpdateRule> rule;
+  if (!config.optimizer.type.empty()) rule = make_update_rule(config);
+  // Without an optimizer section the program brings its rule: check the schedule as for one
+  // with betas, so that nothing it might accept is refused here.
+  constexpr double kAnyLr = 0.0;
+  constexpr double kAnyBeta1 = 0.0;
+  make_lr_scheduler(config.scheduler, rule ? rule->default_lr() : kAnyLr,
+                    rule ? rule->beta1() : std::optional<double>(kAnyBeta1));
+}
+
+}  // namespace
+
+void check_aio(const AioConfig& aio) {
+  if (aio.use_gds) {
+    const detail::KeySpec& spec = *detail::find_key_spec("aio.use_gds");
+    throw ConfigError(spec.path, spec.refusal(true));
+  }
+  if (aio.block_size <= 0 || aio.block_size % kAioBlockAlignment != 0 ||
+      aio.block_size > kAioMaxBlockSize) {
+    throw ConfigError("aio.block_size", "got " + std::to_string(aio.block_size) +
+                                            ", expected a multiple of 4096 (O_DIRECT) up to 1 GiB");
+  }
+  if (aio.queue_depth < 1 || aio.queue_depth > kAioMaxInFlight) {
+    throw ConfigError("aio.queue_depth", "got " + std::to_string(aio.queue_depth) +
+                                             ", expected 1.." + std::to_string(kAioMaxInFlight));
+  }
+  if (aio.intra_op_parallelism < 1 ||
+      aio.queue_depth * aio.intra_op_parallelism > kAioMaxInFlight) {
+    throw ConfigError("aio.intra_op_parallelism",
+                      "got " + std::to_string(aio.intra_op_parallelism) +
+                          ", expected at least 1 and queue_depth * intra_op_parallelism <= " +
+                          std::to_string(kAioMaxInFlight));
+  }
+}
+
+void check_config(const Config& config) {
+  check_offload_devices(config.zero_optimization);
+  check_aio(config.aio);
+  check_gradient_types(config);
+  check_rule_and_schedule(config);
+  check_refused_fields(config);
+}
+
+}  // namespace zeroshard
