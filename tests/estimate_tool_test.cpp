@@ -123,4 +123,14 @@ TEST(EstimateTool, RejectsABadStageNamingTheOption) {
   EXPECT_NE(out.find("--stage: got 5, expected 0..3"), std::string::npos) << out;
 }
 
+TEST(EstimateTool, OffloadRowsCarryNoClaimThatTheEngineLacksOffload) {
+  // The engine offloads to CPU memory and to NVMe (docs/offload.md, docs/nvme.md).
+  for (const char* device : {"cpu", "nvme"}) {
+    const std::string out = run(tool() + " --params 1B --ranks 8 --stage 3 --offload-optimizer " +
+                                device + " --offload-param " + device);
+    EXPECT_NE(out.find("optimizer states"), std::string::npos) << out;
+    EXPECT_EQ(out.find("not implement"), std::string::npos) << out;
+  }
+}
+
 }  // namespace

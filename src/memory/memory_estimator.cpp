@@ -440,10 +440,6 @@ MemoryEstimate estimate(const EstimateInput& input) {
     result.notes.push_back(
         "no tensor is assumed larger than a bucket (give the largest with --largest-tensor)");
   }
-  if (terms.optimizer_offloaded || input.offload_param != OffloadDevice::kNone) {
-    result.notes.push_back(
-        "offload follows DeepSpeed's placement; the engine does not implement it yet");
-  }
   return result;
 }
 
