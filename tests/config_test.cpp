@@ -600,6 +600,9 @@ TEST(ConfigValidation, AioSettingsTheSwapperCannotUseAreRefused) {
   ConfigError depth = config_error(
       R"({"train_batch_size": 8, "aio": {"queue_depth": 4096, "intra_op_parallelism": 2}})");
   EXPECT_EQ(depth.key_path(), "aio.intra_op_parallelism");
+  ConfigError huge = config_error(
+      R"({"train_batch_size": 8, "aio": {"intra_op_parallelism": 9223372036854775807}})");
+  EXPECT_EQ(huge.key_path(), "aio.intra_op_parallelism") << "8 x 2^63 must not wrap around";
   ConfigError gds = config_error(R"({"train_batch_size": 8, "aio": {"use_gds": true}})");
   EXPECT_EQ(gds.key_path(), "aio.use_gds");
   EXPECT_THAT(gds.what(), HasSubstr("not implemented in zeroshard"));

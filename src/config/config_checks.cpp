@@ -99,8 +99,9 @@ void check_aio(const AioConfig& aio) {
     throw ConfigError("aio.queue_depth", "got " + std::to_string(aio.queue_depth) +
                                              ", expected 1.." + std::to_string(kAioMaxInFlight));
   }
+  // Divided rather than multiplied: the product of two 64-bit values from the file can overflow.
   if (aio.intra_op_parallelism < 1 ||
-      aio.queue_depth * aio.intra_op_parallelism > kAioMaxInFlight) {
+      aio.intra_op_parallelism > kAioMaxInFlight / aio.queue_depth) {
     throw ConfigError("aio.intra_op_parallelism",
                       "got " + std::to_string(aio.intra_op_parallelism) +
                           ", expected at least 1 and queue_depth * intra_op_parallelism <= " +
