@@ -177,13 +177,18 @@ TEST(MemoryEstimator, OffloadMovesMasterWeightsStatesAndGradientShardToTheHost) 
   EXPECT_EQ(e.model_state_bytes(MemoryTier::kDevice), 2 * p);
   EXPECT_EQ(e.at(MemoryCategory::kMasterWeights, MemoryTier::kHost), 4 * p / 4);
   EXPECT_EQ(e.at(MemoryCategory::kOptimizerStates, MemoryTier::kHost), 8 * p / 4);
-  // The fp32 gradient shard; the scratch the update widens 16-bit gradients in, beside it; and
-  // two staging halves of the larger of a bucket's share (the whole shard, 16-bit) and a
-  // write-back tile (the whole shard too, below 4M elements).
-  EXPECT_EQ(e.at(MemoryCategory::kGradients, MemoryTier::kHost), 4 * p / 4);
+  // The gradient shard, in fp16 as without offload; the scratch the update widens 16-bit
+  // gradients in, beside it; and two staging halves of the larger of a bucket's share (the whole
+  // shard, 16-bit) and a write-back tile (the whole shard too, below 4M elements).
+  EXPECT_EQ(e.at(MemoryCategory::kGradients, MemoryTier::kHost), 2 * p / 4);
   EXPECT_EQ(e.at(MemoryCategory::kCommunication, MemoryTier::kHost),
             4 * kGradientScratchElements + 2 * 2 * p / 4);
   EXPECT_EQ(e.total(MemoryTier::kNvme), 0);
+  // grad_accum_dtype fp32 keeps that shard in fp32, as it does on the device without offload.
+  in.fp32_grad_accumulation = true;
+  EXPECT_EQ(estimate(in).at(MemoryCategory::kGradients, MemoryTier::kHost), 4 * p / 4);
+  in.offload_optimizer = OffloadDevice::kNone;
+  EXPECT_EQ(estimate(in).at(MemoryCategory::kGradients, MemoryTier::kDevice), 4 * p / 4);
 }
 
 // What a GPU rank with offload_optimizer allocates beside the update, in pinned host memory
@@ -258,11 +263,11 @@ TEST(MemoryEstimator, NvmeOffloadAddsPinnedSwapBuffers) {
   const std::int64_t param_record = 4096 + 102400;
   EXPECT_EQ(e.at(MemoryCategory::kParameters, MemoryTier::kNvme), 2 * 16 * param_record);
   EXPECT_EQ(e.at(MemoryCategory::kParameters, MemoryTier::kHost), 2 * 200'000 + 5 * param_record);
-  // Host: 4 records of each file, the parameters above, the fp32 gradient shard beside the
+  // Host: 4 records of each file, the parameters above, the bf16 gradient shard beside the
   // update, the update's fp32 scratch, and two staging halves of a bucket's bf16 share (the
   // parameters, in host memory and on NVMe, are not written back through them).
   EXPECT_EQ(e.total(MemoryTier::kHost), 4 * (master_record + states_record) + 2 * 200'000 +
-                                            5 * param_record + 4 * p / 4 +
+                                            5 * param_record + 2 * p / 4 +
                                             4 * kGradientScratchElements + 2 * 2 * p / 4);
 }
 

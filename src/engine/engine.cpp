@@ -101,6 +101,10 @@ void EngineState::resolve_gradient_dtypes() {
   // fp32 is asked for, which rounds the sum once instead of once per partial sum. check_config()
   // allows no other type, and an fp32 gradient shard only at stages 2-3.
   comm_dtype_ = config_.communication_data_type == "fp32" ? DType::kFloat32 : dtype_;
+  // DeepSpeed's data_types.grad_accum_dtype, whose default under ZeRO is the parameters' type:
+  // its stage 1-2 and stage 3 optimizers accumulate in it with offload as without, and fill the
+  // offloaded fp32 gradient from the window's sum. The gradient shard accumulates in it wherever
+  // it lives, so that offload never changes the sums nor which fp16 steps overflow.
   grad_shard_dtype_ = config_.grad_accum_dtype == "fp32" ? DType::kFloat32 : dtype_;
 }
 

@@ -130,7 +130,7 @@ class EngineState {
   int stage_ = 0;
   DType dtype_ = DType::kFloat32;
   std::size_t dsize_ = 4;
-  DType grad_shard_dtype_ = DType::kFloat32;  ///< stages 2-3: the shard's accumulation type
+  DType grad_shard_dtype_ = DType::kFloat32;  ///< the gradient shard's accumulation type
   DType comm_dtype_ = DType::kFloat32;        ///< what gradient reductions send
 
   // Registration.

@@ -39,8 +39,6 @@ OptimizerShard::OptimizerShard(const EngineContext& context, const UpdateRule& r
     host_backend_ = make_cpu_backend(rule_);
     update_backend_ = host_backend_.get();
     tier = offload.pin_memory ? Tier::kPinnedHost : Tier::kPageableHost;
-    // DeepSpeed's offloaded gradient partition is fp32, whatever the model's type.
-    grad_shard_dtype_ = DType::kFloat32;
   }
   const std::int64_t owned = context_.update_end() - owned_begin_;
   master_aliases_params_ = !offloaded() && context_.dtype == DType::kFloat32;

@@ -22,7 +22,8 @@ using GroupContexts = std::vector<StepContext>;
 class OptimizerShard final : public ReducedGradientSink {
  public:
   /// `full_grads` is the bucketer's whole gradient buffer (null when the model writes slots);
-  /// `grad_shard_dtype` is the type of the stage 2-3 gradient shard on the device.
+  /// `grad_shard_dtype` is the type the gradient shard accumulates in, offloaded or not
+  /// (data_types.grad_accum_dtype), so that offload never changes the sums.
   OptimizerShard(const EngineContext& context, const UpdateRule& rule, ParamCoordinator& params,
                  char* full_grads, DType grad_shard_dtype);
 
@@ -149,7 +150,7 @@ class OptimizerShard final : public ReducedGradientSink {
   TrackedBuffer master_;
   std::vector<TrackedBuffer> states_;
   TrackedBuffer grad_shard_;  ///< stages 2-3 or offloaded: the reduced gradients of the shard
-  DType grad_shard_dtype_;
+  const DType grad_shard_dtype_;
   /// The shard holds nothing of this accumulation window, so arrivals store instead of adding:
   /// it is never zeroed in a pass of its own.
   bool replace_ = true;

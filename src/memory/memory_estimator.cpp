@@ -98,6 +98,11 @@ struct Terms {
   std::int64_t elements(int sharded_from) const { return stage >= sharded_from ? shard : padded; }
   /// Elements of the flat buffer this rank updates: all of it at stage 0, its shard otherwise.
   std::int64_t updated() const { return elements(1); }
+  /// The reduced gradient shard, in the type gradients accumulate in wherever it lives: fp32 under
+  /// grad_accum_dtype fp32 (stages 2-3 only), the model's type otherwise.
+  std::int64_t grad_shard_bytes() const {
+    return (stage >= 2 && in.fp32_grad_accumulation ? 4 : d) * shard;
+  }
   /// offload_optimizer nvme: one record of a swap file whose slots hold `arrays` fp32 tiles of
   /// one sub-group each (the master's file has 1, the states' file k).
   std::int64_t swap_record(std::int64_t arrays) const {
@@ -170,17 +175,17 @@ constexpr Rule kRules[] = {
     // Frozen parameters: whole on every rank at every stage.
     {MemoryCategory::kParameters, [](const Terms& t) { return t.d * t.in.frozen_params; },
      on_device},
-    // Gradients: whole below stage 2 (model precision); from stage 2 a reduced shard, fp32 under
-    // grad_accum_dtype fp32; with an offloaded update that shard lives beside it, in fp32.
+    // Gradients: whole below stage 2 (model precision); from stage 2 the reduced shard, which
+    // with an offloaded update lives beside it (at stage 1 too, beside the whole gradients).
     {MemoryCategory::kGradients,
      [](const Terms& t) -> std::int64_t {
        if (t.stage < 2) return t.d * t.padded;
-       if (t.optimizer_offloaded) return 0;
-       return (t.in.fp32_grad_accumulation ? 4 : t.d) * t.shard;
+       return t.optimizer_offloaded ? 0 : t.grad_shard_bytes();
      },
      on_device},
     {MemoryCategory::kGradients,
-     [](const Terms& t) { return t.optimizer_offloaded ? 4 * t.shard : 0; }, where_update_runs},
+     [](const Terms& t) { return t.optimizer_offloaded ? t.grad_shard_bytes() : 0; },
+     where_update_runs},
     // 16-bit gradients are widened to fp32 one chunk at a time for the update: a bounded working
     // buffer, counted under communication so that the model states are the paper's figures.
     {MemoryCategory::kCommunication,

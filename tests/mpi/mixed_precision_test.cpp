@@ -294,20 +294,6 @@ double worst_relative_difference(const std::vector<float>& actual,
   return worst;
 }
 
-/// The 16-bit (or fp32) values the model sees, every trainable parameter, as raw bytes.
-std::vector<char> model_bytes(Engine& engine, const std::vector<ToyTensor>& tensors,
-                              const std::vector<Parameter>& handles) {
-  std::vector<char> bytes;
-  for (std::size_t k = 0; k < tensors.size(); ++k) {
-    if (!tensors[k].trainable) continue;
-    auto guard = engine.gathered(handles[k].module());
-    const std::vector<char> data =
-        to_host(engine, handles[k].raw_data(), tensors[k].numel * size_of(engine.model_dtype()));
-    bytes.insert(bytes.end(), data.begin(), data.end());
-  }
-  return bytes;
-}
-
 // --- equivalence ---------------------------------------------------------------------------------
 
 class MixedPrecisionEquivalence : public ::testing::TestWithParam<std::tuple<MixedCase, bool>> {};

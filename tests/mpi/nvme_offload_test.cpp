@@ -70,17 +70,7 @@ struct Trainer {
   }
   /// The window a failed step dropped: its batch is passed over.
   void skip_step() { ++step; }
-  std::vector<char> model_bytes() {
-    std::vector<char> all;
-    for (std::size_t k = 0; k < tensors.size(); ++k) {
-      if (!tensors[k].trainable) continue;
-      auto guard = engine.gathered(handles[k].module());
-      const std::vector<char> bytes =
-          to_host(engine, handles[k].raw_data(), tensors[k].numel * size_of(engine.model_dtype()));
-      all.insert(all.end(), bytes.begin(), bytes.end());
-    }
-    return all;
-  }
+  std::vector<char> model_bytes() { return testing::model_bytes(engine, tensors, handles); }
 };
 
 std::string swap_path(const Trainer& run, const char* kind) {
@@ -106,9 +96,9 @@ TEST(NvmeOffloadMemory, HostHoldsBufferCountSubGroupsAndTheFilesTwoRecordsEach) 
   EXPECT_EQ(report.at(MemoryCategory::kOptimizerStates, host).peak, 3 * states_record);
   EXPECT_EQ(report.at(MemoryCategory::kMasterWeights, nvme).current, 2 * tiles * master_record);
   EXPECT_EQ(report.at(MemoryCategory::kOptimizerStates, nvme).current, 2 * tiles * states_record);
-  // The fp32 gradient shard stays in host memory, beside the update.
+  // The bf16 gradient shard stays in host memory, beside the update.
   EXPECT_EQ(report.at(MemoryCategory::kGradients, host).current,
-            4 * (run.engine.shard_end() - run.engine.shard_begin()));
+            2 * (run.engine.shard_end() - run.engine.shard_begin()));
 
   // The estimator says the same, byte for byte, for every category the optimizer shard owns.
   EstimateInput in = estimate_input_from_config(config, 0, run.engine.world_size());
@@ -190,7 +180,6 @@ TEST(NvmeOffloadFaults, ShortTransfersAndEagainAreCompletedTransparently) {
     Trainer nvme(nvme_config(3, DType::kBFloat16));
     Config resident_config = toy_config(3);
     resident_config.bf16.enabled = true;
-    resident_config.grad_accum_dtype = "fp32";  // the offloaded gradient shard is fp32
     Trainer resident(resident_config);
     nvme.train_step();
     resident.train_step();
@@ -265,7 +254,6 @@ TEST(NvmeOffloadMemory, ParametersOnNvmeKeepMaxInCpuAndTheSwapBuffersInHostMemor
   // Every model read went through the file: the model's copy equals the resident run's.
   Config resident_config = toy_config(3);
   resident_config.bf16.enabled = true;
-  resident_config.grad_accum_dtype = "fp32";
   Trainer resident(resident_config);
   for (int s = 0; s < 3; ++s) resident.train_step();
   EXPECT_EQ(run.model_bytes(), resident.model_bytes());

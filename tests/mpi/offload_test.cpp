@@ -26,9 +26,6 @@ Config case_config(int stage, DType dtype) {
   config.bf16.enabled = dtype == DType::kBFloat16;
   config.gradient_accumulation_steps = 2;
   config.gradient_clipping = 1.0;
-  // The offloaded gradient shard is fp32 (DeepSpeed's); the resident one matches it only when it
-  // is fp32 too, which DeepSpeed's grad_accum_dtype allows from stage 2.
-  if (dtype != DType::kFloat32 && stage >= 2) config.grad_accum_dtype = "fp32";
   return config;
 }
 
@@ -53,13 +50,7 @@ Trained train(Config config, int rule) {
     result.updates += engine.step().updated ? 1 : 0;
   }
   result.master = engine.consolidated_parameters();
-  for (std::size_t k = 0; k < tensors.size(); ++k) {
-    if (!tensors[k].trainable) continue;
-    auto guard = engine.gathered(handles[k].module());
-    const std::vector<char> bytes =
-        to_host(engine, handles[k].raw_data(), tensors[k].numel * size_of(engine.model_dtype()));
-    result.model.insert(result.model.end(), bytes.begin(), bytes.end());
-  }
+  result.model = model_bytes(engine, tensors, handles);
   result.loss_scale = engine.loss_scale();
   result.grad_norm = engine.global_grad_norm();
   const MemoryReport report = engine.memory_report();
@@ -151,26 +142,31 @@ INSTANTIATE_TEST_SUITE_P(StagesPrecisionsRules, OffloadEquivalence,
                                                                                   : "");
                          });
 
-// Where the bytes go: the optimizer shard (master, states, fp32 gradient shard) is counted where
-// the offloaded update runs, and the parameters the model reads stay with the engine.
+// Where the bytes go: the optimizer shard (master, states, and the gradient shard in the type it
+// accumulates in) is counted where the offloaded update runs, and the parameters the model reads
+// stay with the engine.
 TEST(OffloadMemory, OptimizerShardBytesFollowTheZeroOffloadLayout) {
-  Config config = case_config(2, DType::kBFloat16);
-  config.grad_accum_dtype.clear();
-  config.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
-  Engine engine = make_engine(config, make_adamw());
-  const auto tensors = uneven_toy_tensors();
-  register_toy(engine, tensors);
-  const MemoryReport report = engine.memory_report();
-  const std::int64_t shard = engine.shard_end() - engine.shard_begin();
-  const MemoryLocation host = MemoryLocation::kHost;
-  EXPECT_EQ(report.at(MemoryCategory::kMasterWeights, host).current, 4 * shard);
-  EXPECT_EQ(report.at(MemoryCategory::kOptimizerStates, host).current, 8 * shard);
-  EXPECT_EQ(report.at(MemoryCategory::kGradients, host).current, 4 * shard);
-  if (engine.device().is_cuda()) {
-    const MemoryLocation device = MemoryLocation::kDevice;
-    EXPECT_EQ(report.at(MemoryCategory::kMasterWeights, device).current, 0);
-    EXPECT_EQ(report.at(MemoryCategory::kOptimizerStates, device).current, 0);
-    EXPECT_EQ(report.at(MemoryCategory::kGradients, device).current, 0);
+  for (const std::string accumulation : {"", "fp32"}) {
+    SCOPED_TRACE("grad_accum_dtype '" + accumulation + "'");
+    Config config = case_config(2, DType::kBFloat16);
+    config.grad_accum_dtype = accumulation;
+    config.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
+    Engine engine = make_engine(config, make_adamw());
+    const auto tensors = uneven_toy_tensors();
+    register_toy(engine, tensors);
+    const MemoryReport report = engine.memory_report();
+    const std::int64_t shard = engine.shard_end() - engine.shard_begin();
+    const MemoryLocation host = MemoryLocation::kHost;
+    EXPECT_EQ(report.at(MemoryCategory::kMasterWeights, host).current, 4 * shard);
+    EXPECT_EQ(report.at(MemoryCategory::kOptimizerStates, host).current, 8 * shard);
+    EXPECT_EQ(report.at(MemoryCategory::kGradients, host).current,
+              (accumulation.empty() ? 2 : 4) * shard);
+    if (engine.device().is_cuda()) {
+      const MemoryLocation device = MemoryLocation::kDevice;
+      EXPECT_EQ(report.at(MemoryCategory::kMasterWeights, device).current, 0);
+      EXPECT_EQ(report.at(MemoryCategory::kOptimizerStates, device).current, 0);
+      EXPECT_EQ(report.at(MemoryCategory::kGradients, device).current, 0);
+    }
   }
 }
 

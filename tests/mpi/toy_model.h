@@ -225,6 +225,20 @@ inline std::vector<float> trainable_concat(const std::vector<ToyTensor>& tensors
   return result;
 }
 
+/// The 16-bit (or fp32) values the model sees, every trainable parameter gathered, as raw bytes.
+inline std::vector<char> model_bytes(Engine& engine, const std::vector<ToyTensor>& tensors,
+                                     const std::vector<Parameter>& handles) {
+  std::vector<char> bytes;
+  for (std::size_t k = 0; k < tensors.size(); ++k) {
+    if (!tensors[k].trainable) continue;
+    auto guard = engine.gathered(handles[k].module());
+    const std::vector<char> data =
+        to_host(engine, handles[k].raw_data(), tensors[k].numel * size_of(engine.model_dtype()));
+    bytes.insert(bytes.end(), data.begin(), data.end());
+  }
+  return bytes;
+}
+
 /// The unsharded reference: one process, whole tensors, the same rule, the gradient of every
 /// rank summed exactly and multiplied by the same factor the engine uses.
 class ToyReference {
