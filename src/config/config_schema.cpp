@@ -100,7 +100,9 @@ std::vector<KeySpec> make_key_specs() {
       {.path = "data_types.grad_accum_dtype",
        .kind = K::kString,
        .default_json = "null",
-       .meaning = "Element type gradients are accumulated in; null = the parameters' type.",
+       .meaning = "Element type gradients are accumulated in, with offload_optimizer as without; "
+                  "null = the parameters' type (DeepSpeed's default under ZeRO); fp32 with 16-bit "
+                  "parameters needs stage 2 or 3.",
        .field = ZEROSHARD_CONFIG_FIELD(grad_accum_dtype),
        .choices = "fp16|bf16|fp32",
        .fold_case = true},
