@@ -91,6 +91,87 @@ TEST(CheckpointManifest, AShardListThatDoesNotFitIsDamage) {
   EXPECT_THROW(detail::manifest_from_json("{\"format_version\": 1", "m"), CheckpointError);
 }
 
+/// `call()` throws Error with a message that holds `expected` and no raw newline.
+template <class Error, class Call>
+void expect_error(Call call, const std::string& expected) {
+  try {
+    call();
+    ADD_FAILURE() << "no error; expected one saying: " << expected;
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find(expected), std::string::npos) << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << "unescaped: " << message;
+  }
+}
+
+// Each way a tag cannot name one folder inside the checkpoint directory, named in the error.
+TEST(CheckpointTag, EachBadTagIsRefusedByWhatIsWrong) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"", "is empty"},
+      {"step\n2", "a newline (\\n) at position 4"},
+      {"step\r", "a carriage return (\\r) at position 4"},
+      {std::string("a\0b", 3), "a control character (0x00) at position 1"},
+      {"a\x1b[2J", "a control character (0x1b) at position 1"},
+      {"../other/tag", "a path separator '/' at position 2"},
+      {"a/b", "a path separator '/' at position 1"},
+      {"..", "'..', the parent folder"},
+      {".", "'.', the checkpoint directory itself"},
+      {"latest", "the name of the file that points at the latest checkpoint"},
+      {"step2.tmp", "ends in '.tmp'"},
+  };
+  for (const auto& [tag, expected] : cases) {
+    expect_error<UsageError>([&] { detail::check_tag(tag); }, expected);
+  }
+  for (const std::string tag : {"step2", "global_step100", "a..b", "run 3", ".hidden", "tmp"}) {
+    EXPECT_NO_THROW(detail::check_tag(tag)) << tag;
+  }
+}
+
+// `latest` is read as the tag it names and held to the same rules: what it names must be a
+// folder inside the directory.
+TEST(CheckpointTag, LatestIsCheckedAsATag) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("zeroshard-latest-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const auto resolve_with = [&](const std::string& content) {
+    std::ofstream(dir / "latest", std::ios::binary | std::ios::trunc) << content;
+    return detail::resolve_tag(dir.string(), "");
+  };
+  EXPECT_EQ(resolve_with("step3\n"), "step3");
+  EXPECT_EQ(resolve_with("step3"), "step3");  // DeepSpeed writes it without a newline
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"../other/tag\n", "a path separator '/' at position 2"},
+      {"/etc\n", "a path separator '/' at position 0"},
+      {"..\n", "'..', the parent folder"},
+      {"step3\nstep4\n", "a newline (\\n) at position 5"},
+      {"step3\r\n", "a carriage return (\\r) at position 5"},
+      {"\n", "is empty"},
+      {"", "is empty"},
+  };
+  for (const auto& [content, expected] : refused) {
+    expect_error<CheckpointError>([&] { resolve_with(content); },
+                                  "checkpoint pointer " + (dir / "latest").string());
+    expect_error<CheckpointError>([&] { resolve_with(content); }, expected);
+  }
+  fs::remove_all(dir);
+}
+
+TEST(CheckpointManifest, NegativeCountersAreRefusedByName) {
+  detail::Manifest m;
+  m.world_size = 1;
+  m.padded_total = 16;
+  m.shard_size = 16;
+  m.shards = {{"rank_00000.bin", 64, 16, {{1}}}};
+  EXPECT_NO_THROW(detail::manifest_from_json(detail::manifest_to_json(m), "m"));
+  for (const char* key : {"global_step", "micro_step"}) {
+    nlohmann::json j = nlohmann::json::parse(detail::manifest_to_json(m));
+    j[key] = -1;
+    expect_error<CheckpointError>([&] { detail::manifest_from_json(j.dump(), "m"); },
+                                  std::string(key) + " -1 is negative");
+  }
+}
+
 Engine one_rank_engine() {
   Config config = toy_config(2);
   config.scheduler.type = "WarmupLR";

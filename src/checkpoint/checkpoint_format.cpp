@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>  // nlohmann::json
 #include <optional>
@@ -24,6 +25,7 @@
 #include <utility>
 
 #include "checkpoint/direct_io.h"
+#include "config/config_values.h"  // printable_text
 #include "crc32c.h"
 #include "util/check.h"
 #include "zeroshard/error.h"
@@ -217,6 +219,15 @@ Manifest manifest_from_json(const std::string& text, const std::string& path) {
   m.scheduler = field<std::string>(j, "scheduler", path);
   m.global_step = field<std::int64_t>(j, "global_step", path);
   m.micro_step = field<std::int64_t>(j, "micro_step", path);
+  for (const auto& [key, count] :
+       {std::pair{"global_step", m.global_step}, std::pair{"micro_step", m.micro_step}}) {
+    if (count < 0) {
+      throw CheckpointError("checkpoint manifest " + path + ": " + key + " " +
+                            std::to_string(count) +
+                            " is negative, expected a count of steps (0 or more); the file is "
+                            "damaged or was edited");
+    }
+  }
   m.lr_override = field<double>(j, "lr_override", path);
   m.last_grad_norm = field<double>(j, "last_grad_norm", path);
   if (j.contains("loss_scaler")) {
@@ -248,13 +259,45 @@ Manifest manifest_from_json(const std::string& text, const std::string& path) {
   return m;
 }
 
+namespace {
+
+// Why `tag` cannot name a checkpoint folder inside the directory, or "" when it can: `latest`
+// holds one line, and the folder must be dir/tag itself.
+std::string tag_problem(const std::string& tag) {
+  if (tag.empty()) return "is empty";
+  for (std::size_t i = 0; i < tag.size(); ++i) {
+    const auto c = static_cast<unsigned char>(tag[i]);
+    const std::string at = " at position " + std::to_string(i);
+    if (c == '\n') return "holds a newline (\\n)" + at;
+    if (c == '\r') return "holds a carriage return (\\r)" + at;
+    if (c < 0x20 || c == 0x7f) {
+      constexpr char kHex[] = "0123456789abcdef";
+      return std::string("holds a control character (0x") + kHex[c >> 4] + kHex[c & 0xf] + ")" + at;
+    }
+    if (c == '/') return "holds a path separator '/'" + at;
+  }
+  if (tag == ".") return "is '.', the checkpoint directory itself";
+  if (tag == "..") return "is '..', the parent folder";
+  if (tag == kLatestName) {
+    return "is 'latest', the name of the file that points at the latest checkpoint";
+  }
+  if (tag.size() > 4 && tag.ends_with(".tmp")) {
+    return "ends in '.tmp', which marks a save that never completed";
+  }
+  return "";
+}
+
+constexpr const char* kTagRule =
+    "a tag names one folder inside the checkpoint directory: printable characters without '/', "
+    "not '.', '..' or 'latest', not ending in '.tmp'";
+
+}  // namespace
+
 void check_tag(const std::string& tag) {
-  ZEROSHARD_CHECK_USAGE(!tag.empty() && tag.find('/') == std::string::npos && tag != "." &&
-                            tag != ".." && tag != kLatestName &&
-                            !(tag.size() > 4 && tag.ends_with(".tmp")),
-                        "checkpoint tag '" << tag
-                                           << "': expected a non-empty folder name without '/', "
-                                              "not 'latest' and not ending in '.tmp'");
+  const std::string problem = tag_problem(tag);
+  if (!problem.empty()) {
+    throw UsageError("checkpoint tag \"" + printable_text(tag) + "\" " + problem + "; " + kTagRule);
+  }
 }
 
 std::string resolve_tag(const std::string& dir, const std::string& tag) {
@@ -263,15 +306,22 @@ std::string resolve_tag(const std::string& dir, const std::string& tag) {
     return tag;
   }
   const std::string latest = dir + "/" + kLatestName;
-  std::ifstream in(latest);
+  std::ifstream in(latest, std::ios::binary);
   if (!in) {
     throw CheckpointError("no checkpoint to load in " + dir + ": " + latest +
                           " does not exist (no save has completed there); pass a tag or check "
                           "the folder");
   }
-  std::string name;
-  std::getline(in, name);
-  if (name.empty()) throw CheckpointError("checkpoint pointer " + latest + " is empty");
+  // The tag and a newline, as save_checkpoint writes it; DeepSpeed writes no newline.
+  std::string name((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (name.ends_with('\n')) name.pop_back();
+  const std::string problem = tag_problem(name);
+  if (!problem.empty()) {
+    throw CheckpointError("checkpoint pointer " + latest + ": the tag it names, \"" +
+                          printable_text(name) + "\", " + problem + "; " + kTagRule +
+                          ". The file was edited or damaged: write the tag of a checkpoint in " +
+                          dir + " into it, or pass the tag to load");
+  }
   return name;
 }
 

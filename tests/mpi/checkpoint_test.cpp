@@ -201,12 +201,13 @@ class CheckpointBadInput : public ::testing::Test {
     return *engine_;
   }
 
-  /// Loading "bad" throws CheckpointError whose message holds `expected`; nothing changes.
-  void expect_refused(const std::string& expected) {
+  /// Loading `tag` ("bad" unless told; empty: the one `latest` names) throws CheckpointError
+  /// whose message holds `expected`; nothing changes.
+  void expect_refused(const std::string& expected, const std::string& tag = "bad") {
     const std::vector<float> before = engine().consolidated_parameters();
     const std::int64_t step = engine().global_step();
     try {
-      engine().load_checkpoint(dir_, "bad");
+      engine().load_checkpoint(dir_, tag);
       ADD_FAILURE() << "the load succeeded";
     } catch (const CheckpointError& e) {
       EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
@@ -283,6 +284,45 @@ TEST_F(CheckpointBadInput, AnotherShapeIsNamed) {
   engine(resized);
   damage([](const fs::path&) {});
   expect_refused("'b.weight' has shape [77] in the checkpoint and [78]");
+}
+
+TEST_F(CheckpointBadInput, ANegativeGlobalStepIsRefusedByName) {
+  damage([](const fs::path& bad) {
+    std::ifstream in(bad / "manifest.json");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    in.close();
+    const std::string key = "\"global_step\": 2";
+    ASSERT_NE(text.find(key), std::string::npos);
+    text.replace(text.find(key), key.size(), "\"global_step\": -5");
+    std::ofstream(bad / "manifest.json") << text;
+  });
+  expect_refused("global_step -5");
+}
+
+// `latest` edited to name a checkpoint beside the folder, which would load.
+TEST_F(CheckpointBadInput, ALatestNamingAFolderOutsideIsRefused) {
+  const fs::path outside = dir_ + "-other";
+  damage([&](const fs::path&) {
+    fs::remove_all(outside);
+    fs::create_directories(outside / "good");
+    fs::copy(dir_ + "/good", outside / "good", fs::copy_options::recursive);
+    std::ofstream(fs::path(dir_) / "latest") << "../" << outside.filename().string() << "/good\n";
+  });
+  expect_refused("path separator '/'", "");
+  engine().communicator().barrier();
+  if (engine().rank() == 0) fs::remove_all(outside);
+}
+
+// A tag with a newline would save, but `latest` (one line) could not name it afterwards.
+TEST_F(CheckpointBadInput, ATagWithANewlineIsRefusedAtSave) {
+  try {
+    engine().save_checkpoint(dir_, "step\n2");
+    ADD_FAILURE() << "a tag with a newline was saved";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("a newline"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(dir_ + "/step\n2"));
+  EXPECT_EQ(engine().load_checkpoint(dir_).tag, "good");
 }
 
 TEST_F(CheckpointBadInput, AnExistingTagIsNotOverwritten) {
