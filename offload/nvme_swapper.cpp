@@ -7,9 +7,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstddef>  // offsetof
 #include <cstring>
 #include <exception>
 #include <sstream>
+#include <string_view>
 
 #include "config/config_checks.h"
 #include "crc32c.h"
@@ -24,11 +26,16 @@ static_assert(kAioBlockAlignment % kDirectIoAlignment == 0);
 // The header occupies the record's first page, so the payload stays page-aligned for O_DIRECT.
 constexpr std::int64_t kHeaderBytes = static_cast<std::int64_t>(kDirectIoAlignment);
 constexpr char kMagic[8] = {'Z', 'S', 'S', 'W', 'A', 'P', '\0', '\1'};
-constexpr std::uint32_t kFormatVersion = 1;
+// Version 2 added the writer's rank, kind and run id.
+constexpr std::uint32_t kFormatVersion = 2;
+// The kind in a header, NUL-padded; a longer kind is refused when the swapper is made.
+constexpr std::size_t kKindBytes = 32;
 // A request that keeps reporting EAGAIN this often is given up as an error.
 constexpr int kMaxRetries = 1000;
 
-// Little-endian, as the CPU stores it; header_crc covers every byte before it.
+// Little-endian, as the CPU stores it; header_crc covers every byte before it (no padding).
+// Rank, kind and run tell apart records that are whole and of the right slot and generation but
+// not this swapper's: another rank's file or an earlier run's copied over this one.
 struct RecordHeader {
   char magic[8];
   std::uint32_t version;
@@ -37,35 +44,27 @@ struct RecordHeader {
   std::uint64_t copy;
   std::uint64_t generation;
   std::uint64_t payload_bytes;
+  std::uint64_t run_id;
+  std::uint32_t rank;
   std::uint32_t payload_crc;
+  char kind[kKindBytes];
   std::uint32_t header_crc;
 };
-static_assert(sizeof(RecordHeader) == 56);
+static_assert(offsetof(RecordHeader, header_crc) == 96 && sizeof(RecordHeader) == 104);
 
 std::uint32_t header_crc(const RecordHeader& header) {
   return crc32c(&header, offsetof(RecordHeader, header_crc));
 }
 
-void write_header(std::byte* record, std::int64_t slot, int copy, std::uint64_t generation,
-                  std::int64_t payload_bytes, std::uint32_t payload_crc) {
-  RecordHeader header{};
-  std::memcpy(header.magic, kMagic, sizeof kMagic);
-  header.version = kFormatVersion;
-  header.header_bytes = static_cast<std::uint32_t>(kHeaderBytes);
-  header.slot = static_cast<std::uint64_t>(slot);
-  header.copy = static_cast<std::uint64_t>(copy);
-  header.generation = generation;
-  header.payload_bytes = static_cast<std::uint64_t>(payload_bytes);
-  header.payload_crc = payload_crc;
-  header.header_crc = header_crc(header);
-  std::memset(record, 0, static_cast<std::size_t>(kHeaderBytes));
-  std::memcpy(record, &header, sizeof header);
-}
-
-std::string hex(std::uint32_t value) {
+std::string hex(std::uint64_t value) {
   std::ostringstream os;
   os << "0x" << std::hex << value;
   return os.str();
+}
+
+// "rank 1's optimizer_master of run 0x1a2b3c"
+std::string owner_text(std::uint64_t rank, std::string_view kind, std::uint64_t run_id) {
+  return "rank " + std::to_string(rank) + "'s " + std::string(kind) + " of run " + hex(run_id);
 }
 
 std::string advice(int error) {
@@ -100,12 +99,17 @@ const NvmeSwapperOptions& validated(const NvmeSwapperOptions& o) {
     throw ConfigError("buffer_count", "got " + std::to_string(o.buffer_count) +
                                           ", expected at least 1 swap buffer");
   }
-  const bool kind_ok = !o.kind.empty() && std::all_of(o.kind.begin(), o.kind.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
-  });
+  const bool kind_ok = !o.kind.empty() && o.kind.size() < kKindBytes &&
+                       std::all_of(o.kind.begin(), o.kind.end(), [](char c) {
+                         return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+                       });
   if (!kind_ok) {
-    throw UsageError("NVMe swapper: kind \"" + o.kind +
-                     "\" must be lower-case letters, digits and '_' (it names the file)");
+    throw UsageError("NVMe swapper: kind \"" + o.kind + "\" must be 1 to " +
+                     std::to_string(kKindBytes - 1) +
+                     " lower-case letters, digits and '_' (it names the file and each record)");
+  }
+  if (o.rank < 0) {
+    throw UsageError("NVMe swapper: rank " + std::to_string(o.rank) + ", expected at least 0");
   }
   return o;
 }
@@ -117,7 +121,10 @@ std::int64_t swap_record_bytes(std::int64_t slot_bytes) {
 }
 
 NvmeSwapper::NvmeSwapper(const NvmeSwapperOptions& options)
-    : slot_count_(validated(options).slot_count),
+    : rank_(validated(options).rank),
+      kind_(options.kind),
+      run_id_(options.run_id),
+      slot_count_(options.slot_count),
       slot_bytes_(options.slot_bytes),
       record_bytes_(swap_record_bytes(options.slot_bytes)),
       aio_(options.aio),
@@ -333,7 +340,7 @@ SwapTicket NvmeSwapper::start(OpKind kind, std::int64_t slot, int buffer) {
     const std::uint32_t crc = overlapped_crc32c(record + kHeaderBytes, slot_bytes_);
     Op& started = ops_.at(id);
     if (started.error.empty()) {
-      write_header(record, slot, started.copy, started.generation, slot_bytes_, crc);
+      write_header(record, started, crc);
       queued_.push_front(held);
       fill();
     } else {
@@ -549,6 +556,24 @@ std::uint32_t NvmeSwapper::overlapped_crc32c(const std::byte* data, std::int64_t
   return crc;
 }
 
+void NvmeSwapper::write_header(std::byte* record, const Op& op, std::uint32_t payload_crc) const {
+  RecordHeader header{};
+  std::memcpy(header.magic, kMagic, sizeof kMagic);
+  header.version = kFormatVersion;
+  header.header_bytes = static_cast<std::uint32_t>(kHeaderBytes);
+  header.slot = static_cast<std::uint64_t>(op.slot);
+  header.copy = static_cast<std::uint64_t>(op.copy);
+  header.generation = op.generation;
+  header.payload_bytes = static_cast<std::uint64_t>(slot_bytes_);
+  header.run_id = run_id_;
+  header.rank = static_cast<std::uint32_t>(rank_);
+  header.payload_crc = payload_crc;
+  std::memcpy(header.kind, kind_.data(), kind_.size());
+  header.header_crc = header_crc(header);
+  std::memset(record, 0, static_cast<std::size_t>(kHeaderBytes));
+  std::memcpy(record, &header, sizeof header);
+}
+
 void NvmeSwapper::verify_read(const Op& op) {
   const std::byte* record = buffers_[static_cast<std::size_t>(op.buffer)].data();
   RecordHeader header;
@@ -566,14 +591,31 @@ void NvmeSwapper::verify_read(const Op& op) {
     throw IoError(where + ": header checksum mismatch (stored " + hex(header.header_crc) +
                   ", computed " + hex(computed_header) + ")" + remedy);
   }
-  if (header.version != kFormatVersion || header.slot != static_cast<std::uint64_t>(op.slot) ||
+  if (header.version != kFormatVersion) {
+    throw IoError(where + ": swap record format version " + std::to_string(header.version) +
+                  ", expected " + std::to_string(kFormatVersion) +
+                  " (a file another zeroshard wrote)" + remedy);
+  }
+  const std::string_view kind(header.kind, strnlen(header.kind, kKindBytes));
+  const bool other_rank = header.rank != static_cast<std::uint32_t>(rank_);
+  const bool other_kind = kind != kind_;
+  if (other_rank || other_kind || header.run_id != run_id_) {
+    const std::string whose = other_rank   ? "another rank's swap file"
+                              : other_kind ? "another kind's swap file"
+                                           : "a swap file of another run";
+    throw IoError(where + ": the record holds " + owner_text(header.rank, kind, header.run_id) +
+                  ", expected " + owner_text(static_cast<std::uint64_t>(rank_), kind_, run_id_) +
+                  " (this run): " + whose +
+                  " was copied over this one, and nothing of it is used: leave the swap files "
+                  "alone while a run uses them, and restart from a checkpoint");
+  }
+  if (header.slot != static_cast<std::uint64_t>(op.slot) ||
       header.copy != static_cast<std::uint64_t>(op.copy) || header.generation != op.generation ||
       header.payload_bytes != static_cast<std::uint64_t>(slot_bytes_)) {
-    throw IoError(where + ": header names version " + std::to_string(header.version) + ", slot " +
-                  std::to_string(header.slot) + ", copy " + std::to_string(header.copy) +
-                  ", generation " + std::to_string(header.generation) + ", " +
-                  std::to_string(header.payload_bytes) + " bytes; expected version " +
-                  std::to_string(kFormatVersion) + ", " + std::to_string(slot_bytes_) +
+    throw IoError(where + ": header names slot " + std::to_string(header.slot) + ", copy " +
+                  std::to_string(header.copy) + ", generation " +
+                  std::to_string(header.generation) + ", " + std::to_string(header.payload_bytes) +
+                  " bytes; expected " + std::to_string(slot_bytes_) +
                   " bytes (a stale or foreign record)" + remedy);
   }
   const std::uint32_t computed = overlapped_crc32c(record + kHeaderBytes, slot_bytes_);

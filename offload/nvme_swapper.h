@@ -26,6 +26,9 @@ struct NvmeSwapperOptions {
   std::string directory;  ///< nvme_path; must exist
   int rank = 0;
   std::string kind = "optimizer";  ///< names the file; lower-case letters, digits, '_'
+  /// Names the run in every record, the same on every rank of it: a record of another run (a file
+  /// left over or put back) is refused as one of another rank or kind is.
+  std::uint64_t run_id = 0;
   std::int64_t slot_count = 1;
   std::int64_t slot_bytes = 0;  ///< payload bytes of every slot (any size)
   int buffer_count = 4;
@@ -46,12 +49,13 @@ struct SwapTicket {
 };
 
 /// On disk, slot s has two records, copies A and B at offsets (2s + copy) * record_bytes(): a
-/// 4 KiB header (magic, slot, copy, generation, payload size, CRC32C of the payload and of the
-/// header) and the payload padded to 4 KiB. A write goes to the copy that is not current and
-/// becomes current only once all its bytes are written, so a failed write leaves the previous
-/// generation readable; a read checks the header and the checksum against the generation the
-/// swapper expects. Errors are IoError (naming file, offset, operation, what to do) raised by
-/// wait(); the slot's table entry is then unchanged and the swapper stays usable.
+/// 4 KiB header (magic, slot, copy, generation, payload size, the writer's rank, kind and run id,
+/// CRC32C of the payload and of the header) and the payload padded to 4 KiB. A write goes to the
+/// copy that is not current and becomes current only once all its bytes are written, so a failed
+/// write leaves the previous generation readable; a read checks the header and the checksum
+/// against this swapper's rank, kind and run and the generation it expects. Errors are IoError
+/// (naming file, offset, operation, what to do) raised by wait(); the slot's table entry is then
+/// unchanged and the swapper stays usable.
 ///
 /// Requests are split into aio.block_size pieces; an op is cut into aio.intra_op_parallelism
 /// contiguous stripes whose pieces are interleaved, as DeepSpeed's I/O threads each take one;
@@ -156,12 +160,17 @@ class NvmeSwapper {
   void fail(std::uint64_t op_id, Op& op, std::string message);
   void finish_if_done(std::uint64_t op_id, Op& op);
   std::string describe(const Op& op, std::int64_t offset) const;
+  /// Fills the first page of `record` with the header of `op`'s write.
+  void write_header(std::byte* record, const Op& op, std::uint32_t payload_crc) const;
   void verify_read(const Op& op);
   std::uint32_t overlapped_crc32c(const std::byte* data, std::int64_t bytes);
   int apply_fault(int result, std::uint32_t bytes) noexcept;
   void check_slot(std::int64_t slot) const;
   void check_buffer(int buffer) const;
 
+  int rank_;
+  std::string kind_;
+  std::uint64_t run_id_;
   std::int64_t slot_count_;
   std::int64_t slot_bytes_;
   std::int64_t record_bytes_;

@@ -35,6 +35,7 @@ SwappedArrays::SwappedArrays(const SwappedArraysOptions& options)
     swapper.directory = options.directory;
     swapper.rank = options.rank;
     swapper.kind = spec.kind;
+    swapper.run_id = options.run_id;
     swapper.slot_count = tile_count_;
     swapper.slot_bytes = spec.arrays * tile_ * static_cast<std::int64_t>(sizeof(float));
     swapper.buffer_count = buffer_count_;

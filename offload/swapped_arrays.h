@@ -26,6 +26,7 @@ struct SwappedArrayFile {
 struct SwappedArraysOptions {
   std::string directory;  ///< nvme_path
   int rank = 0;
+  std::uint64_t run_id = 0;  ///< see NvmeSwapperOptions::run_id
   AioConfig aio{};
   int buffer_count = 4;
   bool pipeline_read = false;

@@ -17,6 +17,7 @@ NvmeSwapperOptions swapper_options(const SwappedShardOptions& options) {
   swapper.directory = options.directory;
   swapper.rank = options.rank;
   swapper.kind = options.kind;
+  swapper.run_id = options.run_id;
   const std::int64_t tile = tile_of(options);
   swapper.slot_count = std::max<std::int64_t>(1, (options.elements + tile - 1) / tile);
   swapper.slot_bytes = tile * static_cast<std::int64_t>(options.element_bytes);

@@ -15,7 +15,8 @@ namespace zeroshard::detail {
 struct SwappedShardOptions {
   std::string directory;  ///< nvme_path
   int rank = 0;
-  std::string kind;  ///< names the file (see swap_file_path)
+  std::string kind;          ///< names the file (see swap_file_path)
+  std::uint64_t run_id = 0;  ///< see NvmeSwapperOptions::run_id
   AioConfig aio{};
   std::int64_t elements = 0;
   std::size_t element_bytes = 2;

@@ -12,6 +12,8 @@
 #include <csignal>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -336,6 +338,59 @@ TEST_F(NvmeSwapperTest, FlippedByteIsAChecksumIoError) {
   // Writing the slot again repairs it.
   write_now(swapper, 1, 2);
   EXPECT_TRUE(read_holds(swapper, 1, 2));
+}
+
+// A record that is whole and of the expected slot, copy and generation but that another rank, a
+// swapper of another kind or another run wrote (its file copied over this one's) is refused by
+// what differs, and the slot reads again once rewritten.
+TEST_F(NvmeSwapperTest, ARecordOfAnotherRankKindOrRunIsRefusedByWhatDiffers) {
+  NvmeSwapperOptions mine = options(2, 4096);
+  mine.run_id = 0x1234;
+  const auto file_bytes = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::vector<char>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  struct Case {
+    NvmeSwapperOptions theirs;
+    std::string holds;
+    std::string why;
+  };
+  std::vector<Case> cases(3, Case{mine, "", ""});
+  cases[0].theirs.rank = 4;
+  cases[0].holds = "holds rank 4's optimizer of run 0x1234";
+  cases[0].why = "another rank's swap file";
+  cases[1].theirs.kind = "optimizer_b";
+  cases[1].holds = "holds rank 3's optimizer_b of run 0x1234";
+  cases[1].why = "another kind's swap file";
+  cases[2].theirs.run_id = 0x5678;
+  cases[2].holds = "holds rank 3's optimizer of run 0x5678";
+  cases[2].why = "a swap file of another run";
+  for (const Case& c : cases) {
+    std::vector<char> foreign;
+    {
+      NvmeSwapper theirs(c.theirs);
+      write_now(theirs, 0, 1);
+      foreign = file_bytes(theirs.path());
+    }
+    NvmeSwapper swapper(mine);
+    write_now(swapper, 0, 1);
+    ASSERT_EQ(file_bytes(swapper.path()).size(), foreign.size());
+    {
+      std::ofstream out(swapper.path(), std::ios::binary | std::ios::in | std::ios::out);
+      out.write(foreign.data(), static_cast<std::streamsize>(foreign.size()));
+    }
+    try {
+      swapper.wait(swapper.read(0, 1));
+      ADD_FAILURE() << c.holds << ": the record was read as this swapper's";
+    } catch (const IoError& e) {
+      EXPECT_THAT(e.what(), HasSubstr(swapper.path()));
+      EXPECT_THAT(e.what(), HasSubstr(c.holds));
+      EXPECT_THAT(e.what(), HasSubstr("expected rank 3's optimizer of run 0x1234"));
+      EXPECT_THAT(e.what(), HasSubstr(c.why));
+    }
+    write_now(swapper, 0, 2);
+    EXPECT_TRUE(read_holds(swapper, 0, 2));
+  }
 }
 
 TEST_F(NvmeSwapperTest, TmpfsPathIsAnIoErrorNamingIt) {

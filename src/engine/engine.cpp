@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <random>  // random_device: the run id
 #include <sstream>
 #include <utility>
 
@@ -215,9 +216,12 @@ void EngineState::finalize() {
                           "the same call");
   }
 
+  const bool swaps = zero.offload_optimizer.device == OffloadDevice::kNvme ||
+                     zero.offload_param.device == OffloadDevice::kNvme;
   context_ = std::make_unique<EngineContext>(EngineContext{.config = config_,
                                                            .rank = rank_,
                                                            .world = world_,
+                                                           .run_id = swaps ? draw_run_id() : 0,
                                                            .stage = stage_,
                                                            .dtype = dtype_,
                                                            .dsize = dsize_,
@@ -270,6 +274,20 @@ void EngineState::finalize() {
   bucketer_->deliver_to(*optimizer_);
   finalized_ = true;
   if (adopted_.parameters != nullptr) take_adopted_values();
+}
+
+std::uint64_t EngineState::draw_run_id() {
+  // 48 random bits from rank 0, as two 24-bit halves (exact in fp32): the other ranks add zeros
+  // to a max, so every rank ends with rank 0's draw.
+  std::random_device entropy;
+  const std::uint64_t drawn = (std::uint64_t{entropy()} << 32) | entropy();
+  float halves[2] = {0.0f, 0.0f};
+  if (rank_ == 0) {
+    halves[0] = static_cast<float>(drawn & 0xffffff);
+    halves[1] = static_cast<float>((drawn >> 24) & 0xffffff);
+  }
+  if (world_ > 1) all_reduce_host(halves, 2, ReduceOp::kMax);
+  return static_cast<std::uint64_t>(halves[0]) | (static_cast<std::uint64_t>(halves[1]) << 24);
 }
 
 void EngineState::take_adopted_values() {

@@ -94,6 +94,8 @@ struct EngineContext {
   const Config& config;
   int rank = 0;
   int world = 1;
+  /// Names this engine's run in its swap records: drawn by rank 0 and the same on every rank.
+  std::uint64_t run_id = 0;
   int stage = 0;
   DType dtype = DType::kFloat32;
   std::size_t dsize = 4;

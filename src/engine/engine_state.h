@@ -46,6 +46,8 @@ class EngineState {
   /// Ends registration: checks that the ranks agree (collective) and lays the parameters out.
   void lay_out();
   void finalize();
+  /// Collective: a random id of this run, the same on every rank, for its swap records.
+  std::uint64_t draw_run_id();
   /// The model's initial values in adopted parameter memory become the master weights.
   void take_adopted_values();
   void require_finalized() {

@@ -54,6 +54,7 @@ OptimizerShard::OptimizerShard(const EngineContext& context, const UpdateRule& r
     SwappedArraysOptions swap;
     swap.directory = offload.nvme_path;
     swap.rank = context_.rank;
+    swap.run_id = context_.run_id;
     swap.aio = context_.config.aio;
     swap.buffer_count = static_cast<int>(offload.buffer_count);
     swap.pipeline_read = offload.pipeline_read;

@@ -49,6 +49,7 @@ ParamCoordinator::ParamCoordinator(const EngineContext& context, Tier shard_tier
         swap.directory = offload.nvme_path;
         swap.rank = context_.rank;
         swap.kind = "param_shard";
+        swap.run_id = context_.run_id;
         swap.aio = context_.config.aio;
         swap.elements = shard - resident_elements_;
         swap.element_bytes = dsize;

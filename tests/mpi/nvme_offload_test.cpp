@@ -12,6 +12,8 @@
 
 #include <csignal>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -214,6 +216,75 @@ void damage_first_rank(Trainer& run, const char* kind, bool truncate,
     ASSERT_EQ(::fsync(fd), 0);
   }
   ::close(fd);
+}
+
+/// The bytes of the swap file at `path`, whole.
+std::vector<char> file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+/// Writes `bytes` over the file at `path` in place, as `cp` over an open file does: the engine's
+/// descriptor still reads the same file, now holding other records.
+void overwrite_file(const std::string& path, const std::vector<char>& bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY);
+  ASSERT_GE(fd, 0) << path;
+  ASSERT_EQ(::pwrite(fd, bytes.data(), bytes.size(), 0), static_cast<ssize_t>(bytes.size()));
+  ASSERT_EQ(::fsync(fd), 0);
+  ::close(fd);
+}
+
+// Rank 0's optimizer file copied over rank 1's between steps: the records are whole, of the same
+// slot, copy and generation, so only the rank in their headers tells them apart.
+TEST(NvmeOffloadFaults, ARecordOfAnotherRankIsRefusedByName) {
+  Trainer run(nvme_config(2));
+  if (run.engine.world_size() < 2) GTEST_SKIP() << "needs a second rank";
+  run.train_step();
+  run.engine.communicator().barrier();  // rank 0's records are written
+  if (run.engine.rank() == 1) {
+    const std::vector<char> foreign =
+        file_bytes(detail::swap_file_path(nvme_test_directory(), 0, "optimizer_master"));
+    ASSERT_EQ(foreign.size(), file_bytes(swap_path(run, "optimizer_master")).size());
+    overwrite_file(swap_path(run, "optimizer_master"), foreign);
+  }
+  run.engine.communicator().barrier();
+  try {
+    run.train_step();
+    ADD_FAILURE() << "rank 0's swap records were read as rank 1's";
+  } catch (const IoError& error) {
+    EXPECT_THAT(error.what(), HasSubstr("failed on rank 1"));
+    EXPECT_THAT(error.what(), HasSubstr("rank1_optimizer_master.swp"));
+    EXPECT_THAT(error.what(), HasSubstr("holds rank 0's optimizer_master"));
+    EXPECT_THAT(error.what(), HasSubstr("expected rank 1's optimizer_master"));
+    EXPECT_THAT(error.what(), HasSubstr("not applied on any rank"));
+  }
+  EXPECT_EQ(run.engine.global_step(), 1);
+}
+
+// The same rank's file of an earlier run, put back between steps: its records match in every
+// field but the run id, which each engine draws anew and shares over its ranks.
+TEST(NvmeOffloadFaults, ARecordOfAnEarlierRunIsRefusedByName) {
+  std::vector<char> earlier;
+  std::string path;
+  {
+    Trainer first(nvme_config(2));
+    first.train_step();
+    path = swap_path(first, "optimizer_states");
+    earlier = file_bytes(path);
+  }
+  Trainer second(nvme_config(2));
+  second.train_step();
+  ASSERT_EQ(file_bytes(path).size(), earlier.size());
+  overwrite_file(path, earlier);
+  try {
+    second.train_step();
+    ADD_FAILURE() << "a swap record of an earlier run was read as this run's";
+  } catch (const IoError& error) {
+    EXPECT_THAT(error.what(), HasSubstr("optimizer_states.swp"));
+    EXPECT_THAT(error.what(), HasSubstr("optimizer_states of run 0x"));
+    EXPECT_THAT(error.what(), HasSubstr("a swap file of another run"));
+  }
+  EXPECT_EQ(second.engine.global_step(), 1);
 }
 
 TEST(NvmeOffloadMemory, ParametersOnNvmeKeepMaxInCpuAndTheSwapBuffersInHostMemory) {
