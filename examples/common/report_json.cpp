@@ -6,12 +6,14 @@
 
 namespace zeroshard::examples {
 
-Checksum checksum(const std::vector<float>& parameters) {
+Checksum checksum(Engine& engine) {
   Checksum c;
-  for (float p : parameters) {
-    c.sum += p;
-    c.abs_sum += std::fabs(p);
-  }
+  engine.visit_consolidated_parameters([&c](const ConsolidatedChunk& chunk) {
+    for (float p : chunk.values) {
+      c.sum += p;
+      c.abs_sum += std::fabs(p);
+    }
+  });
   return c;
 }
 

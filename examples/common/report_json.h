@@ -18,7 +18,9 @@ struct Checksum {
   double abs_sum = 0.0;
 };
 
-Checksum checksum(const std::vector<float>& parameters);
+/// Collective: over every trainable parameter's fp32 master values, streamed a chunk at a time
+/// (Engine::visit_consolidated_parameters), so the whole model is never copied for it.
+Checksum checksum(Engine& engine);
 
 /// Every rank's memory report, gathered over the program's communicator.
 struct GatheredMemory {

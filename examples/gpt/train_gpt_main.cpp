@@ -161,7 +161,7 @@ int train(const Options& options, Communicator& communicator,
   model.initialize(options.seed);
   examples::TrainingCheckpoints checkpoints(engine, common, kProgram, rank);
   const int first_step = checkpoints.resume();
-  const examples::Checksum initial = examples::checksum(engine.consolidated_parameters());
+  const examples::Checksum initial = examples::checksum(engine);
   const std::int64_t tokens_per_step =
       static_cast<std::int64_t>(micro_batch) * accumulation * world * shape.seq;
   if (rank == 0) {
@@ -239,7 +239,7 @@ int train(const Options& options, Communicator& communicator,
   }
   checkpoints.finish();
 
-  const examples::Checksum final_checksum = examples::checksum(engine.consolidated_parameters());
+  const examples::Checksum final_checksum = examples::checksum(engine);
   const examples::GatheredMemory memory =
       examples::gather_memory(communicator, engine.memory_report());
   if (rank != 0) return 0;

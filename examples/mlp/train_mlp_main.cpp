@@ -107,7 +107,7 @@ int train(const Options& options, Communicator& communicator,
   if (!options.init_from.empty()) engine.load_weights(options.init_from);
   examples::TrainingCheckpoints checkpoints(engine, common, kProgram, rank);
   const int first_step = checkpoints.resume();
-  const examples::Checksum initial = examples::checksum(engine.consolidated_parameters());
+  const examples::Checksum initial = examples::checksum(engine);
   // The report's peaks cover the training steps, not the set-up and the checksums' gathers.
   engine.reset_memory_peaks();
 
@@ -170,7 +170,7 @@ int train(const Options& options, Communicator& communicator,
   checkpoints.finish();
 
   const zeroshard::MemoryReport report = engine.memory_report();
-  const examples::Checksum final_checksum = examples::checksum(engine.consolidated_parameters());
+  const examples::Checksum final_checksum = examples::checksum(engine);
   const examples::GatheredMemory memory = examples::gather_memory(communicator, report);
   if (rank != 0) return 0;
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -178,6 +179,19 @@ struct StepResult {
   double grad_norm = 0.0;
   /// Learning rate used by the update (the default group's).
   double lr = 0.0;
+};
+
+/// Elements of the flat layout Engine::visit_consolidated_parameters() gathers at a time unless
+/// told otherwise: 4 MiB of fp32.
+inline constexpr std::int64_t kConsolidationChunkElements = std::int64_t{1} << 20;
+
+/// A run of one trainable parameter's fp32 master values (Engine::visit_consolidated_parameters).
+struct ConsolidatedChunk {
+  Parameter parameter;
+  /// Where values[0] sits among the parameter's row-major elements.
+  std::int64_t offset = 0;
+  /// Valid during the visitor's call only.
+  std::span<const float> values;
 };
 
 /// What Engine::load_checkpoint() restored.
@@ -388,8 +402,19 @@ class ZEROSHARD_API Engine {
   /// one at a time); without it, stage 3 writes nothing and returns false.
   bool save_16bit_model(const std::string& file);
 
+  /// Collective: hands `visit` the fp32 master values of every trainable parameter on every rank,
+  /// in registration order and element order, one gathered chunk of the flat layout at a time: it
+  /// holds chunk_elements * 4 bytes of engine memory (and as much host memory on a GPU) whatever
+  /// the model's size, so a checksum or an export never needs the whole model in memory. Every
+  /// rank passes the same chunk_elements. An exception from `visit` is rethrown on its rank after
+  /// the last chunk, so that no rank is left waiting in a gather; when a rank cannot read its
+  /// shard (a swap file error), every rank throws IoError after the last chunk and what the
+  /// visits saw is not the model.
+  void visit_consolidated_parameters(const std::function<void(const ConsolidatedChunk&)>& visit,
+                                     std::int64_t chunk_elements = kConsolidationChunkElements);
   /// Collective: the fp32 master values of every trainable parameter, whole and in registration
   /// order without padding, on every rank (for checks and exports, not for the training loop).
+  /// Holds the result and one chunk of visit_consolidated_parameters().
   std::vector<float> consolidated_parameters();
 
  private:

@@ -374,26 +374,6 @@ void EngineState::all_reduce_host(float* values, int count, ReduceOp op) {
   backend_->copy_to_host(values, buffer, count * sizeof(float));
 }
 
-std::vector<float> EngineState::consolidated_parameters() {
-  require_finalized();
-  const std::int64_t padded = layout_.padded_total();
-  // Gathered in engine memory, where the communicator expects its buffers, then read back.
-  TrackedBuffer gathered = allocate(MemoryCategory::kCommunication, padded * sizeof(float));
-  optimizer_->copy_master_to(gathered.as<float>());
-  if (stage_ != 0) {
-    comm_->all_gather(gathered.data(), layout_.rank_counts(0, padded), DType::kFloat32);
-  }
-  std::vector<float> flat(padded);
-  backend_->copy_to_host(flat.data(), gathered.data(), padded * sizeof(float));
-  std::vector<float> values;
-  values.reserve(layout_.unpadded_total());
-  for (int t = 0; t < layout_.tensor_count(); ++t) {
-    values.insert(values.end(), flat.begin() + layout_.offset(t),
-                  flat.begin() + layout_.offset(t) + layout_.numel(t));
-  }
-  return values;
-}
-
 ScheduledValues EngineState::scheduled() const {
   if (lr_override_ >= 0.0) return {lr_override_, std::nullopt};
   // DeepSpeed steps its scheduler after each applied update, so update k (0-based) runs with
@@ -763,6 +743,17 @@ CheckpointInfo Engine::load_checkpoint(const std::string& dir, const std::string
 
 void Engine::load_weights(const std::string& file) { live().load_weights(file); }
 bool Engine::save_16bit_model(const std::string& file) { return live().save_16bit_model(file); }
+
+void Engine::visit_consolidated_parameters(
+    const std::function<void(const ConsolidatedChunk&)>& visit, std::int64_t chunk_elements) {
+  detail::EngineState& state = live();
+  state.visit_consolidated(
+      [&](const detail::TensorPiece& piece, const float* values) {
+        visit({Parameter(&state, state.tensor_param_[piece.tensor]), piece.offset_in_tensor,
+               std::span<const float>(values, static_cast<std::size_t>(piece.size))});
+      },
+      chunk_elements);
+}
 
 std::vector<float> Engine::consolidated_parameters() { return live().consolidated_parameters(); }
 

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -66,6 +67,12 @@ class EngineState {
   /// Sums (or maxes) a few host floats over the ranks through engine memory, which is where the
   /// communicator expects its buffers.
   void all_reduce_host(float* values, int count, ReduceOp op);
+
+  // --- consolidated_parameters.cpp: the master values gathered one bounded chunk at a time ---
+  /// Collective: calls use(piece, its values) for every tensor piece of the flat layout in order,
+  /// gathering `chunk_elements` of it at a time (Engine::visit_consolidated_parameters).
+  void visit_consolidated(const std::function<void(const TensorPiece&, const float*)>& use,
+                          std::int64_t chunk_elements);
   std::vector<float> consolidated_parameters();
 
   // --- engine_checkpoint.cpp: sharded save and load ---

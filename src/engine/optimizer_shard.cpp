@@ -226,21 +226,22 @@ void OptimizerShard::for_each_master_chunk(std::int64_t first, std::int64_t last
   }
 }
 
-void OptimizerShard::copy_master_to(float* destination) {
+void OptimizerShard::copy_master_to(float* destination, std::int64_t lo, std::int64_t hi) {
+  const std::int64_t first = std::max(lo, owned_begin_);
+  const std::int64_t last = std::min(hi, owned_end());
+  if (first >= last) return;
+  float* const target = destination + (first - lo);
+  const MemoryLocation location = context_.backend.memory().location();
   if (swapped_) {
-    for_each_master_chunk(owned_begin_, owned_end(),
+    for_each_master_chunk(first, last,
                           [&](std::int64_t begin, const float* values, std::int64_t count) {
-                            context_.transfer(destination + begin,
-                                              context_.backend.memory().location(), values,
+                            context_.transfer(target + (begin - first), location, values,
                                               MemoryLocation::kHost, count * sizeof(float));
                           });
     return;
   }
-  const std::int64_t count = context_.update_end() - owned_begin_;
-  const MemoryLocation source =
-      master_aliases_params_ ? params_.owned_location() : master_.location();
-  context_.transfer(destination + owned_begin_, context_.backend.memory().location(),
-                    master_at(owned_begin_), source, count * sizeof(float));
+  context_.transfer(target, location, master_at(first), array_location(0),
+                    (last - first) * sizeof(float));
 }
 
 float* OptimizerShard::array_at(int array, std::int64_t flat) {

@@ -47,8 +47,9 @@ class OptimizerShard final : public ReducedGradientSink {
 
   /// Sets the master weights of owned elements [flat, flat + count) from host fp32 values.
   void load_master(std::int64_t flat, const float* values, std::int64_t count);
-  /// Copies the owned master weights into `destination` (device memory, whole flat layout).
-  void copy_master_to(float* destination);
+  /// Copies the owned master weights of flat elements [lo, hi) into `destination` (device
+  /// memory, element lo at destination[0]); the rest of it is left as it was.
+  void copy_master_to(float* destination, std::int64_t lo, std::int64_t hi);
 
   /// Checkpoints: array 0 is the master, array 1 + k the rule's state k, each over the owned range.
   int array_count() const noexcept { return 1 + rule_.state_count(); }
