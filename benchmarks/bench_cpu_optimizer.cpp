@@ -169,13 +169,23 @@ void bm_stream_bf16(benchmark::State& state, std::int64_t n, int threads) {
   count_bytes(state, n);
 }
 
+// Google Benchmark 1.8 replaced Run::error_occurred (Debian's 1.7) with Run::skipped.
+template <class BenchmarkRun>
+bool failed(const BenchmarkRun& run) {
+  if constexpr (requires { run.error_occurred; }) {
+    return run.error_occurred;
+  } else {
+    return static_cast<int>(run.skipped) != 0;
+  }
+}
+
 // Records each benchmark's bytes per second of real time as the console reporter prints it.
 class RatioReporter : public benchmark::ConsoleReporter {
  public:
   void ReportRuns(const std::vector<Run>& runs) override {
     for (const Run& run : runs) {
       const auto bytes = run.counters.find("bytes_per_second");
-      if (run.error_occurred || bytes == run.counters.end()) continue;
+      if (failed(run) || bytes == run.counters.end()) continue;
       // Names come back with "/real_time" appended; the ratios look them up as registered.
       std::string name = run.benchmark_name();
       if (const auto suffix = name.rfind("/real_time"); suffix != std::string::npos) {

@@ -23,8 +23,8 @@ struct AdamScalars {
   float eps;
   float weight_decay;           ///< kL2: added to the gradient as wd * p
   float decay;                  ///< kDecoupled: p *= 1 - lr * wd
-  float step_size;              ///< lr / (1 - beta1^step)
-  float bias_correction2_sqrt;  ///< sqrt(1 - beta2^step)
+  float step_size;                  ///< lr / (1 - beta1^step)
+  float inv_bias_correction2_sqrt;  ///< 1 / sqrt(1 - beta2^step)
 };
 
 inline AdamScalars adam_scalars(double beta1, double beta2, double eps,
@@ -40,7 +40,7 @@ inline AdamScalars adam_scalars(double beta1, double beta2, double eps,
           static_cast<float>(context.weight_decay),
           static_cast<float>(1.0 - context.lr * context.weight_decay),
           static_cast<float>(context.lr / bias_correction1),
-          static_cast<float>(std::sqrt(bias_correction2))};
+          static_cast<float>(1.0 / std::sqrt(bias_correction2))};
 }
 
 template <WeightDecay kWeightDecay, bool kAmsgrad>
@@ -77,7 +77,9 @@ struct AdamUpdate {
         v_max.v[k] = fmaxf(v_max.v[k], v.v[k]);
         second_moment = v_max.v[k];
       }
-      const float denom = sqrtf(second_moment) / s.bias_correction2_sqrt + s.eps;
+      // A product with the reciprocal, as the CPU rule computes it (offload/cpu_rule_kernels.inc):
+      // the two paths round alike, so that a GPU run equals its CPU reference bit for bit.
+      const float denom = sqrtf(second_moment) * s.inv_bias_correction2_sqrt + s.eps;
       p.v[k] = p.v[k] - s.step_size * m.v[k] / denom;
     }
     store<K>(param + i, p);

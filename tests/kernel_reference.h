@@ -25,7 +25,8 @@ inline void adam_family_step(bool decoupled, std::span<float> param, std::span<c
   const float wd = static_cast<float>(context.weight_decay);
   const float decay = static_cast<float>(1.0 - context.lr * context.weight_decay);
   const float step_size = static_cast<float>(context.lr / (1.0 - std::pow(beta1, step)));
-  const float bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(beta2, step)));
+  const float inv_bias_correction2_sqrt =
+      static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(beta2, step)));
   const float eps_f = static_cast<float>(eps);
   for (std::size_t i = 0; i < param.size(); ++i) {
     float g = grad[i];
@@ -43,7 +44,7 @@ inline void adam_family_step(bool decoupled, std::span<float> param, std::span<c
       max_exp_avg_sq[i] = std::max(max_exp_avg_sq[i], exp_avg_sq[i]);
       second_moment = max_exp_avg_sq[i];
     }
-    const float denom = std::sqrt(second_moment) / bias_correction2_sqrt + eps_f;
+    const float denom = std::sqrt(second_moment) * inv_bias_correction2_sqrt + eps_f;
     param[i] = param[i] - step_size * exp_avg[i] / denom;
   }
 }

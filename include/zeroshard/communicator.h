@@ -256,6 +256,10 @@ class ZEROSHARD_API Communicator {
   virtual void run_barrier() = 0;
   [[noreturn]] virtual void end_job(int error_code) noexcept = 0;
 
+  /// all_gather_text's in-place all-gather of host memory. The default is all_gather(), for
+  /// communicators that take host buffers; one whose buffers live on a device overrides it.
+  virtual void all_gather_host(void* data, std::span<const std::int64_t> counts, DType dtype);
+
   /// Implementations call this once per collective they start.
   void count_traffic(Collective collective, std::int64_t elements, DType dtype) noexcept;
 

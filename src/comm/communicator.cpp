@@ -329,8 +329,12 @@ std::unique_ptr<Communicator> Communicator::from_mpi_handle(int fortran_handle) 
 std::vector<std::string> Communicator::all_gather_text(const std::string& text) {
   return detail::gather_text(text, rank(), size(),
                              [this](void* data, std::span<const std::int64_t> counts, DType dtype) {
-                               all_gather(data, counts, dtype);
+                               all_gather_host(data, counts, dtype);
                              });
+}
+
+void Communicator::all_gather_host(void* data, std::span<const std::int64_t> counts, DType dtype) {
+  all_gather(data, counts, dtype);
 }
 
 }  // namespace zeroshard

@@ -195,6 +195,11 @@ HostStagedCommunicator::~HostStagedCommunicator() = default;
 
 std::string HostStagedCommunicator::backend() const { return core_->host->backend() + "+staging"; }
 
+void HostStagedCommunicator::all_gather_host(void* data, std::span<const std::int64_t> counts,
+                                             DType dtype) {
+  core_->host->all_gather(data, counts, dtype);
+}
+
 void HostStagedCommunicator::set_compute_stream(void* stream) noexcept {
   core_->copier->set_compute_stream(stream);
 }

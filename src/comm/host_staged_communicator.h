@@ -72,6 +72,8 @@ class HostStagedCommunicator final : public Communicator {
   void charge_staging_to(MemoryTracker& tracker);
 
  protected:
+  /// Host memory goes to the host communicator as it is: nothing to stage.
+  void all_gather_host(void* data, std::span<const std::int64_t> counts, DType dtype) override;
   Request start_all_reduce(void* data, std::int64_t count, DType dtype, ReduceOp op) override;
   Request start_reduce_scatter(const void* input, void* output,
                                std::span<const std::int64_t> counts, DType dtype,

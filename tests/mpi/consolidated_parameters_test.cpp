@@ -106,7 +106,8 @@ TEST_P(ConsolidatedParameters, HoldTheResultAndOneChunkAtMost) {
   // The result, one chunk's host copy (a GPU engine's) and small bookkeeping; not a second copy.
   EXPECT_LE(extra.heap, result_bytes + chunk_bytes + (std::int64_t{1} << 20))
       << "result " << result_bytes << " bytes";
-  EXPECT_LE(extra.engine, chunk_bytes);
+  // A GPU engine also stages the ranks' failure texts through device memory: a few bytes.
+  EXPECT_LE(extra.engine, chunk_bytes + backend_workspace_allowance(engine));
   EXPECT_EQ(values, initial_values(tensors));
 }
 
@@ -143,7 +144,7 @@ TEST_P(ConsolidatedParameters, TheVisitorHoldsOneChunkAndVisitsEveryElementInOrd
   EXPECT_EQ(next, tensors.back().numel);
   EXPECT_EQ(wrong, 0);
   EXPECT_LE(extra.heap, std::int64_t{1} << 20);
-  EXPECT_LE(extra.engine, chunk * 4);
+  EXPECT_LE(extra.engine, chunk * 4 + backend_workspace_allowance(engine));
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, ConsolidatedParameters, ::testing::Values(0, 3),

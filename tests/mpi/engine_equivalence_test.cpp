@@ -123,6 +123,10 @@ TEST(EngineEquivalence, SubGroupSizeZeroMakesTheLargestParameterPieceTheSubGroup
   // DeepSpeed's sub_group_size: 0 makes every parameter its own sub-group; zeroshard's sub-groups
   // are tiles of the rank's shard, as large as the largest piece of one parameter in it. The
   // update is element-wise, so the result is the default tiling's, bit for bit.
+  if (test_device().is_cuda()) {
+    GTEST_SKIP() << "the rule that records the tile sizes is the test's own, and a GPU engine runs "
+                    "only the built-in rules";
+  }
   for (const int stage : {1, 2, 3}) {
     const auto tensors = uneven_toy_tensors();
     Config tiled = toy_config(stage);

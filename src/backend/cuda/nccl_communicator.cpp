@@ -295,6 +295,20 @@ int NcclCommunicator::size() const noexcept { return state_->world; }
 cudaStream_t NcclCommunicator::stream() const noexcept { return state_->stream.get(); }
 int NcclCommunicator::device() const noexcept { return state_->device; }
 
+void NcclCommunicator::all_gather_host(void* data, std::span<const std::int64_t> counts,
+                                       DType dtype) {
+  std::int64_t total = 0;
+  for (std::int64_t count : counts) total += count;
+  const std::size_t bytes = static_cast<std::size_t>(total) * size_of(dtype);
+  const DeviceGuard guard(state_->device);
+  const DeviceBuffer buffer(bytes, "all_gather_text's device copy");
+  if (bytes > 0)
+    ZEROSHARD_CUDA_CHECK(cudaMemcpy(buffer.data(), data, bytes, cudaMemcpyHostToDevice));
+  all_gather(buffer.data(), counts, dtype);
+  if (bytes > 0)
+    ZEROSHARD_CUDA_CHECK(cudaMemcpy(data, buffer.data(), bytes, cudaMemcpyDeviceToHost));
+}
+
 void NcclCommunicator::order_after_compute() {
   // The collective reads buffers the compute stream may still be writing (gradients, updated
   // parameters): the communication stream waits for that work on the device, the host does not.

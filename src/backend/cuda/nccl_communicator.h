@@ -61,6 +61,8 @@ class NcclCommunicator final : public Communicator {
   }
 
  protected:
+  /// Through a device buffer of the elements' size, and back.
+  void all_gather_host(void* data, std::span<const std::int64_t> counts, DType dtype) override;
   Request start_all_reduce(void* data, std::int64_t count, DType dtype, ReduceOp op) override;
   Request start_reduce_scatter(const void* input, void* output,
                                std::span<const std::int64_t> counts, DType dtype,
