@@ -127,6 +127,12 @@ TEST_P(CheckpointResume, GivesTheParametersOfARunThatNeverStopped) {
                                to_string(static_cast<MemoryLocation>(where));
       if (stage == 3 && what == static_cast<int>(MemoryCategory::kParameters)) {
         EXPECT_LE(is, was) << name;
+      } else if (what == static_cast<int>(MemoryCategory::kCommunication) &&
+                 where == static_cast<int>(MemoryLocation::kHost) && resumed.device().is_cuda()) {
+        // Ranks sharing a GPU over MPI stage collectives through a pool of pinned host buffers
+        // that keeps each size it has served (the load's texts are new sizes): a few bytes.
+        EXPECT_GE(is, was) << name;
+        EXPECT_LE(is, was + backend_workspace_allowance(resumed)) << name;
       } else {
         EXPECT_EQ(is, was) << name;
       }
