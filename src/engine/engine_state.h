@@ -167,7 +167,8 @@ class EngineState {
   // Step bookkeeping.
   std::int64_t micro_step_ = 0;   ///< micro-steps in the current accumulation window
   std::int64_t global_step_ = 0;  ///< optimizer updates done
-  /// Per parameter: a digest of the initial values it was given (0 when none were).
+  /// Per parameter: a digest of the initial values it was given (0, or past the end, when none
+  /// were).
   std::vector<std::uint64_t> initial_value_digests_;
   double lr_override_ = -1.0;
   double last_grad_norm_ = 0.0;

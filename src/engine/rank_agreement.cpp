@@ -262,7 +262,7 @@ void EngineState::note_adopted_values() {
   }
 }
 
-void EngineState::forget_initial_values() { initial_value_digests_.assign(params_.size(), 0); }
+void EngineState::forget_initial_values() { initial_value_digests_.clear(); }
 
 int EngineState::step_agreement_floats() const { return world_ > 1 ? 2 * kStepChunks : 0; }
 
@@ -276,7 +276,11 @@ std::uint64_t step_digest(const GroupContexts& contexts, std::int64_t step,
     digest = mix(digest, bits_of(context.weight_decay));
     digest = mix(digest, context.momentum ? bits_of(*context.momentum) : 1);
   }
-  for (std::uint64_t value : initial_values) digest = mix(digest, value);
+  // Parameters given no values count as nothing, so that a rank that never noted any and one
+  // whose notes a checkpoint cleared agree.
+  for (std::size_t i = 0; i < initial_values.size(); ++i) {
+    if (initial_values[i] != 0) digest = mix(mix(digest, i), initial_values[i]);
+  }
   return digest;
 }
 
