@@ -1,0 +1,91 @@
+#include "engine_tensors.h"
+
+#include <c10/core/Storage.h>
+
+#include "zeroshard/error.h"
+
+namespace zeroshard::torch::detail {
+
+at::ScalarType scalar_type(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return at::kFloat;
+    case DType::kFloat16:
+      return at::kHalf;
+    case DType::kBFloat16:
+      return at::kBFloat16;
+    case DType::kFloat64:
+      return at::kDouble;
+  }
+  throw UsageError("zeroshard::torch: unknown element type");
+}
+
+c10::Device torch_device(const Device& device) {
+  if (device.is_cuda())
+    return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device.index));
+  return c10::Device(c10::DeviceType::CPU);
+}
+
+Device engine_device(const c10::Device& device) {
+  if (device.is_cpu()) return Device::cpu();
+  if (device.is_cuda()) return Device::cuda(device.has_index() ? device.index() : 0);
+  throw UsageError("zeroshard::torch: the model's parameters are on " + device.str() +
+                   "; zeroshard computes on the CPU or a CUDA GPU. Move the model there first");
+}
+
+namespace {
+
+std::vector<std::int64_t> contiguous_strides(const std::vector<std::int64_t>& shape) {
+  std::vector<std::int64_t> strides(shape.size(), 1);
+  for (std::size_t d = shape.size(); d-- > 1;) strides[d - 1] = strides[d] * shape[d];
+  return strides;
+}
+
+c10::intrusive_ptr<c10::StorageImpl> borrowed_storage(void* data, std::size_t bytes,
+                                                      const c10::Device& device) {
+  // Not resizable and no allocator: torch never frees or grows engine memory.
+  return c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), bytes,
+                                               c10::DataPtr(data, device), nullptr, false);
+}
+
+}  // namespace
+
+at::Tensor view_of(void* data, DType dtype, const Device& device,
+                   const std::vector<std::int64_t>& shape) {
+  const c10::Device where = torch_device(device);
+  std::int64_t numel = 1;
+  for (std::int64_t extent : shape) numel *= extent;
+  const at::TensorOptions options = at::TensorOptions().dtype(scalar_type(dtype)).device(where);
+  return at::empty({0}, options)
+      .set_(c10::Storage(
+                borrowed_storage(data, static_cast<std::size_t>(numel) * size_of(dtype), where)),
+            0, shape, contiguous_strides(shape));
+}
+
+EngineBackedTensor::EngineBackedTensor(at::Tensor parameter, DType dtype, const Device& device)
+    : tensor_(std::move(parameter)),
+      shape_(tensor_.sizes().vec()),
+      bytes_(static_cast<std::size_t>(tensor_.numel()) * size_of(dtype)),
+      device_(torch_device(device)),
+      options_(at::TensorOptions().dtype(scalar_type(dtype)).device(device_)),
+      storage_(borrowed_storage(nullptr, 0, device_)) {}
+
+void EngineBackedTensor::point_at(void* data) {
+  storage_->set_data_ptr_noswap(c10::DataPtr(data, device_));
+  storage_->set_nbytes(bytes_);
+  if (attached_) return;
+  // set_data keeps the tensor (and its gradient accumulator, same type and device) and swaps
+  // what it views; the values are already in engine memory.
+  tensor_.set_data(
+      at::empty({0}, options_).set_(c10::Storage(storage_), 0, shape_, contiguous_strides(shape_)));
+  attached_ = true;
+}
+
+void EngineBackedTensor::point_at_nothing() {
+  storage_->set_data_ptr_noswap(c10::DataPtr(nullptr, device_));
+  storage_->set_nbytes(0);
+  tensor_.set_data(at::empty({0}, options_));
+  attached_ = false;
+}
+
+}  // namespace zeroshard::torch::detail

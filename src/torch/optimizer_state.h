@@ -1,0 +1,90 @@
+// What zeroshard::torch::Optimizer keeps behind its public face: the engine, each model parameter
+// as an engine-backed tensor with its gradient hook, and at stage 3 the units and the parameters
+// of no unit (kept gathered between steps).
+#pragma once
+
+#include <torch/csrc/autograd/function.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine_tensors.h"
+#include "zeroshard/torch.h"
+
+namespace zeroshard::torch {
+
+struct ManagedParam {
+  detail::EngineBackedTensor backing;
+  Parameter parameter;
+  UnitScope::Unit* unit = nullptr;  ///< stage 3: the unit it is gathered with; null: no unit
+  /// Stages 0-1: the view of the engine's gradient memory that `.grad()` is.
+  at::Tensor grad_view;
+  /// Keeps autograd's accumulator, and so the post hook on it, alive.
+  std::shared_ptr<::torch::autograd::Node> accumulator;
+};
+
+struct UnitScope::Unit {
+  Optimizer::State* owner = nullptr;
+  std::string name;
+  const ::torch::nn::Module* torch_module = nullptr;
+  ModuleId module = -1;
+  std::vector<int> params;  ///< indices into State::params
+  int trainable = 0;
+  int holders = 0;  ///< forward scopes and the backward gather holding it now
+  bool held_for_backward = false;
+  int grads_pending = 0;  ///< trainable parameters whose gradient this backward has not handed
+
+  void gather();
+  void release();
+  /// Before the unit's backward: gathered again until its last gradient is handed over (or the
+  /// backward ends, for parameters that got none).
+  void gather_for_backward();
+  void gradient_handed_over();
+  void end_backward();
+};
+
+struct Optimizer::State {
+  State(::torch::nn::Module& model, Config config, OptimizerOptions options);
+  ~State();
+
+  /// The torch optimizer's groups: the default group, then one per OptimizerOptions::groups.
+  std::vector<::torch::optim::OptimizerParamGroup> torch_groups() const;
+  std::unique_ptr<GroupOptions> default_options() const;
+
+  /// Stages 0-1: `.grad()` becomes a view of the engine's gradient memory. Every stage: a post
+  /// hook on each trainable parameter's gradient accumulator hands the gradient over.
+  void install_gradient_hooks();
+  /// Makes the units known to UnitScope (zeroshard::torch::forward), and forgets them.
+  void register_units();
+  void unregister_units() noexcept;
+  /// The post hook's work once autograd has accumulated parameter `index`'s gradient.
+  void hand_over_gradient(int index);
+  /// Every group's lr from the torch side to the engine, before an update.
+  void push_learning_rates(std::vector<::torch::optim::OptimizerParamGroup>& groups);
+  /// The engine's lr (its scheduler's) back to every group.
+  void pull_learning_rates(std::vector<::torch::optim::OptimizerParamGroup>& groups);
+  void gather_units_of_no_unit();
+  void release_units_of_no_unit();
+
+  Engine engine;
+  std::vector<ManagedParam> params;
+  std::vector<std::unique_ptr<UnitScope::Unit>> units;
+  /// Stage 3: the engine modules of the parameters in no unit.
+  std::vector<ModuleId> modules_of_no_unit;
+  bool per_parameter_grads = false;  ///< stages 2-3: gradients go to bucket slots
+  bool backward_callback_queued = false;
+
+  struct Group {
+    std::string name;
+    std::vector<int> params;
+    double lr_ratio = 1.0;  ///< the group's lr over the default group's, fixed
+    double weight_decay = 0.0;
+    double lr_written = 0.0;  ///< what the optimizer last wrote to the torch group's lr
+  };
+  std::vector<Group> groups;
+  StepResult last_step;
+};
+
+}  // namespace zeroshard::torch

@@ -1,0 +1,86 @@
+// Small libtorch models for the adapter's tests: a stack of residual blocks in a ModuleList (the
+// blocks are stage 3's units by default), and an element-wise model for fp16, which the CPU
+// builds of libtorch 1.13 cannot multiply matrices in.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "zeroshard/torch.h"
+
+namespace torch_testing {
+
+struct BlockImpl : torch::nn::Module {
+  explicit BlockImpl(std::int64_t width)
+      : norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({width})))),
+        fc(register_module("fc", torch::nn::Linear(width, width))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return x + torch::tanh(fc(norm(x))); }
+  torch::nn::LayerNorm norm;
+  torch::nn::Linear fc;
+};
+TORCH_MODULE(Block);
+
+/// Hook for a test: a function of the hidden state after the first block (identity by default).
+using Probe = std::function<torch::Tensor(torch::Tensor)>;
+
+struct TinyNetImpl : torch::nn::Module {
+  TinyNetImpl(std::int64_t inputs, std::int64_t width, int depth, std::int64_t outputs)
+      : embed(register_module("embed", torch::nn::Linear(inputs, width))),
+        blocks(register_module("blocks", torch::nn::ModuleList())),
+        head(register_module("head", torch::nn::Linear(width, outputs))) {
+    for (int i = 0; i < depth; ++i) blocks->push_back(Block(width));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = embed(x);
+    for (std::size_t i = 0; i < blocks->size(); ++i) {
+      x = zeroshard::torch::forward(blocks[i]->as<BlockImpl>(), x);
+      if (i == 0 && probe) x = probe(x);
+    }
+    return head(x);
+  }
+  torch::nn::Linear embed;
+  torch::nn::ModuleList blocks;
+  torch::nn::Linear head;
+  Probe probe;
+};
+TORCH_MODULE(TinyNet);
+
+inline constexpr std::int64_t kInputs = 8;
+inline constexpr std::int64_t kWidth = 16;
+inline constexpr int kDepth = 3;
+inline constexpr std::int64_t kOutputs = 4;
+inline constexpr std::int64_t kBatch = 12;  ///< divides among 1-4 ranks
+
+/// The same initial values on every rank and in every run.
+inline TinyNet make_tiny_net(std::uint64_t seed = 7) {
+  torch::manual_seed(seed);
+  return TinyNet(kInputs, kWidth, kDepth, kOutputs);
+}
+
+struct Batch {
+  torch::Tensor inputs;
+  torch::Tensor targets;
+};
+
+/// Step `step`'s whole batch; rows [begin, end) of it for one rank.
+inline Batch batch(int step, std::int64_t begin = 0, std::int64_t end = kBatch) {
+  torch::Generator generator = ::at::detail::createCPUGenerator(1000 + step);
+  torch::Tensor inputs = ::at::randn({kBatch, kInputs}, generator);
+  torch::Tensor targets = ::at::randn({kBatch, kOutputs}, generator);
+  return {inputs.slice(0, begin, end), targets.slice(0, begin, end)};
+}
+
+/// A model's parameters, flattened in module order (the order the engine registers them).
+inline std::vector<float> flat_parameters(torch::nn::Module& model) {
+  std::vector<float> values;
+  for (const torch::Tensor& parameter : model.parameters()) {
+    const torch::Tensor host = parameter.detach().to(torch::kFloat).contiguous();
+    values.insert(values.end(), host.data_ptr<float>(), host.data_ptr<float>() + host.numel());
+  }
+  return values;
+}
+
+}  // namespace torch_testing
