@@ -10,6 +10,7 @@ packages=(
   libopenblas-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev  # every program's command line
+  libtorch-dev  # zeroshard::torch, the libtorch adapter (1.13, CPU), its tests and example
   gnuplot-nox
   fio  # benchmarks/run_bench_nvme.sh: the swapper's baseline
   iproute2  # ip netns: the multi-host tests' test hosts
