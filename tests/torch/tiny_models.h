@@ -6,6 +6,8 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -65,11 +67,14 @@ struct Batch {
   torch::Tensor targets;
 };
 
-/// Step `step`'s whole batch; rows [begin, end) of it for one rank.
+/// Step `step`'s whole batch; rows [begin, end) of it for one rank. The targets are a fixed
+/// function of the inputs (a random teacher layer), so that training can lower the loss.
 inline Batch batch(int step, std::int64_t begin = 0, std::int64_t end = kBatch) {
+  torch::Generator teacher = ::at::detail::createCPUGenerator(4242);
+  const torch::Tensor teacher_weight = ::at::randn({kInputs, kOutputs}, teacher);
   torch::Generator generator = ::at::detail::createCPUGenerator(1000 + step);
   torch::Tensor inputs = ::at::randn({kBatch, kInputs}, generator);
-  torch::Tensor targets = ::at::randn({kBatch, kOutputs}, generator);
+  torch::Tensor targets = torch::tanh(inputs.matmul(teacher_weight));
   return {inputs.slice(0, begin, end), targets.slice(0, begin, end)};
 }
 
@@ -81,6 +86,40 @@ inline std::vector<float> flat_parameters(torch::nn::Module& model) {
     values.insert(values.end(), host.data_ptr<float>(), host.data_ptr<float>() + host.numel());
   }
   return values;
+}
+
+/// The `optimizer` section of the tests' configs for rule adamw, adam or sgd, with the options
+/// of the torch::optim optimizer each is compared with.
+inline std::string optimizer_json(const std::string& rule) {
+  if (rule == "adamw") return R"({"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}})";
+  if (rule == "adam") {
+    return R"({"type": "Adam", "params": {"lr": 0.01, "weight_decay": 0.01, "adam_w_mode": false}})";
+  }
+  return R"({"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9}})";
+}
+
+// `zero` overrides or adds zero_optimization keys (values as JSON text); `extra` adds top-level
+// keys (", \"bf16\": {...}").
+inline std::string config_json(int stage, int world, const std::string& rule,
+                               const std::map<std::string, std::string>& zero = {},
+                               const std::string& extra = "") {
+  std::map<std::string, std::string> keys = {{"stage", std::to_string(stage)},
+                                             {"reduce_bucket_size", "500"},
+                                             {"allgather_bucket_size", "500"},
+                                             {"stage3_prefetch_bucket_size", "500"},
+                                             {"stage3_param_persistence_threshold", "0"}};
+  for (const auto& [key, value] : zero) keys[key] = value;
+  std::ostringstream json;
+  json << R"({"train_micro_batch_size_per_gpu": )" << kBatch / world
+       << R"(, "gradient_accumulation_steps": 1, "gradient_clipping": 0, "optimizer": )"
+       << optimizer_json(rule) << R"(, "zero_optimization": {)";
+  const char* separator = "";
+  for (const auto& [key, value] : keys) {
+    json << separator << '"' << key << "\": " << value;
+    separator = ", ";
+  }
+  json << "}" << extra << "}";
+  return json.str();
 }
 
 }  // namespace torch_testing

@@ -38,14 +38,6 @@ using zeroshard::TrafficCounters;
 // measured 1.7e-7 at most over 1-4 ranks, for parameters of magnitude up to about 1.
 constexpr float kRoundingBound = 1e-6f;
 
-std::string optimizer_json(const std::string& rule) {
-  if (rule == "adamw") return R"({"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}})";
-  if (rule == "adam") {
-    return R"({"type": "Adam", "params": {"lr": 0.01, "weight_decay": 0.01, "adam_w_mode": false}})";
-  }
-  return R"({"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9}})";
-}
-
 std::unique_ptr<torch::optim::Optimizer> torch_optimizer(const std::string& rule,
                                                          torch::nn::Module& model) {
   if (rule == "adamw") {
@@ -58,30 +50,6 @@ std::unique_ptr<torch::optim::Optimizer> torch_optimizer(const std::string& rule
   }
   return std::make_unique<torch::optim::SGD>(model.parameters(),
                                              torch::optim::SGDOptions(0.05).momentum(0.9));
-}
-
-// `zero` overrides or adds zero_optimization keys (values as JSON text); `extra` adds top-level
-// keys (", \"bf16\": {...}").
-std::string config_json(int stage, int world, const std::string& rule,
-                        const std::map<std::string, std::string>& zero = {},
-                        const std::string& extra = "") {
-  std::map<std::string, std::string> keys = {{"stage", std::to_string(stage)},
-                                             {"reduce_bucket_size", "500"},
-                                             {"allgather_bucket_size", "500"},
-                                             {"stage3_prefetch_bucket_size", "500"},
-                                             {"stage3_param_persistence_threshold", "0"}};
-  for (const auto& [key, value] : zero) keys[key] = value;
-  std::ostringstream json;
-  json << R"({"train_micro_batch_size_per_gpu": )" << kBatch / world
-       << R"(, "gradient_accumulation_steps": 1, "gradient_clipping": 0, "optimizer": )"
-       << optimizer_json(rule) << R"(, "zero_optimization": {)";
-  const char* separator = "";
-  for (const auto& [key, value] : keys) {
-    json << separator << '"' << key << "\": " << value;
-    separator = ", ";
-  }
-  json << "}" << extra << "}";
-  return json.str();
 }
 
 std::string nvme_directory() {
