@@ -54,7 +54,7 @@ inline constexpr std::int64_t kInputs = 8;
 inline constexpr std::int64_t kWidth = 16;
 inline constexpr int kDepth = 3;
 inline constexpr std::int64_t kOutputs = 4;
-inline constexpr std::int64_t kBatch = 12;  ///< divides among 1-4 ranks
+inline constexpr std::int64_t kBatch = 24;  ///< divides among 1-4 ranks, and again in two
 
 /// The same initial values on every rank and in every run.
 inline TinyNet make_tiny_net(std::uint64_t seed = 7) {
@@ -79,9 +79,10 @@ inline Batch batch(int step, std::int64_t begin = 0, std::int64_t end = kBatch) 
 }
 
 /// A model's parameters, flattened in module order (the order the engine registers them).
-inline std::vector<float> flat_parameters(torch::nn::Module& model) {
+inline std::vector<float> flat_parameters(torch::nn::Module& model, bool trainable_only = false) {
   std::vector<float> values;
   for (const torch::Tensor& parameter : model.parameters()) {
+    if (trainable_only && !parameter.requires_grad()) continue;
     const torch::Tensor host = parameter.detach().to(torch::kFloat).contiguous();
     values.insert(values.end(), host.data_ptr<float>(), host.data_ptr<float>() + host.numel());
   }
@@ -102,7 +103,7 @@ inline std::string optimizer_json(const std::string& rule) {
 // keys (", \"bf16\": {...}").
 inline std::string config_json(int stage, int world, const std::string& rule,
                                const std::map<std::string, std::string>& zero = {},
-                               const std::string& extra = "") {
+                               const std::string& extra = "", int micro_batches = 1) {
   std::map<std::string, std::string> keys = {{"stage", std::to_string(stage)},
                                              {"reduce_bucket_size", "500"},
                                              {"allgather_bucket_size", "500"},
@@ -110,9 +111,10 @@ inline std::string config_json(int stage, int world, const std::string& rule,
                                              {"stage3_param_persistence_threshold", "0"}};
   for (const auto& [key, value] : zero) keys[key] = value;
   std::ostringstream json;
-  json << R"({"train_micro_batch_size_per_gpu": )" << kBatch / world
-       << R"(, "gradient_accumulation_steps": 1, "gradient_clipping": 0, "optimizer": )"
-       << optimizer_json(rule) << R"(, "zero_optimization": {)";
+  json << R"({"train_micro_batch_size_per_gpu": )" << kBatch / world / micro_batches
+       << R"(, "gradient_accumulation_steps": )" << micro_batches
+       << R"(, "gradient_clipping": 0, "optimizer": )" << optimizer_json(rule)
+       << R"(, "zero_optimization": {)";
   const char* separator = "";
   for (const auto& [key, value] : keys) {
     json << separator << '"' << key << "\": " << value;

@@ -15,117 +15,12 @@
 #include <string>
 #include <vector>
 
-#include "tiny_models.h"
+#include "torch_training.h"
 #include "zeroshard/communicator_mpi.h"
 #include "zeroshard/torch.h"
 
 namespace torch_testing {
 namespace {
-
-// Not `using namespace zeroshard`: zeroshard::torch would make every torch:: ambiguous.
-using zeroshard::CheckpointInfo;
-using zeroshard::Collective;
-using zeroshard::Communicator;
-using zeroshard::Config;
-using zeroshard::Engine;
-using zeroshard::MemoryCategory;
-using zeroshard::MemoryReport;
-using zeroshard::StepResult;
-using zeroshard::TrafficCounters;
-
-// fp32 rounding between one process summing the whole batch's gradient and N ranks summing
-// slices and averaging, carried through 10 updates (AdamW, Adam at lr 1e-2, SGD at 5e-2):
-// measured 1.7e-7 at most over 1-4 ranks, for parameters of magnitude up to about 1.
-constexpr float kRoundingBound = 1e-6f;
-
-std::unique_ptr<torch::optim::Optimizer> torch_optimizer(const std::string& rule,
-                                                         torch::nn::Module& model) {
-  if (rule == "adamw") {
-    return std::make_unique<torch::optim::AdamW>(
-        model.parameters(), torch::optim::AdamWOptions(0.01).weight_decay(0.01));
-  }
-  if (rule == "adam") {
-    return std::make_unique<torch::optim::Adam>(model.parameters(),
-                                                torch::optim::AdamOptions(0.01).weight_decay(0.01));
-  }
-  return std::make_unique<torch::optim::SGD>(model.parameters(),
-                                             torch::optim::SGDOptions(0.05).momentum(0.9));
-}
-
-std::string nvme_directory() {
-  int world = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  const auto path = std::filesystem::current_path() / ("torch_nvme_np" + std::to_string(world));
-  std::filesystem::create_directories(path);
-  return path.string();
-}
-
-struct Setup {
-  int stage = 0;
-  std::string rule = "adamw";
-  std::map<std::string, std::string> zero{};
-  std::string extra{};
-  int steps = 10;
-};
-
-struct TrainingRun {
-  std::vector<float> parameters;  ///< the engine's fp32 master values, whole
-  std::vector<double> losses;
-  std::vector<StepResult> steps;
-};
-
-// What a test does to the model and optimizer after building them, and after training.
-using Inspect = std::function<void(TinyNet&, zeroshard::torch::Optimizer&)>;
-
-TrainingRun train_zero(const Setup& setup, const Inspect& before = {}, const Inspect& after = {}) {
-  auto communicator = Communicator::from_environment();
-  const int world = communicator->size();
-  const int rank = communicator->rank();
-  TinyNet model = make_tiny_net();
-  zeroshard::torch::OptimizerOptions options;
-  options.communicator = std::move(communicator);
-  zeroshard::torch::Optimizer optimizer(
-      *model,
-      Config::from_json_string(config_json(setup.stage, world, setup.rule, setup.zero, setup.extra),
-                               world),
-      std::move(options));
-  if (before) before(model, optimizer);
-  const std::int64_t rows = kBatch / world;
-  TrainingRun run;
-  for (int step = 0; step < setup.steps; ++step) {
-    const Batch data = batch(step, rank * rows, (rank + 1) * rows);
-    optimizer.zero_grad();
-    const torch::Tensor loss = torch::mse_loss(model->forward(data.inputs), data.targets);
-    optimizer.backward(loss);
-    optimizer.step();
-    run.losses.push_back(loss.item<double>());
-    run.steps.push_back(optimizer.last_step());
-  }
-  if (after) after(model, optimizer);
-  run.parameters = optimizer.engine().consolidated_parameters();
-  return run;
-}
-
-std::vector<float> train_torch(const std::string& rule, int steps) {
-  TinyNet model = make_tiny_net();
-  auto optimizer = torch_optimizer(rule, *model);
-  for (int step = 0; step < steps; ++step) {
-    const Batch data = batch(step);
-    optimizer->zero_grad();
-    torch::mse_loss(model->forward(data.inputs), data.targets).backward();
-    optimizer->step();
-  }
-  return flat_parameters(*model);
-}
-
-float max_difference(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  float most = 0.0f;
-  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    most = std::max(most, std::abs(a[i] - b[i]));
-  }
-  return most;
-}
 
 TEST(TorchOptimizer, MatchesTorchOptimAndStagesOneToThreeEqualStageZeroBitForBit) {
   for (const std::string rule : {"adamw", "adam", "sgd"}) {
