@@ -9,6 +9,10 @@
 #include <sstream>
 #include <unordered_map>
 
+#if defined(ZEROSHARD_TORCH_CUDA)
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
 #include "optimizer_state.h"
 #include "zeroshard/log.h"
 
@@ -59,6 +63,21 @@ void refuse_activation_checkpointing(const Config& config) {
                     "its keys to false");
 }
 
+// On a GPU the model's kernels run on torch's current stream; the engine's own work (gradient
+// copies into buckets, the update) is queued there too, and its collectives wait for it.
+void follow_torch_stream(Engine& engine) {
+  if (!engine.device().is_cuda()) return;
+#if defined(ZEROSHARD_TORCH_CUDA)
+  engine.set_compute_stream(
+      at::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(engine.device().index))
+          .stream());
+#else
+  throw UsageError("zeroshard::torch: the model is on " + engine.device().to_string() +
+                   " but this zeroshard::torch was built against a libtorch without CUDA; build "
+                   "it against a CUDA libtorch (the PyPI torch wheel's)");
+#endif
+}
+
 Engine make_engine(Module& model, Config config, OptimizerOptions& options) {
   refuse_activation_checkpointing(config);
   Device device = Device::cpu();
@@ -69,7 +88,9 @@ Engine make_engine(Module& model, Config config, OptimizerOptions& options) {
   }
   std::unique_ptr<Communicator> communicator = std::move(options.communicator);
   if (!communicator) communicator = Communicator::from_environment(device);
-  return Engine(std::move(config), device, std::move(communicator), std::move(options.rule));
+  Engine engine(std::move(config), device, std::move(communicator), std::move(options.rule));
+  follow_torch_stream(engine);
+  return engine;
 }
 
 // The index of the unit holding parameter `parameter_name`, or -1.
