@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -58,8 +59,15 @@ struct OptimizerOptions {
   std::optional<Device> device;
   std::vector<ParamGroup> groups;
   /// Unset: the children of every ModuleList and Sequential (transformer blocks, usually), with
-  /// the parameters of no unit kept gathered between steps. Stages 0-2 have no units.
+  /// the parameters of no unit kept gathered between steps. Stages 0-2 gather no unit.
   UnitPredicate is_unit;
+  /// Activation checkpointing of the units, at every stage: a unit called through forward() with
+  /// one tensor keeps only that input (in engine memory, where the config's
+  /// `activation_checkpointing` section puts it: cpu_checkpointing, contiguous buffers, profile)
+  /// and runs its forward again just before its backward, with torch's CPU generator restored so
+  /// that dropout draws alike. Without it, an `activation_checkpointing` key that asks for
+  /// something is refused (ConfigError naming it): nothing would checkpoint.
+  bool checkpoint_units = false;
 };
 
 /// A torch::optim::Optimizer whose state is sharded by a zeroshard Engine. Built from the model
@@ -121,6 +129,11 @@ class UnitScope {
   UnitScope(const UnitScope&) = delete;
   UnitScope& operator=(const UnitScope&) = delete;
 
+  /// True when the unit's forward runs through checkpoint() (OptimizerOptions::checkpoint_units).
+  bool checkpointed() const noexcept;
+  /// Runs `forward` on `input` with activation checkpointing (see checkpoint_units).
+  at::Tensor checkpoint(std::function<at::Tensor(const at::Tensor&)> forward,
+                        const at::Tensor& input) const;
   at::Tensor leave(at::Tensor output) const;
   std::vector<at::Tensor> leave(std::vector<at::Tensor> outputs) const;
   template <class... Tensors>
@@ -142,6 +155,18 @@ class UnitScope {
 template <class ModulePointer, class... Args>
 auto forward(const ModulePointer& module, Args&&... args) {
   UnitScope scope(*module);
+  using Output = decltype(module->forward(std::forward<Args>(args)...));
+  if constexpr (sizeof...(Args) == 1 && std::is_same_v<Output, at::Tensor> &&
+                (std::is_convertible_v<Args, const at::Tensor&> && ...)) {
+    if (scope.checkpointed()) {
+      return scope.checkpoint([module](const at::Tensor& x) { return module->forward(x); },
+                              args...);
+    }
+  } else if (scope.checkpointed()) {
+    throw UsageError(
+        "zeroshard::torch::forward: a checkpointed unit takes one tensor and returns "
+        "one; wrap this module's call in a module that does");
+  }
   return scope.leave(module->forward(std::forward<Args>(args)...));
 }
 

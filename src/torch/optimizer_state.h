@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine_tensors.h"
+#include "zeroshard/activation_checkpointing.h"
 #include "zeroshard/torch.h"
 
 namespace zeroshard::torch {
@@ -45,6 +46,19 @@ struct UnitScope::Unit {
   void end_backward();
 };
 
+/// One checkpointed call of a unit, from its forward to its backward.
+struct UnitCheckpoint {
+  UnitScope::Unit* unit = nullptr;
+  std::function<at::Tensor(const at::Tensor&)> forward;
+  std::vector<std::int64_t> input_shape;
+  at::TensorOptions input_options;
+  bool input_requires_grad = false;
+  std::vector<std::int64_t> output_shape;
+  at::TensorOptions output_options;
+  at::Tensor recomputed_input;  ///< during its backward: the graph the recompute built
+  at::Tensor recomputed_output;
+};
+
 struct Optimizer::State {
   State(::torch::nn::Module& model, Config config, OptimizerOptions options);
   ~State();
@@ -65,10 +79,21 @@ struct Optimizer::State {
   void push_learning_rates(std::vector<::torch::optim::OptimizerParamGroup>& groups);
   /// The engine's lr (its scheduler's) back to every group.
   void pull_learning_rates(std::vector<::torch::optim::OptimizerParamGroup>& groups);
+  /// The engine's checkpointer for the units, with torch's CPU generator as its random state.
+  void start_checkpointing();
+  /// Forwards never backpropagated (evaluation with gradients on) are forgotten at each step().
+  void drop_pending_checkpoints();
   void gather_units_of_no_unit();
   void release_units_of_no_unit();
 
   Engine engine;
+  /// Stage 3: units are gathered around their forward and backward; at stages 0-2 they exist
+  /// only to be checkpointed.
+  bool units_gather = false;
+  std::unique_ptr<RandomState> torch_random;
+  std::unique_ptr<ActivationCheckpointer> checkpointer;      ///< with checkpoint_units
+  std::vector<std::shared_ptr<UnitCheckpoint>> checkpoints;  ///< forwards awaiting backward
+  at::Tensor checkpoint_anchor;
   std::vector<ManagedParam> params;
   std::vector<std::unique_ptr<UnitScope::Unit>> units;
   /// Stage 3: the engine modules of the parameters in no unit.

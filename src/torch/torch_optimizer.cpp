@@ -45,10 +45,10 @@ void find_units(Module& module, const std::string& prefix, const UnitPredicate& 
   }
 }
 
-// The checkpointer recomputes activations of layers a program runs through it; a libtorch model
-// runs its layers through autograd, which this adapter does not re-run, so these keys would be
+// Without OptimizerOptions::checkpoint_units nothing is checkpointed, so these keys would be
 // parsed and ignored: refused instead.
-void refuse_activation_checkpointing(const Config& config) {
+void refuse_activation_checkpointing(const Config& config, const OptimizerOptions& options) {
+  if (options.checkpoint_units) return;
   const ActivationCheckpointingConfig& checkpointing = config.activation_checkpointing;
   const char* key = checkpointing.partition_activations ? "partition_activations"
                     : checkpointing.cpu_checkpointing   ? "cpu_checkpointing"
@@ -58,9 +58,9 @@ void refuse_activation_checkpointing(const Config& config) {
                                                        : nullptr;
   if (key == nullptr) return;
   throw ConfigError(std::string("activation_checkpointing.") + key,
-                    "zeroshard::torch does not checkpoint activations of libtorch modules (their "
-                    "backward is autograd's); remove the activation_checkpointing section or set "
-                    "its keys to false");
+                    "asks for activation checkpointing, but zeroshard::torch checkpoints units "
+                    "only with OptimizerOptions::checkpoint_units = true; set it, or remove the "
+                    "key");
 }
 
 // On a GPU the model's kernels run on torch's current stream; the engine's own work (gradient
@@ -79,7 +79,7 @@ void follow_torch_stream(Engine& engine) {
 }
 
 Engine make_engine(Module& model, Config config, OptimizerOptions& options) {
-  refuse_activation_checkpointing(config);
+  refuse_activation_checkpointing(config, options);
   Device device = Device::cpu();
   if (options.device) {
     device = *options.device;
@@ -116,9 +116,10 @@ Optimizer::State::State(Module& model, Config config, OptimizerOptions options)
     : engine(make_engine(model, std::move(config), options)) {
   const int stage = engine.stage();
   per_parameter_grads = stage >= 2;
+  units_gather = stage == 3;
 
   std::vector<FoundUnit> found_units;
-  if (stage == 3) find_units(model, "", options.is_unit, found_units);
+  if (units_gather || options.checkpoint_units) find_units(model, "", options.is_unit, found_units);
 
   // Groups: the default one (index 0), then the caller's, each with the engine's group index.
   const double base_lr = engine.update_rule().default_lr();
@@ -210,7 +211,7 @@ Optimizer::State::State(Module& model, Config config, OptimizerOptions options)
   // of that shape and type.
   gather_units_of_no_unit();
   for (ManagedParam& param : params) {
-    if (param.unit != nullptr && param.parameter.trainable()) {
+    if (units_gather && param.unit != nullptr && param.parameter.trainable()) {
       param.backing.tensor().set_data(at::empty(
           param.backing.tensor().sizes(), param.backing.tensor()
                                               .options()
@@ -222,8 +223,11 @@ Optimizer::State::State(Module& model, Config config, OptimizerOptions options)
   }
   install_gradient_hooks();
   for (ManagedParam& param : params) {
-    if (param.unit != nullptr && param.parameter.trainable()) param.backing.point_at_nothing();
+    if (units_gather && param.unit != nullptr && param.parameter.trainable()) {
+      param.backing.point_at_nothing();
+    }
   }
+  if (options.checkpoint_units) start_checkpointing();
   for (Group& group : groups) group.lr_written = engine.lr() * group.lr_ratio;
 }
 
@@ -285,7 +289,7 @@ void Optimizer::State::pull_learning_rates(
 void Optimizer::State::gather_units_of_no_unit() {
   for (ModuleId module : modules_of_no_unit) engine.gather(module);
   for (ManagedParam& param : params) {
-    if (param.unit == nullptr && engine.stage() == 3 && param.parameter.trainable()) {
+    if (param.unit == nullptr && units_gather && param.parameter.trainable()) {
       param.backing.point_at(param.parameter.raw_data());
     }
   }
@@ -316,6 +320,7 @@ at::Tensor Optimizer::step(LossClosure closure) {
   }
   State& state = *state_;
   state.push_learning_rates(param_groups_);
+  state.drop_pending_checkpoints();
   state.engine.all_grads_ready();
   state.release_units_of_no_unit();
   state.last_step = state.engine.step();

@@ -54,6 +54,7 @@ void Optimizer::State::unregister_units() noexcept {
 }
 
 void UnitScope::Unit::gather() {
+  if (!owner->units_gather) return;
   Engine& engine = owner->engine;
   engine.gather(module);
   if (holders++ > 0) return;
@@ -64,6 +65,7 @@ void UnitScope::Unit::gather() {
 }
 
 void UnitScope::Unit::release() {
+  if (!owner->units_gather) return;
   owner->engine.release(module);
   if (--holders > 0) return;
   for (int index : params) {
@@ -73,7 +75,7 @@ void UnitScope::Unit::release() {
 }
 
 void UnitScope::Unit::gather_for_backward() {
-  if (held_for_backward) return;
+  if (held_for_backward || !owner->units_gather) return;
   gather();
   held_for_backward = true;
   grads_pending = trainable;
@@ -106,7 +108,10 @@ UnitScope::~UnitScope() {
 }
 
 at::Tensor UnitScope::leave(at::Tensor output) const {
-  if (unit_ == nullptr || !output.defined() || !output.requires_grad()) return output;
+  if (unit_ == nullptr || !unit_->owner->units_gather || !output.defined() ||
+      !output.requires_grad()) {
+    return output;
+  }
   return GatherBeforeBackward::apply(output, reinterpret_cast<std::int64_t>(unit_));
 }
 

@@ -16,12 +16,18 @@
 namespace torch_testing {
 
 struct BlockImpl : torch::nn::Module {
-  explicit BlockImpl(std::int64_t width)
+  BlockImpl(std::int64_t width, double dropout)
       : norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({width})))),
-        fc(register_module("fc", torch::nn::Linear(width, width))) {}
-  torch::Tensor forward(const torch::Tensor& x) { return x + torch::tanh(fc(norm(x))); }
+        fc(register_module("fc", torch::nn::Linear(width, width))),
+        dropout(dropout) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    torch::Tensor y = torch::tanh(fc(norm(x)));
+    if (dropout > 0.0) y = torch::dropout(y, dropout, is_training());
+    return x + y;
+  }
   torch::nn::LayerNorm norm;
   torch::nn::Linear fc;
+  double dropout;
 };
 TORCH_MODULE(Block);
 
@@ -29,11 +35,12 @@ TORCH_MODULE(Block);
 using Probe = std::function<torch::Tensor(torch::Tensor)>;
 
 struct TinyNetImpl : torch::nn::Module {
-  TinyNetImpl(std::int64_t inputs, std::int64_t width, int depth, std::int64_t outputs)
+  TinyNetImpl(std::int64_t inputs, std::int64_t width, int depth, std::int64_t outputs,
+              double dropout)
       : embed(register_module("embed", torch::nn::Linear(inputs, width))),
         blocks(register_module("blocks", torch::nn::ModuleList())),
         head(register_module("head", torch::nn::Linear(width, outputs))) {
-    for (int i = 0; i < depth; ++i) blocks->push_back(Block(width));
+    for (int i = 0; i < depth; ++i) blocks->push_back(Block(width, dropout));
   }
   torch::Tensor forward(torch::Tensor x) {
     x = embed(x);
@@ -56,10 +63,11 @@ inline constexpr int kDepth = 3;
 inline constexpr std::int64_t kOutputs = 4;
 inline constexpr std::int64_t kBatch = 24;  ///< divides among 1-4 ranks, and again in two
 
-/// The same initial values on every rank and in every run.
-inline TinyNet make_tiny_net(std::uint64_t seed = 7) {
+/// The same initial values on every rank and in every run, and the same generator state after
+/// them (the dropout masks a run draws).
+inline TinyNet make_tiny_net(std::uint64_t seed = 7, double dropout = 0.0) {
   torch::manual_seed(seed);
-  return TinyNet(kInputs, kWidth, kDepth, kOutputs);
+  return TinyNet(kInputs, kWidth, kDepth, kOutputs, dropout);
 }
 
 struct Batch {

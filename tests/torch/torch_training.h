@@ -65,6 +65,7 @@ struct Setup {
   int micro_batches = 1;  ///< per step(), each a slice of the rank's rows
   std::function<void(TinyNet&)> prepare{};
   std::function<void(TinyNet&, zeroshard::torch::OptimizerOptions&)> configure{};
+  double dropout = 0.0;
 };
 
 struct TrainingRun {
@@ -81,7 +82,7 @@ inline TrainingRun train_zero(const Setup& setup, const Inspect& before = {},
   auto communicator = Communicator::from_environment();
   const int world = communicator->size();
   const int rank = communicator->rank();
-  TinyNet model = make_tiny_net();
+  TinyNet model = make_tiny_net(7, setup.dropout);
   if (setup.prepare) setup.prepare(model);
   zeroshard::torch::OptimizerOptions options;
   options.communicator = std::move(communicator);

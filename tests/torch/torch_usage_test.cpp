@@ -92,7 +92,8 @@ TEST(TorchUsage, GradientsReachTheEngineWhenTheCallerResetsGrad) {
         std::move(options));
     const std::int64_t rows = kBatch / world;
     for (int step = 0; step < 10; ++step) {
-      for (torch::Tensor& parameter : model->parameters()) parameter.mutable_grad() = torch::Tensor();
+      for (torch::Tensor& parameter : model->parameters())
+        parameter.mutable_grad() = torch::Tensor();
       const Batch data = batch(step, rank * rows, (rank + 1) * rows);
       // step(closure): torch::optim's way of handing the loss computation over.
       optimizer.step([&] {
@@ -103,6 +104,34 @@ TEST(TorchUsage, GradientsReachTheEngineWhenTheCallerResetsGrad) {
     }
     EXPECT_LE(max_difference(optimizer.engine().consolidated_parameters(), reference),
               kRoundingBound);
+  }
+}
+
+// checkpoint_units: every block keeps only its input and runs again in backward, with the
+// config's checkpointing keys (zero2_checkpointing.json's) and dropout drawing the same masks in
+// the recompute; the result equals the run without checkpointing bit for bit.
+TEST(TorchUsage, CheckpointedUnitsEqualTheRunWithoutCheckpointing) {
+  const std::string checkpointing =
+      R"(, "activation_checkpointing": {"cpu_checkpointing": true, )"
+      R"("contiguous_memory_optimization": true, "number_checkpoints": 3, )"
+      R"("synchronize_checkpoint_boundary": true, "profile": true})";
+  const auto checkpoint_units = [](TinyNet&, zeroshard::torch::OptimizerOptions& options) {
+    options.checkpoint_units = true;
+  };
+  for (int stage = 0; stage <= 3; ++stage) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const TrainingRun plain = train_zero({.stage = stage, .dropout = 0.2});
+    std::int64_t kept_activations = 0;
+    const TrainingRun checkpointed = train_zero(
+        {.stage = stage, .extra = checkpointing, .configure = checkpoint_units, .dropout = 0.2}, {},
+        [&](TinyNet&, zeroshard::torch::Optimizer& optimizer) {
+          Engine& engine = optimizer.engine();
+          kept_activations = engine.memory_report()
+                                 .at(MemoryCategory::kActivations, engine.memory_location())
+                                 .peak;
+        });
+    EXPECT_EQ(checkpointed.parameters, plain.parameters);
+    EXPECT_GT(kept_activations, 0) << "no input was kept in engine memory";
   }
 }
 
