@@ -1,0 +1,51 @@
+// The two ways the example trains its model, behind the same three verbs so that one loop runs
+// both: zeroshard::torch::Optimizer (the engine shards the update) and torch::optim::AdamW with
+// gradients averaged over the ranks, for comparison.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <utility>
+
+#include "zeroshard/torch.h"
+
+namespace torch_gpt {
+
+/// A training loop's steps are zero_grad(); per micro-step backward(loss) then step().
+class ZeroshardTrainer {
+ public:
+  ZeroshardTrainer(torch::nn::Module& model, zeroshard::Config config)
+      : optimizer_(model, std::move(config)) {}
+  void zero_grad() { optimizer_.zero_grad(); }
+  void backward(const torch::Tensor& loss) { optimizer_.backward(loss); }
+  void step() { optimizer_.step(); }
+  zeroshard::torch::Optimizer& optimizer() { return optimizer_; }
+
+ private:
+  zeroshard::torch::Optimizer optimizer_;
+};
+
+/// torch::optim::AdamW with the config's lr, betas, eps and weight decay. At an accumulation
+/// boundary step() does what DDP and the engine do before the update: the gradients become their
+/// mean over the ranks' micro-batches (all-reduced over `communicator`), clipped to the config's
+/// gradient_clipping.
+class TorchTrainer {
+ public:
+  TorchTrainer(torch::nn::Module& model, const zeroshard::Config& config,
+               zeroshard::Communicator& communicator);
+  void zero_grad() { optimizer_.zero_grad(); }
+  void backward(const torch::Tensor& loss) { loss.backward(); }
+  void step();
+
+ private:
+  void average_gradients();
+
+  std::vector<torch::Tensor> parameters_;
+  zeroshard::Communicator& communicator_;
+  int accumulation_;
+  int micro_step_ = 0;
+  double clip_;
+  torch::optim::AdamW optimizer_;
+};
+
+}  // namespace torch_gpt
