@@ -75,7 +75,8 @@ torch::Tensor GptImpl::forward(const torch::Tensor& tokens) {
 }
 
 torch::Tensor GptImpl::loss(const torch::Tensor& tokens, const torch::Tensor& targets) {
-  return torch::cross_entropy_loss(forward(tokens).view({-1, shape.vocab}), targets.view({-1}));
+  return torch::cross_entropy_loss(forward(tokens).reshape({-1, shape.vocab}),
+                                   targets.reshape({-1}));
 }
 
 std::int64_t GptImpl::parameter_count() const {
