@@ -14,14 +14,26 @@ namespace torch_gpt {
 /// A training loop's steps are zero_grad(); per micro-step backward(loss) then step().
 class ZeroshardTrainer {
  public:
-  ZeroshardTrainer(torch::nn::Module& model, zeroshard::Config config)
-      : optimizer_(model, std::move(config)) {}
+  ZeroshardTrainer(torch::nn::Module& model, const zeroshard::Config& config)
+      : optimizer_(model, config, options_for(config)) {}
   void zero_grad() { optimizer_.zero_grad(); }
   void backward(const torch::Tensor& loss) { optimizer_.backward(loss); }
   void step() { optimizer_.step(); }
   zeroshard::torch::Optimizer& optimizer() { return optimizer_; }
 
  private:
+  // The blocks are the units; a config whose activation_checkpointing section asks for anything
+  // checkpoints them.
+  static zeroshard::torch::OptimizerOptions options_for(const zeroshard::Config& config) {
+    const zeroshard::ActivationCheckpointingConfig& checkpointing = config.activation_checkpointing;
+    zeroshard::torch::OptimizerOptions options;
+    options.checkpoint_units = checkpointing.partition_activations ||
+                               checkpointing.cpu_checkpointing ||
+                               checkpointing.contiguous_memory_optimization ||
+                               checkpointing.number_checkpoints.has_value();
+    return options;
+  }
+
   zeroshard::torch::Optimizer optimizer_;
 };
 
