@@ -15,6 +15,7 @@
 
 #include "command_line.h"
 #include "torch_gpt_batches.h"  // torch_gpt::Batch
+#include "torch_gpt_flags.h"
 #include "torch_gpt_model.h"
 #include "torch_gpt_trainers.h"
 #include "zeroshard/torch.h"
@@ -229,12 +230,7 @@ int main(int argc, char** argv) {
   Options options;
   CLI::App app(kDescription, kProgram);
   using zeroshard::cli::add_integer;
-  add_integer(app, "--layers", options.shape.layers, "transformer blocks")->capture_default_str();
-  add_integer(app, "--width", options.shape.width, "channels of the residual stream")
-      ->capture_default_str();
-  add_integer(app, "--heads", options.shape.heads, "attention heads; must divide --width")
-      ->capture_default_str();
-  add_integer(app, "--seq-len", options.shape.seq, "context length")->capture_default_str();
+  torch_gpt::add_shape_flags(app, options.shape);
   add_integer(app, "--batch", options.batch, "sequences per rank per step")->capture_default_str();
   add_integer(app, "--steps", options.steps, "timed steps per trainer per round")
       ->capture_default_str();

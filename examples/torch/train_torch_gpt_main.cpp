@@ -15,6 +15,7 @@
 #include "run_guard.h"  // zeroshard::examples::run_trainer
 #include "text_data.h"  // zeroshard::examples::TextCorpus, default_text_files
 #include "torch_gpt_batches.h"
+#include "torch_gpt_flags.h"
 #include "torch_gpt_model.h"
 #include "torch_gpt_trainers.h"
 #include "zeroshard/torch.h"
@@ -58,13 +59,7 @@ void add_flags(CLI::App& app, Options& options) {
                "clipping; gradients averaged over the ranks) instead of zeroshard");
   app.add_flag("--require-below-baseline", options.require_below_baseline,
                "exit with status 1 unless the final loss is below the unigram entropy");
-  add_integer(app, "--layers", options.shape.layers, "transformer blocks")->capture_default_str();
-  add_integer(app, "--width", options.shape.width, "channels of the residual stream")
-      ->capture_default_str();
-  add_integer(app, "--heads", options.shape.heads, "attention heads; must divide --width")
-      ->capture_default_str();
-  add_integer(app, "--seq-len", options.shape.seq, "context length in bytes")
-      ->capture_default_str();
+  torch_gpt::add_shape_flags(app, options.shape);
   add_integer(app, "--batch", options.batch,
               "sequences per rank per micro-step; overrides the config's "
               "train_micro_batch_size_per_gpu");
