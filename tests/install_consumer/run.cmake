@@ -23,6 +23,16 @@ if(rc)
   message(FATAL_ERROR "the consumer exited with ${rc}")
 endif()
 
+if(EXISTS ${WORK_DIR}/build/torch_consumer)
+  execute_process(COMMAND ${WORK_DIR}/build/torch_consumer RESULT_VARIABLE rc OUTPUT_VARIABLE out)
+  message(STATUS "torch consumer printed: ${out}")
+  if(rc)
+    message(FATAL_ERROR "the torch consumer exited with ${rc}")
+  endif()
+elseif(EXISTS ${WORK_DIR}/prefix/${INSTALL_LIBDIR}/cmake/zeroshard/zeroshardTorchTargets.cmake)
+  message(FATAL_ERROR "zeroshard::torch is installed but the consumer did not get it")
+endif()
+
 find_program(PKG_CONFIG pkg-config REQUIRED)
 set(pc_env PKG_CONFIG_PATH=${WORK_DIR}/prefix/${INSTALL_LIBDIR}/pkgconfig)
 execute_process(COMMAND ${CMAKE_COMMAND} -E env ${pc_env} ${PKG_CONFIG} --cflags --libs zeroshard
