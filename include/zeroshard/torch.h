@@ -64,9 +64,9 @@ struct OptimizerOptions {
   /// Activation checkpointing of the units, at every stage: a unit called through forward() with
   /// one tensor keeps only that input (in engine memory, where the config's
   /// `activation_checkpointing` section puts it: cpu_checkpointing, contiguous buffers, profile)
-  /// and runs its forward again just before its backward, with torch's CPU generator restored so
-  /// that dropout draws alike. Without it, an `activation_checkpointing` key that asks for
-  /// something is refused (ConfigError naming it): nothing would checkpoint.
+  /// and runs its forward again just before its backward, with torch's CPU generator (and the
+  /// model's GPU's) restored so that dropout draws alike. Without it, an `activation_checkpointing`
+  /// key that asks for something is refused (ConfigError naming it): nothing would checkpoint.
   bool checkpoint_units = false;
 };
 
@@ -81,6 +81,10 @@ struct OptimizerOptions {
 class Optimizer : public ::torch::optim::Optimizer {
  public:
   Optimizer(::torch::nn::Module& model, Config config, OptimizerOptions options = {});
+  /// The same with the DeepSpeed JSON file `config_file`, read for the communicator's world size
+  /// (the batch-size identity): the one line a torch::optim loop changes.
+  Optimizer(::torch::nn::Module& model, const std::string& config_file,
+            OptimizerOptions options = {});
   ~Optimizer() override;
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;

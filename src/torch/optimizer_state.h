@@ -90,7 +90,7 @@ struct Optimizer::State {
   /// Stage 3: units are gathered around their forward and backward; at stages 0-2 they exist
   /// only to be checkpointed.
   bool units_gather = false;
-  std::unique_ptr<RandomState> torch_random;
+  std::vector<std::unique_ptr<RandomState>> torch_random;    ///< the CPU's and the model's GPU's
   std::unique_ptr<ActivationCheckpointer> checkpointer;      ///< with checkpoint_units
   std::vector<std::shared_ptr<UnitCheckpoint>> checkpoints;  ///< forwards awaiting backward
   at::Tensor checkpoint_anchor;

@@ -78,14 +78,15 @@ void follow_torch_stream(Engine& engine) {
 #endif
 }
 
+Device device_of(Module& model, const OptimizerOptions& options) {
+  if (options.device) return *options.device;
+  const auto parameters = model.parameters();
+  return parameters.empty() ? Device::cpu() : detail::engine_device(parameters.front().device());
+}
+
 Engine make_engine(Module& model, Config config, OptimizerOptions& options) {
   refuse_activation_checkpointing(config, options);
-  Device device = Device::cpu();
-  if (options.device) {
-    device = *options.device;
-  } else if (const auto parameters = model.parameters(); !parameters.empty()) {
-    device = detail::engine_device(parameters.front().device());
-  }
+  const Device device = device_of(model, options);
   std::unique_ptr<Communicator> communicator = std::move(options.communicator);
   if (!communicator) communicator = Communicator::from_environment(device);
   Engine engine(std::move(config), device, std::move(communicator), std::move(options.rule));
@@ -301,6 +302,16 @@ void Optimizer::State::release_units_of_no_unit() {
 
 Optimizer::Optimizer(::torch::nn::Module& model, Config config, OptimizerOptions options)
     : Optimizer(std::make_unique<State>(model, std::move(config), std::move(options))) {}
+
+Optimizer::Optimizer(::torch::nn::Module& model, const std::string& config_file,
+                     OptimizerOptions options)
+    : Optimizer([&] {
+        if (!options.communicator) {
+          options.communicator = Communicator::from_environment(device_of(model, options));
+        }
+        Config config = Config::from_json_file(config_file, options.communicator->size());
+        return std::make_unique<State>(model, std::move(config), std::move(options));
+      }()) {}
 
 Optimizer::Optimizer(std::unique_ptr<State> state)
     : ::torch::optim::Optimizer(state->torch_groups(), state->default_options()),

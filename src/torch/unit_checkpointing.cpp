@@ -3,7 +3,7 @@
 // and whose backward runs it again with a graph (the checkpointer restores the input and torch's
 // generator) and backpropagates through it, a backward inside the backward, as torch's
 // reentrant checkpoint does.
-#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -16,11 +16,13 @@ namespace zeroshard::torch {
 
 namespace {
 
-// torch's default CPU generator (dropout on the CPU draws from it).
-class TorchCpuRandomState final : public RandomState {
+// One of torch's default generators: the CPU's (dropout on the CPU draws from it) or, for a model
+// on a GPU, that GPU's.
+class TorchGeneratorState final : public RandomState {
  public:
+  explicit TorchGeneratorState(c10::Device device) : device_(device) {}
   std::vector<std::byte> save() const override {
-    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    at::Generator generator = at::globalContext().defaultGenerator(device_);
     std::lock_guard lock(generator.mutex());
     const at::Tensor state = generator.get_state();
     const auto* begin = static_cast<const std::byte*>(state.data_ptr());
@@ -29,10 +31,13 @@ class TorchCpuRandomState final : public RandomState {
   void restore(std::span<const std::byte> bytes) override {
     at::Tensor state = at::empty({static_cast<std::int64_t>(bytes.size())}, at::kByte);
     std::memcpy(state.data_ptr(), bytes.data(), bytes.size());
-    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    at::Generator generator = at::globalContext().defaultGenerator(device_);
     std::lock_guard lock(generator.mutex());
     generator.set_state(state);
   }
+
+ private:
+  c10::Device device_;
 };
 
 struct CheckpointedUnit : public ::torch::autograd::Function<CheckpointedUnit> {
@@ -105,8 +110,12 @@ struct CheckpointedUnit : public ::torch::autograd::Function<CheckpointedUnit> {
 
 void Optimizer::State::start_checkpointing() {
   checkpointer = std::make_unique<ActivationCheckpointer>(engine);
-  torch_random = std::make_unique<TorchCpuRandomState>();
-  checkpointer->register_random_state(*torch_random);
+  torch_random.push_back(std::make_unique<TorchGeneratorState>(c10::Device(c10::DeviceType::CPU)));
+  if (engine.device().is_cuda()) {
+    torch_random.push_back(
+        std::make_unique<TorchGeneratorState>(detail::torch_device(engine.device())));
+  }
+  for (const auto& state : torch_random) checkpointer->register_random_state(*state);
   // A graph input that always wants a gradient, so that a unit whose input wants none (token
   // embeddings computed without one, say) still has its backward run.
   checkpoint_anchor = at::zeros({}, at::TensorOptions().requires_grad(true));
