@@ -77,7 +77,10 @@ struct OptimizerOptions {
 /// engine). Gradients are handed to the engine as autograd completes them: at stages 0-1 they are
 /// views of its gradient memory, at stages 2-3 each is copied into its bucket and freed, so
 /// `.grad()` is undefined after backward. Call step() after every micro-step (the engine counts
-/// gradient_accumulation_steps); zero_grad() clears what an interrupted micro-step left.
+/// gradient_accumulation_steps); zero_grad() clears what an interrupted micro-step left. When the
+/// optimizer is destroyed the model keeps its parameters' values in torch's memory, except, at
+/// stage 3, those of units, which are left empty (take engine().consolidated_parameters() or
+/// engine().save_16bit_model() first).
 class Optimizer : public ::torch::optim::Optimizer {
  public:
   Optimizer(::torch::nn::Module& model, Config config, OptimizerOptions options = {});

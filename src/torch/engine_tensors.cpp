@@ -88,4 +88,11 @@ void EngineBackedTensor::point_at_nothing() {
   attached_ = false;
 }
 
+void EngineBackedTensor::keep_values() {
+  if (attached_) tensor_.set_data(tensor_.detach().clone());
+  storage_->set_data_ptr_noswap(c10::DataPtr(nullptr, device_));
+  storage_->set_nbytes(0);
+  attached_ = false;
+}
+
 }  // namespace zeroshard::torch::detail

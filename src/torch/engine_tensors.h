@@ -36,6 +36,9 @@ class EngineBackedTensor {
   /// The parameter holds nothing (an empty tensor): a read outside its unit fails at its first
   /// operation, and the views autograd saved point nowhere until the next point_at().
   void point_at_nothing();
+  /// Before the engine's memory goes: the tensor keeps a copy of the values it views (torch's own
+  /// memory from then on), or stays empty when it views nothing.
+  void keep_values();
 
  private:
   at::Tensor tensor_;

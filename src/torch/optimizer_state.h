@@ -24,6 +24,7 @@ struct ManagedParam {
   at::Tensor grad_view;
   /// Keeps autograd's accumulator, and so the post hook on it, alive.
   std::shared_ptr<::torch::autograd::Node> accumulator;
+  std::uintptr_t hook = 0;  ///< the post hook's key, to remove it with the optimizer
 };
 
 struct UnitScope::Unit {

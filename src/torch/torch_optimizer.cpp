@@ -232,7 +232,18 @@ Optimizer::State::State(Module& model, Config config, OptimizerOptions options)
   for (Group& group : groups) group.lr_written = engine.lr() * group.lr_ratio;
 }
 
-Optimizer::State::~State() = default;
+// The model outlives its optimizer, not the engine's memory: each parameter keeps a copy of its
+// values (stage 3: a unit's parameters stay empty, the engine alone held their shards), gradients
+// that were views of the engine's are dropped, and the hooks that call into this state go.
+Optimizer::State::~State() {
+  for (ManagedParam& param : params) {
+    param.backing.keep_values();
+    if (!param.parameter.trainable()) continue;
+    at::Tensor& grad = param.backing.tensor().mutable_grad();
+    if (grad.defined() && grad.is_same(param.grad_view)) grad = at::Tensor();
+    if (param.accumulator) param.accumulator->del_post_hook(param.hook);
+  }
+}
 
 std::vector<::torch::optim::OptimizerParamGroup> Optimizer::State::torch_groups() const {
   std::vector<::torch::optim::OptimizerParamGroup> result;

@@ -135,6 +135,37 @@ TEST(TorchUsage, CheckpointedUnitsEqualTheRunWithoutCheckpointing) {
   }
 }
 
+// The model outlives its optimizer: it keeps the trained values (stages 0-2) and trains on with
+// plain torch; at stage 3 the units' parameters are left empty, the others keep their values.
+TEST(TorchUsage, TheModelKeepsItsValuesWhenTheOptimizerGoes) {
+  const int world = Communicator::from_environment()->size();
+  for (int stage : {1, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    TinyNet model = make_tiny_net();
+    std::vector<float> trained;
+    {
+      zeroshard::torch::Optimizer optimizer(
+          *model, Config::from_json_string(config_json(stage, world, "adamw"), world));
+      const Batch data = batch(0);
+      optimizer.zero_grad();
+      optimizer.backward(torch::mse_loss(model->forward(data.inputs), data.targets));
+      optimizer.step();
+      trained = optimizer.engine().consolidated_parameters();
+    }
+    if (stage < 3) {
+      EXPECT_EQ(flat_parameters(*model), trained);
+      const Batch data = batch(1);
+      torch::mse_loss(model->forward(data.inputs), data.targets).backward();
+      EXPECT_TRUE(model->head->weight.grad().defined());
+    } else {
+      EXPECT_EQ(model->blocks[0]->as<BlockImpl>()->fc->weight.numel(), 0);
+      const torch::Tensor head = model->head->weight.detach().flatten();
+      const std::size_t head_offset = trained.size() - model->head->bias.numel() - head.numel();
+      EXPECT_EQ(head[3].item<float>(), trained[head_offset + 3]);
+    }
+  }
+}
+
 TEST(TorchUsage, MisusesAreRefusedByName) {
   const int world = Communicator::from_environment()->size();
   // A config key the adapter cannot honour names itself.
