@@ -14,7 +14,6 @@
 #endif
 
 #include "optimizer_state.h"
-#include "zeroshard/log.h"
 
 namespace zeroshard::torch {
 
