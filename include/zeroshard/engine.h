@@ -265,7 +265,7 @@ class ZEROSHARD_API Engine {
   /// module may be gathered again within a step (a tied embedding).
   ModuleId add_module(const std::string& name, const std::vector<ParamSlice>& slices);
   /// Gathers every module of whole parameters, the whole model at once (stage 3; a no-op
-  /// otherwise), for a model that cannot be split; stage3_max_live_parameters still applies.
+  /// otherwise), for a model that cannot be split.
   void gather_model();
   void release_model();
   /// Stage 3: the most parameter bytes held gathered at once since construction, gathered

@@ -430,7 +430,10 @@ std::vector<KeySpec> make_key_specs() {
       {.path = "zero_optimization.stage3_max_live_parameters",
        .kind = K::kInteger,
        .default_json = "1000000000",
-       .meaning = "Stage 3: gathered parameter elements held per rank before release.",
+       .meaning = "Stage 3: DeepSpeed's budget of gathered parameter elements per rank. The "
+                  "module a model asks for is always gathered; prefetching (at most "
+                  "`min(budget - live, stage3_prefetch_bucket_size)`) and copies kept for reuse "
+                  "stay within it, which frees kept and prefetched copies first.",
        .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.max_live_parameters),
        .range = kNonNegative},
       {.path = "zero_optimization.stage3_max_reuse_distance",

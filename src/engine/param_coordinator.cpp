@@ -280,28 +280,32 @@ void ParamCoordinator::gather(ModuleId module) {
   ++m.users;
   if (!context_.modules[module].sharded) return;
   if (m.residency == Residency::kReleased) {
-    const std::int64_t limit = context_.config.zero_optimization.max_live_parameters;
-    const std::int64_t size = module_size(module);
-    // Copies kept only for reuse are the first to go when the live budget is short.
-    for (std::size_t other = 0; other < modules_.size() && live_elements_ + size > limit; ++other) {
-      const ModuleState& o = modules_[other];
-      if (context_.modules[other].sharded && o.users == 0 && o.residency != Residency::kReleased) {
-        free_module(static_cast<ModuleId>(other));
-      }
-    }
-    ZEROSHARD_CHECK_USAGE(live_elements_ + size <= limit,
-                          "gathering module '" << context_.modules[module].name << "' (" << size
-                                               << " elements) would hold " << live_elements_ + size
-                                               << " gathered elements, more than "
-                                                  "zero_optimization.stage3_max_live_parameters = "
-                                               << limit
-                                               << ": release modules after use or raise the limit");
+    // stage3_max_live_parameters is DeepSpeed's budget, not a wall: the module asked for is always
+    // gathered; to stay within the budget, copies that are only kept for reuse or prefetched go
+    // first, those not needed soon before the rest.
+    free_unused_over_budget(module_size(module));
     start_gather(module);
   }
   if (m.residency == Residency::kInFlight) finish_gather(module);
   if (trace_valid_) prefetch_after(trace_position_);
   if (trace_valid_ && swapped_) read_ahead_after(trace_position_);
   poll();
+}
+
+void ParamCoordinator::free_unused_over_budget(std::int64_t incoming) {
+  const std::int64_t limit = context_.config.zero_optimization.max_live_parameters;
+  for (const bool keep_soon_reused : {true, false}) {
+    for (std::size_t other = 0; other < modules_.size() && live_elements_ + incoming > limit;
+         ++other) {
+      const auto id = static_cast<ModuleId>(other);
+      const ModuleState& o = modules_[other];
+      if (!context_.modules[other].sharded || o.users > 0 || o.residency == Residency::kReleased) {
+        continue;
+      }
+      if (keep_soon_reused && reused_soon(id)) continue;
+      free_module(id);
+    }
+  }
 }
 
 void ParamCoordinator::read_ahead_after(std::size_t trace_index) {
@@ -454,7 +458,11 @@ void ParamCoordinator::release(ModuleId module) {
   ZEROSHARD_CHECK_USAGE(m.users > 0, "release('" << context_.modules[module].name
                                                  << "') without a matching gather()");
   if (--m.users > 0 || !context_.modules[module].sharded) return;
-  if (!reused_soon(module)) free_module(module);
+  // A copy is kept for its next use only within the live budget.
+  if (!reused_soon(module) ||
+      live_elements_ > context_.config.zero_optimization.max_live_parameters) {
+    free_module(module);
+  }
 }
 
 void ParamCoordinator::release_all_after_step(const char* caller) {

@@ -87,6 +87,9 @@ class ParamCoordinator {
   };
 
   std::int64_t module_size(ModuleId module) const;
+  /// Frees gathered copies no caller holds (kept for reuse, prefetched) until `incoming` more
+  /// elements fit stage3_max_live_parameters, or none is left to free.
+  void free_unused_over_budget(std::int64_t incoming);
   void start_gather(ModuleId module);
   void finish_gather(ModuleId module);
   void free_module(ModuleId module);

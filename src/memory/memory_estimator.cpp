@@ -435,11 +435,15 @@ MemoryEstimate estimate(const EstimateInput& input) {
   result.traffic_bytes_per_step =
       (input.stage == 3 ? (recompute_gathers ? 4 : 3) : 2) * terms.padded * terms.d;
   if (input.stage == 3) {
-    const std::int64_t gathered = std::min(terms.padded, input.max_live_parameters);
+    // The budget bounds what is prefetched and kept; the module in use is gathered whatever its
+    // size, and no module is larger than the largest tensor is assumed to be.
+    const std::int64_t gathered =
+        std::min(terms.padded, std::max(input.max_live_parameters, input.largest_tensor));
     result.transient_device_bytes = terms.d * gathered;
     result.notes.push_back("gathered modules: at most stage3_max_live_parameters = " +
                            std::to_string(input.max_live_parameters) +
-                           " elements at once, in the peak only");
+                           " elements at once, or the module in use when it is larger, in the "
+                           "peak only");
   }
   if (input.tensors.empty() && input.largest_tensor == 0) {
     result.notes.push_back(
