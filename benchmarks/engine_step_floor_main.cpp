@@ -19,6 +19,8 @@
 #include "comm/rank_counts.h"
 #include "command_line.h"
 #include "cpu_optimizer.h"  // cpu_optimizer::adam, active_isa: the update rule the engine runs
+#include "engine/engine_internals.h"  // the engine's step scalars, which the floor all-reduces too
+#include "engine/engine_state.h"
 #include "zeroshard/zeroshard.h"
 
 namespace {
@@ -58,6 +60,8 @@ struct Options {
   std::vector<DType> precisions = {DType::kFloat32};
   bool check = false;
   bool zeroed_grads = false;
+  /// Stage 0 also with zero_optimization.reduce_scatter false: one all-reduce per bucket.
+  bool stage0_all_reduce = false;
 };
 
 // "fp32,bf16": the precisions to measure, in order.
@@ -115,6 +119,10 @@ void add_flags(CLI::App& app, Options& options) {
   app.add_flag("--zeroed-grads", options.zeroed_grads,
                "fetch gradients with raw_grad(), zeroed for a backward that adds them, instead of "
                "grad_target(), which hands them out unzeroed to a backward that writes them");
+  app.add_flag("--stage0-all-reduce", options.stage0_all_reduce,
+               "measure stage 0 a second time with zero_optimization.reduce_scatter false (one "
+               "all-reduce per bucket, as DDP) beside its default (a reduce-scatter and an "
+               "all-gather per bucket, summing as stages 1-3 do)");
   app.add_flag("--check", options.check,
                "exit 1 unless every stage gave a positive, finite ratio (for the test suite)");
 }
@@ -136,7 +144,7 @@ const char* precision_json(DType dtype) {
   return "";
 }
 
-std::string config_json(int stage, DType dtype, const Options& options) {
+std::string config_json(int stage, DType dtype, const Options& options, bool all_reduce) {
   const std::string bucket = std::to_string(options.bucket);
   std::string json =
       R"({"train_micro_batch_size_per_gpu": 1, "gradient_clipping": 1.0,)"
@@ -145,6 +153,7 @@ std::string config_json(int stage, DType dtype, const Options& options) {
       std::to_string(stage) + R"(, "overlap_comm": true, "reduce_bucket_size": )" + bucket +
       R"(, "allgather_bucket_size": )" + bucket;
   if (stage == 3) json += R"(, "stage3_max_reuse_distance": )" + std::to_string(kReuseDistance);
+  if (all_reduce) json += R"(, "reduce_scatter": false)";
   return json + "}" + precision_json(dtype) + "}";
 }
 
@@ -265,7 +274,8 @@ double ms_since(Clock::time_point start) {
 // it leaves out is what a perfect engine would fold into those passes: scaling the gradient by
 // 1/world and the clip coefficient, scanning it for the norm, zeroing it and copying it between
 // buffers.
-//   stage 0: reduce-scatter of each gradient bucket, then the all-gather of its sums.
+//   stage 0: reduce-scatter of each gradient bucket, then the all-gather of its sums (with
+//            reduce_scatter false: one all-reduce of each bucket).
 //   stage 1, 2: reduce-scatter of each gradient bucket; all-gather of the parameters in
 //            allgather_bucket_size chunks after the update.
 //   stage 3: all-gather of each module for forward and again for backward (kReuseDistance), the
@@ -275,10 +285,14 @@ double ms_since(Clock::time_point start) {
 //            a module holds none to gather).
 class Floor {
  public:
+  /// `step_scalars`: the floats of the engine's one scalar all-reduce per step (the norm, the
+  /// overflow flag and the ranks' agreement digest).
   Floor(const Model& model, int stage, DType dtype, const zeroshard::ZeroConfig& zero,
-        Communicator& comm)
+        Communicator& comm, int step_scalars)
       : model_(model),
+        step_scalars_(static_cast<std::size_t>(step_scalars)),
         stage_(stage),
+        all_reduce_(stage == 0 && !zero.reduce_scatter),
         dtype_(dtype),
         gather_chunk_(std::max<std::int64_t>(zero.allgather_bucket_size, model.world)),
         persistent_(
@@ -334,6 +348,14 @@ class Floor {
         }
       }
       pending.drain();
+    } else if (all_reduce_) {
+      for (std::size_t b = 0; b < buckets_.size(); ++b) {
+        const Bucket& bucket = buckets_[b];
+        const std::size_t dsize = zeroshard::size_of(dtype_);
+        pending.push(comm_.all_reduce_async(grads_.data() + bucket.begin * dsize,
+                                            bucket.end - bucket.begin, dtype_, ReduceOp::kSum));
+      }
+      pending.drain();
     } else if (stage_ == 0) {
       // A bucket's sums are gathered back once its reduce-scatter is complete; the gather
       // overlaps the next bucket's reduce-scatter.
@@ -346,8 +368,9 @@ class Floor {
       for (std::size_t b = 0; b < buckets_.size(); ++b) pending.push(reduce_bucket(b));
       pending.drain();
     }
-    float partial[2] = {1.0f, 0.0f};  // sum of squares, non-finite flag, as the engine sends
-    comm_.all_reduce(partial, 2, DType::kFloat32, ReduceOp::kSum);
+    std::vector<float> scalars(step_scalars_, 0.0f);
+    comm_.all_reduce(scalars.data(), static_cast<std::int64_t>(scalars.size()), DType::kFloat32,
+                     ReduceOp::kSum);
     const Clock::time_point update_start = Clock::now();
     update();
     times.update_ms = ms_since(update_start);
@@ -438,7 +461,9 @@ class Floor {
   }
 
   const Model& model_;
+  std::size_t step_scalars_;
   int stage_;
+  bool all_reduce_;  ///< stage 0 with reduce_scatter false
   DType dtype_;
   std::int64_t gather_chunk_;
   std::vector<bool> persistent_;  // per tensor, at stage 3
@@ -554,6 +579,7 @@ Traffic traffic_since(const zeroshard::TrafficCounters& before,
 
 struct StageResult {
   int stage = 0;
+  bool all_reduce = false;  ///< stage 0 with reduce_scatter false
   double step_ms = 0.0;
   double backward_ms = 0.0;
   double step_call_ms = 0.0;
@@ -574,10 +600,10 @@ double median(std::vector<double> values) {
 
 // Times are each rank's, reduced to the slowest rank's: an iteration is as slow as its slowest
 // rank. Every timed piece starts from a barrier on `host`, a communicator of the program's own.
-StageResult measure(int stage, DType dtype, const Options& options, const Model& model,
-                    Communicator& host) {
-  const zeroshard::Config config =
-      zeroshard::Config::from_json_string(config_json(stage, dtype, options), host.size());
+StageResult measure(int stage, bool all_reduce, DType dtype, const Options& options,
+                    const Model& model, Communicator& host) {
+  const zeroshard::Config config = zeroshard::Config::from_json_string(
+      config_json(stage, dtype, options, all_reduce), host.size());
   Engine engine(config, Communicator::from_environment());
   EngineIteration engine_iteration(engine, model, options.zeroed_grads);
   if (engine.padded_numel() != model.padded || engine.shard_begin() != model.shard * host.rank()) {
@@ -586,10 +612,12 @@ StageResult measure(int stage, DType dtype, const Options& options, const Model&
         std::to_string(engine.padded_numel()) + " vs " + std::to_string(model.padded));
   }
   Communicator& comm = engine.communicator();
-  Floor floor(model, stage, dtype, config.zero_optimization, comm);
+  Floor floor(model, stage, dtype, config.zero_optimization, comm,
+              2 + zeroshard::detail::EngineInternals::state(engine).step_agreement_floats());
 
   StageResult result;
   result.stage = stage;
+  result.all_reduce = all_reduce;
   std::vector<double> step, backward, step_call, floor_total, floor_comm, floor_update;
   for (int i = 0; i < options.warmup + options.iterations; ++i) {
     const bool timed = i >= options.warmup;
@@ -685,17 +713,23 @@ int main(int argc, char** argv) {
             zeroshard::to_string(dtype));
       }
       std::vector<StageResult> results;
+      std::vector<std::pair<int, bool>> runs;
       for (char digit : options.stages) {
-        const StageResult r = measure(digit - '0', dtype, options, model, *host);
+        runs.emplace_back(digit - '0', false);
+        if (digit == '0' && options.stage0_all_reduce) runs.emplace_back(0, true);
+      }
+      for (const auto& [stage, all_reduce] : runs) {
+        const StageResult r = measure(stage, all_reduce, dtype, options, model, *host);
         results.push_back(r);
         if (!(r.engine_traffic == r.floor_traffic)) traffic_matches = false;
         const double ratio = r.step_ms / r.floor_ms;
         sane = sane && std::isfinite(ratio) && ratio > 0.0 && std::isfinite(r.paired_ratio) &&
                r.paired_ratio > 0.0;
         if (print) {
-          std::printf("%5d | %7.2f | %11.2f | %9.2f | %8.2f | %7.2f | %9.2f | %10.3f | %6.3f\n",
-                      r.stage, r.step_ms, r.backward_ms, r.step_call_ms, r.floor_ms,
-                      r.floor_comm_ms, r.floor_update_ms, ratio, r.paired_ratio);
+          std::printf("%5s | %7.2f | %11.2f | %9.2f | %8.2f | %7.2f | %9.2f | %10.3f | %6.3f\n",
+                      r.all_reduce ? "0 ar" : std::to_string(r.stage).c_str(), r.step_ms,
+                      r.backward_ms, r.step_call_ms, r.floor_ms, r.floor_comm_ms, r.floor_update_ms,
+                      ratio, r.paired_ratio);
           if (!(r.engine_traffic == r.floor_traffic)) {
             // The floor is then not this engine's floor: the benchmark needs updating.
             std::printf("      ^ traffic differs: engine %s; floor %s\n",
@@ -704,16 +738,30 @@ int main(int argc, char** argv) {
           std::fflush(stdout);
         }
       }
+      // Stage 0's two forms side by side: what summing as stages 1-3 do costs over DDP's form.
+      const auto stage0 = [&results](bool all_reduce) -> const StageResult* {
+        for (const StageResult& r : results) {
+          if (r.stage == 0 && r.all_reduce == all_reduce) return &r;
+        }
+        return nullptr;
+      };
+      if (print && stage0(false) != nullptr && stage0(true) != nullptr) {
+        std::printf(
+            "stage 0, reduce-scatter + all-gather (default) / all-reduce (\"reduce_scatter\": "
+            "false): step %.3f, floor %.3f\n",
+            stage0(false)->step_ms / stage0(true)->step_ms,
+            stage0(false)->floor_ms / stage0(true)->floor_ms);
+      }
       if (print) {
         std::printf(
-            "csv,precision,stage,ranks,params,step_ms,backward_ms,step_call_ms,floor_ms,"
+            "csv,precision,stage,all_reduce,ranks,params,step_ms,backward_ms,step_call_ms,floor_ms,"
             "floor_comm_ms,floor_update_ms,ratio,paired_ratio,engine_calls,engine_elements,floor_"
             "calls,"
             "floor_elements\n");
         for (const StageResult& r : results) {
           std::printf(
-              "csv,%s,%d,%d,%lld,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.4f,%.4f,%lld,%lld,%lld,%lld\n",
-              zeroshard::to_string(dtype), r.stage, host->size(),
+              "csv,%s,%d,%d,%d,%lld,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.4f,%.4f,%lld,%lld,%lld,%lld\n",
+              zeroshard::to_string(dtype), r.stage, r.all_reduce ? 1 : 0, host->size(),
               static_cast<long long>(model.total), r.step_ms, r.backward_ms, r.step_call_ms,
               r.floor_ms, r.floor_comm_ms, r.floor_update_ms, r.step_ms / r.floor_ms,
               r.paired_ratio, r.engine_traffic.total_calls(), r.engine_traffic.total_elements(),
