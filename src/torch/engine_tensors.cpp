@@ -52,14 +52,8 @@ c10::intrusive_ptr<c10::StorageImpl> borrowed_storage(void* data, std::size_t by
 
 at::Tensor view_of(void* data, DType dtype, const Device& device,
                    const std::vector<std::int64_t>& shape) {
-  const c10::Device where = torch_device(device);
-  std::int64_t numel = 1;
-  for (std::int64_t extent : shape) numel *= extent;
-  const at::TensorOptions options = at::TensorOptions().dtype(scalar_type(dtype)).device(where);
-  return at::empty({0}, options)
-      .set_(c10::Storage(
-                borrowed_storage(data, static_cast<std::size_t>(numel) * size_of(dtype), where)),
-            0, shape, contiguous_strides(shape));
+  return at::from_blob(data, shape,
+                       at::TensorOptions().dtype(scalar_type(dtype)).device(torch_device(device)));
 }
 
 EngineBackedTensor::EngineBackedTensor(at::Tensor parameter, DType dtype, const Device& device)
@@ -81,17 +75,22 @@ void EngineBackedTensor::point_at(void* data) {
   attached_ = true;
 }
 
-void EngineBackedTensor::point_at_nothing() {
-  storage_->set_data_ptr_noswap(c10::DataPtr(nullptr, device_));
-  storage_->set_nbytes(0);
-  tensor_.set_data(at::empty({0}, options_));
-  attached_ = false;
+void EngineBackedTensor::point_at_nothing() { detach_storage(at::empty({0}, options_)); }
+
+void EngineBackedTensor::shape_without_values() {
+  // A zero-dimensional tensor expanded: the full shape, one element of memory.
+  detach_storage(at::empty({}, options_).expand(shape_));
 }
 
 void EngineBackedTensor::keep_values() {
   if (attached_) tensor_.set_data(tensor_.detach().clone());
+  detach_storage({});
+}
+
+void EngineBackedTensor::detach_storage(const at::Tensor& replacement) {
   storage_->set_data_ptr_noswap(c10::DataPtr(nullptr, device_));
   storage_->set_nbytes(0);
+  if (replacement.defined()) tensor_.set_data(replacement);
   attached_ = false;
 }
 

@@ -19,7 +19,7 @@ c10::Device torch_device(const Device& device);
 /// The engine's device for tensors on `device`.
 Device engine_device(const c10::Device& device);
 
-/// A view of `data` (numel elements of `dtype` on `device`), shaped `shape`, that the engine owns.
+/// A view of `data` (elements of `dtype` on `device`), shaped `shape`, that the engine owns.
 at::Tensor view_of(void* data, DType dtype, const Device& device,
                    const std::vector<std::int64_t>& shape);
 
@@ -36,11 +36,17 @@ class EngineBackedTensor {
   /// The parameter holds nothing (an empty tensor): a read outside its unit fails at its first
   /// operation, and the views autograd saved point nowhere until the next point_at().
   void point_at_nothing();
+  /// The parameter takes the engine's type and its full shape with no values behind it: what
+  /// autograd's accumulator is created from for a parameter that is gathered only later.
+  void shape_without_values();
   /// Before the engine's memory goes: the tensor keeps a copy of the values it views (torch's own
   /// memory from then on), or stays empty when it views nothing.
   void keep_values();
 
  private:
+  /// storage_ points nowhere; the tensor then views `replacement` (unless undefined).
+  void detach_storage(const at::Tensor& replacement);
+
   at::Tensor tensor_;
   std::vector<std::int64_t> shape_;
   std::size_t bytes_ = 0;

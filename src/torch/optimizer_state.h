@@ -85,6 +85,10 @@ struct Optimizer::State {
   /// Forwards never backpropagated (evaluation with gradients on) are forgotten at each step().
   void drop_pending_checkpoints();
   void gather_units_of_no_unit();
+  /// Stage 3: a trainable parameter of a unit, which has values only while its unit is gathered.
+  bool follows_its_unit(const ManagedParam& param) const {
+    return units_gather && param.unit != nullptr && param.parameter.trainable();
+  }
   void release_units_of_no_unit();
 
   Engine engine;

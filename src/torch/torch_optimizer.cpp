@@ -199,7 +199,7 @@ Optimizer::State::State(Module& model, Config config, OptimizerOptions options)
       param.unit = &unit;
       unit.params.push_back(static_cast<int>(i));
       if (param.parameter.trainable()) ++unit.trainable;
-    } else if (stage == 3 && param.parameter.trainable() &&
+    } else if (units_gather && param.parameter.trainable() &&
                std::find(modules_of_no_unit.begin(), modules_of_no_unit.end(),
                          param.parameter.module()) == modules_of_no_unit.end()) {
       modules_of_no_unit.push_back(param.parameter.module());
@@ -211,21 +211,15 @@ Optimizer::State::State(Module& model, Config config, OptimizerOptions options)
   // of that shape and type.
   gather_units_of_no_unit();
   for (ManagedParam& param : params) {
-    if (units_gather && param.unit != nullptr && param.parameter.trainable()) {
-      param.backing.tensor().set_data(at::empty(
-          param.backing.tensor().sizes(), param.backing.tensor()
-                                              .options()
-                                              .dtype(detail::scalar_type(engine.model_dtype()))
-                                              .device(detail::torch_device(engine.device()))));
+    if (follows_its_unit(param)) {
+      param.backing.shape_without_values();
     } else {
       param.backing.point_at(param.parameter.raw_data());
     }
   }
   install_gradient_hooks();
   for (ManagedParam& param : params) {
-    if (units_gather && param.unit != nullptr && param.parameter.trainable()) {
-      param.backing.point_at_nothing();
-    }
+    if (follows_its_unit(param)) param.backing.point_at_nothing();
   }
   if (options.checkpoint_units) start_checkpointing();
   for (Group& group : groups) group.lr_written = engine.lr() * group.lr_ratio;
