@@ -109,6 +109,21 @@ TEST(MemoryEstimator, StageThreeKeepsSmallTensorsWhole) {
   EXPECT_EQ(estimate(in).at(MemoryCategory::kParameters), 4 * (e.shard_params + 64));
 }
 
+TEST(MemoryEstimator, StageThreeGathersTheModuleInUseBeyondTheLiveBudget) {
+  // stage3_max_live_parameters bounds prefetch and reuse; the module in use is gathered whole,
+  // here the largest tensor, which stands for it.
+  EstimateInput in = input(0, 4, 3, DType::kFloat32);
+  in.tensors = {4096, 64, 4096, 64};
+  in.max_live_parameters = 1000;
+  EXPECT_EQ(estimate(in).transient_device_bytes, 4 * 4096);
+  in.max_live_parameters = 1'000'000;
+  EXPECT_EQ(estimate(in).transient_device_bytes, 4 * estimate(in).padded_params);
+  EstimateInput sized = input(1'000'000, 4, 3, DType::kFloat32);
+  sized.largest_tensor = 5000;
+  sized.max_live_parameters = 1000;
+  EXPECT_EQ(estimate(sized).transient_device_bytes, 4 * 5000);
+}
+
 TEST(MemoryEstimator, BoundsTheBucketSlots) {
   EstimateInput in = input(1'048'576, 4, 2, DType::kFloat16);
   in.reduce_bucket_size = 100'000;

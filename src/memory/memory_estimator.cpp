@@ -112,8 +112,14 @@ struct Terms {
   /// sub-group) the largest trainable tensor, the engine's bound for that case.
   std::int64_t sub_group() const {
     if (in.sub_group_size > 0) return in.sub_group_size;
-    if (!in.tensors.empty()) return *std::max_element(in.tensors.begin(), in.tensors.end());
+    if (!in.tensors.empty()) return largest_tensor();
     return in.largest_tensor > 0 ? in.largest_tensor : in.params;
+  }
+  /// The largest trainable tensor the input knows of: of `tensors` when given, else
+  /// `largest_tensor` (0: unknown).
+  std::int64_t largest_tensor() const {
+    if (in.tensors.empty()) return in.largest_tensor;
+    return *std::max_element(in.tensors.begin(), in.tensors.end());
   }
   /// Elements per swap slot: a sub-group, or the whole updated range when that is smaller.
   std::int64_t swap_tile() const {
@@ -436,9 +442,9 @@ MemoryEstimate estimate(const EstimateInput& input) {
       (input.stage == 3 ? (recompute_gathers ? 4 : 3) : 2) * terms.padded * terms.d;
   if (input.stage == 3) {
     // The budget bounds what is prefetched and kept; the module in use is gathered whatever its
-    // size, and no module is larger than the largest tensor is assumed to be.
+    // size. The input knows no modules, so its largest tensor stands for the largest module.
     const std::int64_t gathered =
-        std::min(terms.padded, std::max(input.max_live_parameters, input.largest_tensor));
+        std::min(terms.padded, std::max(input.max_live_parameters, terms.largest_tensor()));
     result.transient_device_bytes = terms.d * gathered;
     result.notes.push_back("gathered modules: at most stage3_max_live_parameters = " +
                            std::to_string(input.max_live_parameters) +
