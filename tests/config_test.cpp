@@ -53,7 +53,7 @@ TEST(Config, DefaultsEqualDeepSpeeds) {
   const ZeroConfig& zero = config.zero_optimization;
   EXPECT_EQ(zero.stage, 0);
   EXPECT_TRUE(zero.contiguous_gradients);
-  EXPECT_TRUE(zero.reduce_scatter);
+  EXPECT_FALSE(zero.reduce_scatter) << "DeepSpeed's stage 0 all-reduces";
   EXPECT_EQ(zero.reduce_bucket_size, 500000000);
   EXPECT_TRUE(zero.allgather_partitions);
   EXPECT_EQ(zero.allgather_bucket_size, 500000000);
@@ -118,8 +118,9 @@ TEST(Config, ResolvedDumpShowsEveryTableDefault) {
         spec.kind == detail::ValueKind::kSection || spec.path.starts_with("optimizer") ||
         spec.path.starts_with("scheduler") || spec.path.starts_with("train_") ||
         spec.path.starts_with("gradient_accumulation") ||
-        spec.path == "zero_optimization.overlap_comm") {
-      continue;
+        spec.path == "zero_optimization.overlap_comm" ||
+        spec.path == "zero_optimization.reduce_scatter") {
+      continue;  // derived from the stage when absent
     }
     std::string pointer = "/" + spec.path;
     std::replace(pointer.begin(), pointer.end(), '.', '/');
@@ -202,12 +203,13 @@ TEST(Config, AcceptsTheShortNamesOfStage3Keys) {
   EXPECT_TRUE(config.notices().empty());
 }
 
-TEST(Config, DerivesOverlapCommFromTheStage) {
+TEST(Config, DerivesOverlapCommAndReduceScatterFromTheStage) {
   for (int stage = 0; stage <= 3; ++stage) {
     Config config =
         Config::from_json_string(R"({"train_batch_size": 8, "zero_optimization": {"stage": )" +
                                  std::to_string(stage) + "}}");
     EXPECT_EQ(config.zero_optimization.overlap_comm, stage == 3) << "stage " << stage;
+    EXPECT_EQ(config.zero_optimization.reduce_scatter, stage != 0) << "stage " << stage;
   }
   Config explicit_off = Config::from_json_string(
       R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "overlap_comm": false}})");
@@ -215,6 +217,12 @@ TEST(Config, DerivesOverlapCommFromTheStage) {
   Config explicit_on = Config::from_json_string(
       R"({"train_batch_size": 8, "zero_optimization": {"stage": 1, "overlap_comm": true}})");
   EXPECT_TRUE(explicit_on.zero_optimization.overlap_comm);
+  Config scatter_at_zero = Config::from_json_string(
+      R"({"train_batch_size": 8, "zero_optimization": {"stage": 0, "reduce_scatter": true}})");
+  EXPECT_TRUE(scatter_at_zero.zero_optimization.reduce_scatter);
+  Config no_scatter_at_two = Config::from_json_string(
+      R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "reduce_scatter": false}})");
+  EXPECT_FALSE(no_scatter_at_two.zero_optimization.reduce_scatter);
 }
 
 TEST(Config, ReadsOptimizerAndSchedulerSections) {

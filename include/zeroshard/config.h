@@ -36,6 +36,8 @@ struct OffloadConfig {
 struct ZeroConfig {
   int stage = 0;
   bool contiguous_gradients = true;
+  /// From JSON at stage 0, false unless given, as DeepSpeed's stage 0 all-reduces; true at stage
+  /// 0 reduce-scatters and gathers the sums back, bit for bit as stages 1-3 train.
   bool reduce_scatter = true;
   std::int64_t reduce_bucket_size = 500000000;
   bool allgather_partitions = true;

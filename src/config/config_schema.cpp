@@ -358,7 +358,9 @@ std::vector<KeySpec> make_key_specs() {
       {.path = "zero_optimization.reduce_scatter",
        .kind = K::kBool,
        .default_json = "true",
-       .meaning = "Average gradients with reduce-scatter rather than all-reduce.",
+       .meaning = "Average gradients with reduce-scatter rather than all-reduce. Stage 0 "
+                  "all-reduces unless it is given: true there reduce-scatters and gathers the "
+                  "sums back, training bit for bit as stages 1-3.",
        .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.reduce_scatter)},
       {.path = "zero_optimization.reduce_bucket_size",
        .kind = K::kInteger,

@@ -16,9 +16,10 @@ namespace {
 // at two buckets (one being reduced while the next fills) as DeepSpeed's double buffering does.
 constexpr std::size_t kMaxInFlight = 2;
 
-// Stage 0 reduces each bucket as stages 1-3 do, a reduce-scatter over the shard boundaries, and
-// then gathers the summed parts back, so that every element is summed in the order stages 1-3 sum
-// it and stage 0 gives their results bit for bit; a ring all-reduce sends the same bytes. NCCL
+// Stage 0 with reduce_scatter (which a JSON config gives at stage 0 only when it names the key)
+// reduces each bucket as stages 1-3 do, a reduce-scatter over the shard boundaries, and then
+// gathers the summed parts back, so that every element is summed in the order stages 1-3 sum it
+// and stage 0 gives their results bit for bit; a ring all-reduce sends the same bytes. NCCL
 // keeps its all-reduce: with uneven shards its reduce-scatter is one reduce per rank and the
 // gather one broadcast per rank, where its all-reduce is one call that picks its algorithm.
 bool gathers_back(const EngineContext& context) {

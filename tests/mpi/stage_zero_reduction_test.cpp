@@ -1,9 +1,12 @@
-// Stage 0 sums every gradient element in the order stages 1-3 sum it (a reduce-scatter over the
-// shard boundaries, then the sums gathered back) and takes the gradient norm as they do, so in
-// fp32 it trains to their master weights bit for bit, with gradients whose sum over the ranks
-// depends on the order of its terms, several buckets and shard boundaries inside tensors.
+// Stage 0 with reduce_scatter true sums every gradient element in the order stages 1-3 sum it (a
+// reduce-scatter over the shard boundaries, then the sums gathered back) and takes the gradient
+// norm as they do, so in fp32 it trains to their master weights bit for bit, with gradients whose
+// sum over the ranks depends on the order of its terms, several buckets and shard boundaries
+// inside tensors. With reduce_scatter false (a JSON config's default at stage 0) it all-reduces,
+// and agrees with them to rounding.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -27,12 +30,15 @@ struct Training {
   int world = 1;
   std::vector<float> parameters;
   std::vector<double> grad_norms;
+  TrafficCounters traffic;
 };
 
 /// Trains the uneven toy model (shards split tensors and buckets) for `steps` optimizer steps;
 /// with `drop_first`, Engine::zero_grad() after each window's first micro-step.
-Training train(int stage, int accumulation, int steps, bool drop_first = false) {
+Training train(int stage, int accumulation, int steps, bool drop_first = false,
+               bool reduce_scatter = true) {
   Config config = toy_config(stage);
+  config.zero_optimization.reduce_scatter = reduce_scatter;
   // Buckets of at most 40 elements: seven of them, most split over the ranks unevenly.
   config.zero_optimization.reduce_bucket_size = 40;
   config.gradient_accumulation_steps = accumulation;
@@ -57,6 +63,7 @@ Training train(int stage, int accumulation, int steps, bool drop_first = false) 
     if (drop_first && micro % accumulation == 0) engine.zero_grad();
   }
   EXPECT_EQ(static_cast<int>(run.grad_norms.size()), steps);
+  run.traffic = engine.communicator().traffic();
   run.parameters = engine.consolidated_parameters();
   return run;
 }
@@ -120,6 +127,34 @@ TEST_P(StageZeroReduction, ZeroGradInsideAWindowDropsItsFirstMicroStepAtEverySta
   EXPECT_EQ(actual.parameters, expected.parameters) << "stage " << stage;
   EXPECT_NE(actual.parameters, train(stage, 2, 3).parameters)
       << "the dropped micro-steps changed nothing, so the test cannot tell";
+}
+
+// Stage 0's all-reduce (reduce_scatter false) sums each element in MPI's order, so it agrees with
+// stages 1-3 to rounding; it sends its buckets as one all-reduce each, and no reduce-scatter.
+TEST(StageZeroReduction, AllReducedAgreesWithStageOneToRounding) {
+  const Training expected = train(1, 1, 5);
+  const Training actual = train(0, 1, 5, /*drop_first=*/false, /*reduce_scatter=*/false);
+  const auto calls = [&](const Training& run, Collective collective) {
+    return run.traffic.calls[static_cast<std::size_t>(collective)];
+  };
+  if (actual.world > 1) {
+    EXPECT_EQ(calls(actual, Collective::kReduceScatter), 0);
+    // Seven buckets a step, plus the step's scalars.
+    EXPECT_GE(calls(actual, Collective::kAllReduce), 5 * 7);
+    EXPECT_GT(calls(train(0, 1, 5), Collective::kReduceScatter), 0);
+  }
+  ASSERT_EQ(actual.grad_norms.size(), expected.grad_norms.size());
+  for (std::size_t s = 0; s < actual.grad_norms.size(); ++s) {
+    // Measured at 4 ranks: 4e-8 of the norm.
+    EXPECT_NEAR(actual.grad_norms[s], expected.grad_norms[s], 1e-6 * expected.grad_norms[s]);
+  }
+  ASSERT_EQ(actual.parameters.size(), expected.parameters.size());
+  for (std::size_t i = 0; i < actual.parameters.size(); ++i) {
+    // Measured at 3-4 ranks: 6e-8 at most.
+    EXPECT_NEAR(actual.parameters[i], expected.parameters[i],
+                1e-6 * std::max(1.0f, std::fabs(expected.parameters[i])))
+        << "master weight " << i << " on " << actual.world << " ranks";
+  }
 }
 
 }  // namespace

@@ -116,7 +116,9 @@ inline std::string config_json(int stage, int world, const std::string& rule,
                                              {"reduce_bucket_size", "500"},
                                              {"allgather_bucket_size", "500"},
                                              {"stage3_prefetch_bucket_size", "500"},
-                                             {"stage3_param_persistence_threshold", "0"}};
+                                             {"stage3_param_persistence_threshold", "0"},
+                                             // Stage 0 then sums as stages 1-3 do, bit for bit.
+                                             {"reduce_scatter", "true"}};
   for (const auto& [key, value] : zero) keys[key] = value;
   std::ostringstream json;
   json << R"({"train_micro_batch_size_per_gpu": )" << kBatch / world / micro_batches
