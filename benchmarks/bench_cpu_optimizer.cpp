@@ -1,17 +1,22 @@
-// The CPU AdamW against the memory system's limit, in one run: the dispatched path (and the
-// scalar reference) beside a streaming kernel that moves the same 28 bytes per parameter (reads
-// p, g, m, v; writes p, m, v) with one add and no other arithmetic, at 1 and 2 OpenMP threads.
-// The fused bf16 step (bf16 gradient in, scaled by a factor, bf16 copy of the weights out) also
-// moves 28 bytes per parameter (reads p 4, g 2, m v 8; writes p m v 12, the copy 2) and is set
-// beside a streaming kernel that moves those. Ratios go to stderr at the end.
-// ZEROSHARD_BENCH_PARAMS sets the size (default 100M).
+// The CPU AdamW against the memory system's limit, in one run: every path the CPU has (AVX-512,
+// AVX2, scalar) beside a streaming kernel that moves the same 28 bytes per parameter (reads p, g,
+// m, v; writes p, m, v) with one add and no other arithmetic, at 1 and 2 OpenMP threads. The
+// fused bf16 step (bf16 gradient in, scaled by a factor, bf16 copy of the weights out) also moves
+// 28 bytes per parameter (reads p 4, g 2, m v 8; writes p m v 12, the copy 2) and is set beside a
+// streaming kernel that moves those. Google Benchmark's rows come first; then each update and its
+// stream run alternately, round after round, and the median ratio goes to stderr.
+// ZEROSHARD_BENCH_PARAMS sets the size (default 100M), ZEROSHARD_BENCH_ROUNDS the alternated
+// rounds (default 9; 0 skips them).
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <bit>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -82,127 +87,140 @@ constexpr cpu::AdamScalars kAdamWScalars{.weight_factor = 1.0f - 1e-3f * 1e-2f,
                                          .inv_bias_correction2_sqrt = 10.0f,
                                          .eps = 1e-8f};
 
-void bm_adamw(benchmark::State& state, cpu::Isa isa, std::int64_t n, int threads) {
-  Arrays& a = arrays_of(n);
+// One pass of each kernel over `a`, on `threads` OpenMP threads.
+void adamw_pass(cpu::Isa isa, Arrays& a, int threads) {
   float* states[] = {a.exp_avg.get(), a.exp_avg_sq.get()};
   omp_set_num_threads(threads);
-  for (auto _ : state) {
-    cpu::adam(isa, {.param = a.param.get(), .grad = a.grad.get(), .states = states}, n,
-              kAdamWScalars, false);
-    benchmark::ClobberMemory();
-  }
-  count_bytes(state, n);
+  cpu::adam(isa, {.param = a.param.get(), .grad = a.grad.get(), .states = states}, a.n,
+            kAdamWScalars, false);
 }
 
 // The engine's mixed-precision step in one pass: bf16 gradient in (with a loss-scale and
 // clipping factor), fp32 master and states updated, bf16 copy of the weights out.
-void bm_adamw_fused_bf16(benchmark::State& state, cpu::Isa isa, std::int64_t n, int threads) {
-  Arrays& a = arrays_of(n);
+void fused_bf16_pass(cpu::Isa isa, Arrays& a, int threads) {
   float* states[] = {a.exp_avg.get(), a.exp_avg_sq.get()};
   omp_set_num_threads(threads);
-  for (auto _ : state) {
-    cpu::adam(isa,
-              {.param = a.param.get(),
-               .grad = a.grad_bf16.get(),
-               .states = states,
-               .grad_dtype = zeroshard::DType::kBFloat16,
-               .grad_factor = 1.0f / 1024.0f * 0.37f,
-               .param_copy = a.param_bf16.get(),
-               .param_copy_dtype = zeroshard::DType::kBFloat16},
-              n, kAdamWScalars, false);
-    benchmark::ClobberMemory();
-  }
-  count_bytes(state, n);
+  cpu::adam(isa,
+            {.param = a.param.get(),
+             .grad = a.grad_bf16.get(),
+             .states = states,
+             .grad_dtype = zeroshard::DType::kBFloat16,
+             .grad_factor = 1.0f / 1024.0f * 0.37f,
+             .param_copy = a.param_bf16.get(),
+             .param_copy_dtype = zeroshard::DType::kBFloat16},
+            a.n, kAdamWScalars, false);
 }
 
-void bm_stream(benchmark::State& state, std::int64_t n, int threads) {
-  Arrays& a = arrays_of(n);
+void stream_pass(Arrays& a, int threads) {
+  const std::int64_t n = a.n;
   float* __restrict p = a.param.get();
   const float* __restrict g = a.grad.get();
   float* __restrict m = a.exp_avg.get();
   float* __restrict v = a.exp_avg_sq.get();
   omp_set_num_threads(threads);
-  for (auto _ : state) {
-    // The optimizer's tiling, so that both split the work alike.
+  // The optimizer's tiling, so that both split the work alike.
 #pragma omp parallel for schedule(static)
-    for (std::int64_t t = 0; t < (n + 65535) / 65536; ++t) {
-      const std::int64_t end = (t + 1) * 65536 < n ? (t + 1) * 65536 : n;
+  for (std::int64_t t = 0; t < (n + 65535) / 65536; ++t) {
+    const std::int64_t end = (t + 1) * 65536 < n ? (t + 1) * 65536 : n;
 #pragma omp simd
-      for (std::int64_t i = t * 65536; i < end; ++i) {
-        const float old_m = m[i];
-        p[i] = p[i] + g[i];
-        m[i] = v[i];
-        v[i] = old_m;
-      }
+    for (std::int64_t i = t * 65536; i < end; ++i) {
+      const float old_m = m[i];
+      p[i] = p[i] + g[i];
+      m[i] = v[i];
+      v[i] = old_m;
     }
-    benchmark::ClobberMemory();
   }
-  count_bytes(state, n);
 }
 
 // The bytes of the fused bf16 step: reads p, a bf16 g, m, v; writes p, m, v and a bf16 copy of p
 // (truncated, the least arithmetic that writes it).
-void bm_stream_bf16(benchmark::State& state, std::int64_t n, int threads) {
-  Arrays& a = arrays_of(n);
+void stream_bf16_pass(Arrays& a, int threads) {
+  const std::int64_t n = a.n;
   float* __restrict p = a.param.get();
   const std::uint16_t* __restrict g = a.grad_bf16.get();
   float* __restrict m = a.exp_avg.get();
   float* __restrict v = a.exp_avg_sq.get();
   std::uint16_t* __restrict copy = a.param_bf16.get();
   omp_set_num_threads(threads);
-  for (auto _ : state) {
 #pragma omp parallel for schedule(static)
-    for (std::int64_t t = 0; t < (n + 65535) / 65536; ++t) {
-      const std::int64_t end = (t + 1) * 65536 < n ? (t + 1) * 65536 : n;
+  for (std::int64_t t = 0; t < (n + 65535) / 65536; ++t) {
+    const std::int64_t end = (t + 1) * 65536 < n ? (t + 1) * 65536 : n;
 #pragma omp simd
-      for (std::int64_t i = t * 65536; i < end; ++i) {
-        const float old_m = m[i];
-        const float updated = p[i] + std::bit_cast<float>(static_cast<std::uint32_t>(g[i]) << 16);
-        p[i] = updated;
-        copy[i] = static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(updated) >> 16);
-        m[i] = v[i];
-        v[i] = old_m;
-      }
+    for (std::int64_t i = t * 65536; i < end; ++i) {
+      const float old_m = m[i];
+      const float updated = p[i] + std::bit_cast<float>(static_cast<std::uint32_t>(g[i]) << 16);
+      p[i] = updated;
+      copy[i] = static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(updated) >> 16);
+      m[i] = v[i];
+      v[i] = old_m;
     }
-    benchmark::ClobberMemory();
-  }
-  count_bytes(state, n);
-}
-
-// Google Benchmark 1.8 replaced Run::error_occurred (Debian's 1.7) with Run::skipped.
-template <class BenchmarkRun>
-bool failed(const BenchmarkRun& run) {
-  if constexpr (requires { run.error_occurred; }) {
-    return run.error_occurred;
-  } else {
-    return static_cast<int>(run.skipped) != 0;
   }
 }
 
-// Records each benchmark's bytes per second of real time as the console reporter prints it.
-class RatioReporter : public benchmark::ConsoleReporter {
- public:
-  void ReportRuns(const std::vector<Run>& runs) override {
-    for (const Run& run : runs) {
-      const auto bytes = run.counters.find("bytes_per_second");
-      if (failed(run) || bytes == run.counters.end()) continue;
-      // Names come back with "/real_time" appended; the ratios look them up as registered.
-      std::string name = run.benchmark_name();
-      if (const auto suffix = name.rfind("/real_time"); suffix != std::string::npos) {
-        name.erase(suffix);
-      }
-      gigabytes_per_second_[name] = bytes->second * 1e-9;
-    }
-    ConsoleReporter::ReportRuns(runs);
-  }
-  double at(const std::string& name) const {
-    const auto it = gigabytes_per_second_.find(name);
-    return it == gigabytes_per_second_.end() ? 0.0 : it->second;
-  }
+using Pass = std::function<void()>;
 
- private:
-  std::map<std::string, double> gigabytes_per_second_;
+void register_row(const std::string& name, std::int64_t n, Pass pass) {
+  benchmark::RegisterBenchmark(name.c_str(),
+                               [n, pass](benchmark::State& state) {
+                                 for (auto _ : state) {
+                                   pass();
+                                   benchmark::ClobberMemory();
+                                 }
+                                 count_bytes(state, n);
+                               })
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
+}
+
+// An update and the stream of its bytes, timed alternately in one loop, so that the machine's
+// drifts touch both alike; which runs first alternates too.
+struct Pairing {
+  std::string name;
+  Pass ours;
+  Pass stream;
 };
+
+double seconds_of(const Pass& pass) {
+  const auto start = std::chrono::steady_clock::now();
+  pass();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const std::size_t mid = values.size() / 2;
+  return values.size() % 2 == 1 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
+}
+
+void print_alternated(const std::vector<Pairing>& pairings, std::int64_t n, int rounds) {
+  std::fprintf(stderr,
+               "\nalternated, %d rounds after one warm-up each; GB/s at %lld bytes per parameter;"
+               " ratio: the median over rounds of stream time / update time\n",
+               rounds, static_cast<long long>(kAdamWBytesPerParam));
+  std::fprintf(stderr, "%-40s %12s %12s %8s\n", "update", "ours GB/s", "stream GB/s", "ratio");
+  const double bytes = static_cast<double>(n) * kAdamWBytesPerParam;
+  for (const Pairing& pairing : pairings) {
+    pairing.ours();
+    pairing.stream();
+    std::vector<double> ours, stream, ratios;
+    for (int round = 0; round < rounds; ++round) {
+      double o = 0.0;
+      double s = 0.0;
+      if (round % 2 == 0) {
+        o = seconds_of(pairing.ours);
+        s = seconds_of(pairing.stream);
+      } else {
+        s = seconds_of(pairing.stream);
+        o = seconds_of(pairing.ours);
+      }
+      ours.push_back(o);
+      stream.push_back(s);
+      ratios.push_back(s / o);
+    }
+    std::fprintf(stderr, "%-40s %12.2f %12.2f %8.3f\n", pairing.name.c_str(),
+                 bytes / median(ours) * 1e-9, bytes / median(stream) * 1e-9, median(ratios));
+  }
+}
 
 }  // namespace
 
@@ -211,43 +229,33 @@ int main(int argc, char** argv) {
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   const char* size_text = std::getenv("ZEROSHARD_BENCH_PARAMS");
   const std::int64_t n = size_text != nullptr ? std::atoll(size_text) : 100'000'000;
-  const cpu::Isa active = cpu::active_isa();
-  std::vector<cpu::Isa> isas = {active};
-  if (active != cpu::Isa::kScalar) isas.push_back(cpu::Isa::kScalar);
-  std::vector<std::pair<std::string, std::string>> pairs;  // (ours, streaming) per row
+  const char* rounds_text = std::getenv("ZEROSHARD_BENCH_ROUNDS");
+  const int rounds = rounds_text != nullptr ? std::atoi(rounds_text) : 9;
+  Arrays& a = arrays_of(n);
+  std::vector<cpu::Isa> isas;
+  for (cpu::Isa isa : {cpu::Isa::kAvx512, cpu::Isa::kAvx2, cpu::Isa::kScalar}) {
+    if (cpu::supported(isa)) isas.push_back(isa);
+  }
+  std::vector<Pairing> pairings;
   for (int threads : {1, 2}) {
     const std::string suffix = "/" + std::to_string(n) + "/threads:" + std::to_string(threads);
-    const std::string stream = "BM_StreamSameBytes" + suffix;
-    benchmark::RegisterBenchmark(stream.c_str(), bm_stream, n, threads)
-        ->Unit(benchmark::kMillisecond)
-        ->UseRealTime();
+    const Pass stream = [&a, threads] { stream_pass(a, threads); };
+    const Pass stream_bf16 = [&a, threads] { stream_bf16_pass(a, threads); };
+    register_row("BM_StreamSameBytes" + suffix, n, stream);
+    register_row("BM_StreamSameBytesBf16" + suffix, n, stream_bf16);
     for (cpu::Isa isa : isas) {
       const std::string name = std::string("BM_CpuAdamW_") + cpu::to_string(isa) + suffix;
-      benchmark::RegisterBenchmark(name.c_str(), bm_adamw, isa, n, threads)
-          ->Unit(benchmark::kMillisecond)
-          ->UseRealTime();
-      pairs.emplace_back(name, stream);
+      const Pass ours = [&a, isa, threads] { adamw_pass(isa, a, threads); };
+      register_row(name, n, ours);
+      pairings.push_back({name, ours, stream});
+      const std::string fused = std::string("BM_CpuAdamWFusedBf16_") + cpu::to_string(isa) + suffix;
+      const Pass ours_fused = [&a, isa, threads] { fused_bf16_pass(isa, a, threads); };
+      register_row(fused, n, ours_fused);
+      pairings.push_back({fused, ours_fused, stream_bf16});
     }
-    const std::string stream_bf16 = "BM_StreamSameBytesBf16" + suffix;
-    benchmark::RegisterBenchmark(stream_bf16.c_str(), bm_stream_bf16, n, threads)
-        ->Unit(benchmark::kMillisecond)
-        ->UseRealTime();
-    const std::string fused =
-        std::string("BM_CpuAdamWFusedBf16_") + cpu::to_string(active) + suffix;
-    benchmark::RegisterBenchmark(fused.c_str(), bm_adamw_fused_bf16, active, n, threads)
-        ->Unit(benchmark::kMillisecond)
-        ->UseRealTime();
-    pairs.emplace_back(fused, stream_bf16);
   }
-  RatioReporter reporter;
-  benchmark::RunSpecifiedBenchmarks(&reporter);
-  for (const auto& [ours, stream] : pairs) {
-    const double a = reporter.at(ours);
-    const double b = reporter.at(stream);
-    if (a <= 0.0 || b <= 0.0) continue;  // filtered out
-    std::fprintf(stderr, "ratio %s: %.2f GB/s (%.3f Gparam/s) / streaming %.2f GB/s = %.3f\n",
-                 ours.c_str(), a, a / kAdamWBytesPerParam, b, a / b);
-  }
+  benchmark::RunSpecifiedBenchmarks();
+  if (rounds > 0) print_alternated(pairings, n, rounds);
   benchmark::Shutdown();
   return 0;
 }
