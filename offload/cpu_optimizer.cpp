@@ -162,7 +162,8 @@ bool supported(Isa isa) noexcept {
     case Isa::kAvx2:
       return __builtin_cpu_supports("avx2");
     case Isa::kAvx512:
-      return __builtin_cpu_supports("avx512f");
+      // BW for the 16-bit lanes of the bf16 gradient and copy in the rule's loop.
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
 #endif
     default:
       return false;
@@ -176,7 +177,32 @@ Isa active_isa() {
 
 void adam(Isa isa, const RuleArrays& arrays, std::int64_t n, const AdamScalars& s, bool amsgrad) {
   const KernelTable& table = kernels(isa);
-  run(arrays, n, amsgrad ? 3 : 2, amsgrad ? table.adam_amsgrad : table.adam, s);
+  const bool grad_in_loop =
+      arrays.grad_dtype == DType::kFloat32 || arrays.grad_dtype == DType::kBFloat16;
+  const bool copy_in_loop =
+      arrays.param_copy == nullptr || arrays.param_copy_dtype == DType::kBFloat16;
+  const bool plain = arrays.grad_dtype == DType::kFloat32 && arrays.param_copy == nullptr &&
+                     arrays.grad_to_clear == nullptr;
+  if (plain || !grad_in_loop || !copy_in_loop) {
+    run(arrays, n, amsgrad ? 3 : 2, amsgrad ? table.adam_amsgrad : table.adam, s);
+    return;
+  }
+  // bf16 needs only integer steps, which every path vectorises, so it is widened and rounded in
+  // the rule's loop; fp16 keeps the chunked passes, whose F16C conversions the rule files lack.
+  over_tiles(n, [&](std::int64_t begin, std::int64_t end) {
+    const std::int64_t grad_size = arrays.grad_dtype == DType::kBFloat16 ? 2 : 4;
+    StreamedChunk chunk{.param = arrays.param + begin,
+                        .grad = static_cast<const unsigned char*>(arrays.grad) + begin * grad_size,
+                        .states = {arrays.states[0] + begin, arrays.states[1] + begin,
+                                   amsgrad ? arrays.states[2] + begin : nullptr},
+                        .grad_factor = arrays.grad_factor,
+                        .bf16_copy = arrays.param_copy == nullptr
+                                         ? nullptr
+                                         : static_cast<std::uint16_t*>(arrays.param_copy) + begin,
+                        .grad_bf16 = arrays.grad_dtype == DType::kBFloat16,
+                        .clear_grad = arrays.grad_to_clear != nullptr};
+    table.adam_streamed(chunk, end - begin, s, amsgrad);
+  });
 }
 
 void sgd(Isa isa, const RuleArrays& arrays, std::int64_t n, const SgdScalars& s, SgdKind kind) {

@@ -104,10 +104,24 @@ struct ChunkArrays {
   float grad_factor;
 };
 
+/// Adam's arrays for a loop that widens a bf16 gradient, writes the bf16 copy of the weights and
+/// clears the gradient as it goes, element by element, rather than chunk by chunk beside the rule:
+/// the phases of the chunked form leave most of the streams idle at a time.
+struct StreamedChunk {
+  float* param;
+  const void* grad;  ///< fp32, or bf16 with grad_bf16
+  float* states[3];
+  float grad_factor;
+  std::uint16_t* bf16_copy;  ///< nullptr: no copy
+  bool grad_bf16;
+  bool clear_grad;  ///< grad is writable and zeroed once read
+};
+
 /// One instruction set's loops over the `n` elements of a chunk; internal to the dispatcher.
 struct KernelTable {
   void (*adam)(const ChunkArrays&, std::int64_t, const AdamScalars&);
   void (*adam_amsgrad)(const ChunkArrays&, std::int64_t, const AdamScalars&);
+  void (*adam_streamed)(const StreamedChunk&, std::int64_t, const AdamScalars&, bool amsgrad);
   void (*sgd_plain)(const ChunkArrays&, std::int64_t, const SgdScalars&);
   void (*sgd_momentum)(const ChunkArrays&, std::int64_t, const SgdScalars&);
   void (*sgd_nesterov)(const ChunkArrays&, std::int64_t, const SgdScalars&);

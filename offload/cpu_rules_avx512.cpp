@@ -1,5 +1,5 @@
 // The AVX-512 path: the rules' loops sixteen lanes wide. CMakeLists.txt compiles this file alone
-// with -mavx512f; the dispatcher calls it only on a CPU that has AVX-512F.
+// with -mavx512f -mavx512bw; the dispatcher calls it only on a CPU that has both.
 #include "cpu_optimizer.h"
 
 #define ZEROSHARD_ISA_LOOP _Pragma("omp simd")
