@@ -204,25 +204,20 @@ TEST(Config, AcceptsTheShortNamesOfStage3Keys) {
 }
 
 TEST(Config, DerivesOverlapCommAndReduceScatterFromTheStage) {
+  // zero_optimization with `keys` (a JSON fragment) at `stage`.
+  const auto zero = [](int stage, const std::string& keys = "") {
+    return Config::from_json_string(R"({"train_batch_size": 8, "zero_optimization": {"stage": )" +
+                                    std::to_string(stage) + keys + "}}")
+        .zero_optimization;
+  };
   for (int stage = 0; stage <= 3; ++stage) {
-    Config config =
-        Config::from_json_string(R"({"train_batch_size": 8, "zero_optimization": {"stage": )" +
-                                 std::to_string(stage) + "}}");
-    EXPECT_EQ(config.zero_optimization.overlap_comm, stage == 3) << "stage " << stage;
-    EXPECT_EQ(config.zero_optimization.reduce_scatter, stage != 0) << "stage " << stage;
+    EXPECT_EQ(zero(stage).overlap_comm, stage == 3) << "stage " << stage;
+    EXPECT_EQ(zero(stage).reduce_scatter, stage != 0) << "stage " << stage;
   }
-  Config explicit_off = Config::from_json_string(
-      R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "overlap_comm": false}})");
-  EXPECT_FALSE(explicit_off.zero_optimization.overlap_comm);
-  Config explicit_on = Config::from_json_string(
-      R"({"train_batch_size": 8, "zero_optimization": {"stage": 1, "overlap_comm": true}})");
-  EXPECT_TRUE(explicit_on.zero_optimization.overlap_comm);
-  Config scatter_at_zero = Config::from_json_string(
-      R"({"train_batch_size": 8, "zero_optimization": {"stage": 0, "reduce_scatter": true}})");
-  EXPECT_TRUE(scatter_at_zero.zero_optimization.reduce_scatter);
-  Config no_scatter_at_two = Config::from_json_string(
-      R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "reduce_scatter": false}})");
-  EXPECT_FALSE(no_scatter_at_two.zero_optimization.reduce_scatter);
+  EXPECT_FALSE(zero(3, R"(, "overlap_comm": false)").overlap_comm);
+  EXPECT_TRUE(zero(1, R"(, "overlap_comm": true)").overlap_comm);
+  EXPECT_TRUE(zero(0, R"(, "reduce_scatter": true)").reduce_scatter);
+  EXPECT_FALSE(zero(2, R"(, "reduce_scatter": false)").reduce_scatter);
 }
 
 TEST(Config, ReadsOptimizerAndSchedulerSections) {
