@@ -1,23 +1,23 @@
-// zeroshard-nvme-step-bench: one optimizer step with the master weights and Adam states on NVMe,
-// split into what the update waited for reads, what it computed and what it waited for writes,
-// beside the same step with the states in host memory (the update alone) and with the pipeline
-// off (reads and writes alone), all in one run.
-#include <malloc.h>  // malloc_trim
-
+// zeroshard-nvme-step-bench: the optimizer step with the master weights and Adam states on NVMe,
+// alternated round by round with its three stages run alone (read every sub-group, update with
+// the states in host memory, write every sub-group), so that step / max(stage) compares figures
+// taken under the same load; the step is split into read waits, update, write waits and the rest.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <deque>
 #include <filesystem>
-#include <fstream>
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "command_line.h"
 #include "engine/engine_internals.h"
-#include "memory/memory_tracker.h"  // process_peak_rss_bytes
+#include "nvme_swapper.h"
 #include "zeroshard/quantity.h"
 #include "zeroshard/zeroshard.h"
 
@@ -26,46 +26,21 @@ namespace {
 using namespace zeroshard;
 
 constexpr const char* kDescription =
-    "One optimizer step with the master weights and Adam states on NVMe, split into read waits, "
-    "update and write waits, beside the update with the states in host memory and the I/O with "
-    "the pipeline off.";
+    "The optimizer step with the master weights and Adam states on NVMe, alternated round by "
+    "round with its stages alone (reads, the update with the states in host memory, writes); "
+    "prints medians, step / max(stage) and the step split into read waits, update, write waits "
+    "and the rest.";
 
 struct Options {
   std::int64_t params = 64 << 20;
   std::int64_t sub_group = 4 << 20;
   std::int64_t buffers = 4;
-  int steps = 3;
+  int rounds = 5;
   std::string dir = "nvme_step_bench_swap";
   bool check = false;
 };
 
-enum class Mode { kHost, kNvmeSync, kNvmePipelined };
-
-const char* name(Mode mode) {
-  switch (mode) {
-    case Mode::kHost:
-      return "states in host memory";
-    case Mode::kNvmeSync:
-      return "NVMe, pipeline off";
-    case Mode::kNvmePipelined:
-      return "NVMe, read ahead + write behind";
-  }
-  return "";
-}
-
-struct Measured {
-  double update = 0.0;  ///< seconds per step in the optimizer shard's update
-  double read_wait = 0.0;
-  double write_wait = 0.0;
-  double write_start = 0.0;  ///< checksumming and queueing the writes
-  double read_gbps = 0.0;
-  double write_gbps = 0.0;
-  std::int64_t host_state_bytes = 0;  ///< master + states in host memory, peak
-  std::int64_t nvme_bytes = 0;
-  std::int64_t peak_rss = 0;  ///< the process's, during this mode only
-};
-
-Config config_for(const Options& options, Mode mode) {
+Config config_for(const Options& options, OffloadDevice device) {
   Config config;
   config.train_micro_batch_size_per_gpu = 1;
   config.steps_per_print = 0;
@@ -73,60 +48,156 @@ Config config_for(const Options& options, Mode mode) {
   config.zero_optimization.stage = 1;
   config.zero_optimization.sub_group_size = options.sub_group;
   OffloadConfig& offload = config.zero_optimization.offload_optimizer;
-  offload.device = mode == Mode::kHost ? OffloadDevice::kCpu : OffloadDevice::kNvme;
-  if (mode != Mode::kHost) {
+  offload.device = device;
+  if (device == OffloadDevice::kNvme) {
     offload.nvme_path = options.dir;
     offload.buffer_count = options.buffers;
-    offload.pipeline_read = mode == Mode::kNvmePipelined;
-    offload.pipeline_write = mode == Mode::kNvmePipelined;
+    offload.pipeline_read = true;
+    offload.pipeline_write = true;
   }
   return config;
 }
 
-Measured measure(const Options& options, Mode mode) {
-  // The kernel's peak RSS counter restarts here, so each mode's peak is its own.
-  malloc_trim(0);
-  std::ofstream("/proc/self/clear_refs") << "5";
-  Engine engine(config_for(options, mode), Communicator::from_environment(), make_adamw());
-  const int tensors = 8;
-  std::vector<Parameter> params;
-  for (int t = 0; t < tensors; ++t) {
-    params.push_back(engine.register_parameter("layer" + std::to_string(t) + ".weight",
-                                               {options.params / tensors}));
-  }
-  engine.finalize();
-  detail::EngineState& state = detail::EngineInternals::state(engine);
-  const auto one_step = [&](int step) {
-    for (const Parameter& p : params) {
-      float* grad = p.grad();
-      const float g = 1e-3f * static_cast<float>(step + 1);
-      std::fill(grad, grad + p.numel(), g);
-      engine.grad_ready(p);
+/// The seconds of one pipelined step, split so that the parts add up to it.
+struct StepSplit {
+  double total = 0.0;  ///< the engine's update: gradient scan, the pass, the write-back
+  double read_wait = 0.0;
+  double update = 0.0;  ///< the rule on the acquired sub-groups
+  double write_wait = 0.0;
+  double other() const { return total - read_wait - update - write_wait; }
+};
+
+/// One engine trained on 8 equal tensors of constant gradients.
+class Trainer {
+ public:
+  Trainer(const Options& options, OffloadDevice device)
+      : engine_(config_for(options, device), Communicator::from_environment(), make_adamw()) {
+    const int tensors = 8;
+    for (int t = 0; t < tensors; ++t) {
+      params_.push_back(engine_.register_parameter("layer" + std::to_string(t) + ".weight",
+                                                   {options.params / tensors}));
     }
-    engine.step();
-  };
-  one_step(0);
-  state.times_ = {};
-  const detail::SwapTimes io_before = state.optimizer_->swap_times();
-  for (int s = 1; s <= options.steps; ++s) one_step(s);
-  const detail::SwapTimes io = state.optimizer_->swap_times();
-  Measured m;
-  const double steps = options.steps;
-  m.update = state.times_.update / steps;
-  m.read_wait = state.times_.swap_read_wait / steps;
-  m.write_wait = state.times_.swap_write_wait / steps;
-  m.write_start = (io.write_start - io_before.write_start) / steps;
-  const double read_bytes = static_cast<double>(io.bytes_read - io_before.bytes_read) / steps;
-  const double write_bytes =
-      static_cast<double>(io.bytes_written - io_before.bytes_written) / steps;
-  if (m.read_wait > 0) m.read_gbps = read_bytes / m.read_wait / 1e9;
-  if (m.write_wait > 0) m.write_gbps = write_bytes / m.write_wait / 1e9;
-  const MemoryReport report = engine.memory_report();
-  m.host_state_bytes = report.at(MemoryCategory::kMasterWeights).peak +
-                       report.at(MemoryCategory::kOptimizerStates).peak;
-  m.nvme_bytes = report.total_current(MemoryLocation::kNvme);
-  m.peak_rss = detail::process_peak_rss_bytes();
-  return m;
+    engine_.finalize();
+  }
+
+  /// One step; returns its update's seconds, split.
+  StepSplit step() {
+    detail::EngineState& state = detail::EngineInternals::state(engine_);
+    for (const Parameter& p : params_) {
+      float* grad = p.grad();
+      std::fill(grad, grad + p.numel(), 1e-3f * static_cast<float>(++step_ % 7 + 1));
+      engine_.grad_ready(p);
+    }
+    const double update_before = state.times_.update;
+    const detail::SwapTimes io_before = state.optimizer_->swap_times();
+    engine_.step();
+    const detail::SwapTimes io = state.optimizer_->swap_times();
+    StepSplit split;
+    split.total = state.times_.update - update_before;
+    split.read_wait = io.read_wait - io_before.read_wait;
+    split.update = io.update - io_before.update;
+    split.write_wait =
+        (io.write_wait - io_before.write_wait) + (io.write_start - io_before.write_start);
+    // Resident, the whole update is the rule.
+    if (!state.optimizer_->swaps()) split.update = split.total;
+    return split;
+  }
+
+  MemoryReport memory_report() const { return engine_.memory_report(); }
+  /// The rank's shard, padding included: the elements its swap files hold.
+  std::int64_t owned_elements() {
+    const detail::EngineState& state = detail::EngineInternals::state(engine_);
+    return state.optimizer_->owned_end() - state.optimizer_->owned_begin();
+  }
+
+ private:
+  Engine engine_;
+  std::vector<Parameter> params_;
+  int step_ = 0;
+};
+
+/// Swap files shaped as the engine's (one of master tiles, one of Adam's two states per tile),
+/// with the same buffers and aio settings, read or written alone: every file keeps up to
+/// buffer_count records in flight and is polled without pause, so the figure is the drive's
+/// (and the checksums') at this depth with nothing else to do.
+class StageFiles {
+ public:
+  StageFiles(const Options& options, std::int64_t elements, const char* name) {
+    tiles_ = (elements + options.sub_group - 1) / options.sub_group;
+    buffers_ = static_cast<int>(options.buffers);
+    for (const auto& [kind, arrays] : {std::pair{"master", 1}, std::pair{"states", 2}}) {
+      detail::NvmeSwapperOptions swapper;
+      swapper.directory = options.dir;
+      swapper.kind = std::string(name) + "_" + kind;
+      swapper.run_id = 1;
+      swapper.slot_count = tiles_;
+      swapper.slot_bytes = arrays * options.sub_group * static_cast<std::int64_t>(sizeof(float));
+      swapper.buffer_count = buffers_;
+      files_.push_back(std::make_unique<detail::NvmeSwapper>(swapper));
+    }
+  }
+
+  /// Seconds to write (or read) every record of every file.
+  double run(bool write) { return run_together({{this, write}}); }
+
+  /// Seconds to run every job's reads or writes at the same time.
+  static double run_together(const std::vector<std::pair<StageFiles*, bool>>& jobs) {
+    const auto start = std::chrono::steady_clock::now();
+    struct Progress {
+      detail::NvmeSwapper* file = nullptr;
+      bool write = false;
+      std::int64_t tiles = 0;
+      int buffers = 1;
+      std::int64_t started = 0;
+      std::int64_t finished = 0;
+      std::deque<detail::SwapTicket> tickets;
+    };
+    std::vector<Progress> progress;
+    for (const auto& [files, write] : jobs) {
+      for (const auto& file : files->files_) {
+        Progress p;
+        p.file = file.get();
+        p.write = write;
+        p.tiles = files->tiles_;
+        p.buffers = files->buffers_;
+        progress.push_back(std::move(p));
+      }
+    }
+    for (bool busy = true; busy;) {
+      busy = false;
+      for (Progress& p : progress) {
+        for (; p.started < p.tiles && p.started - p.finished < p.buffers; ++p.started) {
+          const int buffer = static_cast<int>(p.started % p.buffers);
+          p.tickets.push_back(p.write ? p.file->write(p.started, buffer)
+                                      : p.file->read(p.started, buffer));
+        }
+        p.file->poll();
+        for (; !p.tickets.empty() && p.file->done(p.tickets.front()); ++p.finished) {
+          p.file->wait(p.tickets.front());  // a read checks its record's checksum here
+          p.tickets.pop_front();
+        }
+        busy = busy || p.finished < p.tiles;
+      }
+    }
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+
+  std::int64_t bytes() const {
+    std::int64_t total = 0;
+    for (const auto& file : files_) total += tiles_ * file->record_bytes();
+    return total;
+  }
+
+ private:
+  std::int64_t tiles_ = 0;
+  int buffers_ = 1;
+  std::vector<std::unique_ptr<detail::NvmeSwapper>> files_;
+};
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
 void add_flags(CLI::App& app, Options& options) {
@@ -149,13 +220,15 @@ void add_flags(CLI::App& app, Options& options) {
   cli::add_read_option(app, "--buffers", count(options.buffers, "--buffers", 1),
                        "offload_optimizer.buffer_count (default 4)")
       ->type_name("B");
-  cli::add_integer(app, "--steps", options.steps, "timed steps per mode, after one untimed")
+  cli::add_integer(app, "--steps", options.rounds,
+                   "timed rounds, each a pipelined step and each stage alone, after one untimed")
       ->capture_default_str();
   app.add_option("--dir", options.dir, "nvme_path, created if missing")
       ->type_name("PATH")
       ->capture_default_str();
   app.add_flag("--check", options.check,
-               "exit 1 unless every figure is positive and finite (for the test suite)");
+               "exit 1 unless every figure is positive and finite and the split adds up (for the "
+               "test suite)");
 }
 
 double mib(std::int64_t bytes) { return static_cast<double>(bytes) / 1048576.0; }
@@ -168,60 +241,94 @@ int main(int argc, char** argv) {
   add_flags(app, options);
   if (const std::optional<int> exit_code = cli::parse(app, argc, argv)) return *exit_code;
   try {
+    if (options.rounds < 1)
+      throw UsageError("--steps: got " + std::to_string(options.rounds) + ", expected at least 1");
     std::filesystem::create_directories(options.dir);
     std::printf(
         "zeroshard-nvme-step-bench: %s fp32 parameters, AdamW, stage 1 on 1 CPU rank, "
-        "sub_group_size %s, buffer_count %lld, nvme_path %s\n",
+        "sub_group_size %s, buffer_count %lld, nvme_path %s; %d rounds of: pipelined step, "
+        "reads alone, update alone (states in host memory), writes alone\n",
         format_count(options.params).c_str(), format_count(options.sub_group).c_str(),
-        static_cast<long long>(options.buffers), options.dir.c_str());
-    std::printf("%-32s %8s %9s %10s %11s %9s %10s %12s %10s %10s\n", "mode", "update s",
-                "read wait", "write wait", "write start", "read GB/s", "write GB/s", "host states",
-                "NVMe", "peak RSS");
-    Measured results[3];
-    for (const Mode mode : {Mode::kHost, Mode::kNvmeSync, Mode::kNvmePipelined}) {
-      const Measured m = measure(options, mode);
-      results[static_cast<int>(mode)] = m;
-      std::printf("%-32s %8.3f %9.3f %10.3f %11.3f %9.2f %10.2f %8.1f MiB %6.0f MiB %6.0f MiB\n",
-                  name(mode), m.update, m.read_wait, m.write_wait, m.write_start, m.read_gbps,
-                  m.write_gbps, mib(m.host_state_bytes), mib(m.nvme_bytes), mib(m.peak_rss));
+        static_cast<long long>(options.buffers), options.dir.c_str(), options.rounds);
+    Trainer nvme(options, OffloadDevice::kNvme);
+    Trainer host(options, OffloadDevice::kCpu);
+    StageFiles stage(options, nvme.owned_elements(), "stage");
+    // A second set, written while the first is read: the drive doing both of a step's transfers.
+    StageFiles other(options, nvme.owned_elements(), "stage_other");
+    // Untimed: the first step writes the engine's records, the first writes the stages'.
+    nvme.step();
+    host.step();
+    stage.run(true);
+    other.run(true);
+    stage.run(false);
+
+    std::vector<StepSplit> steps;
+    std::vector<double> step_s, reads_s, update_s, writes_s, both_s;
+    for (int r = 0; r < options.rounds; ++r) {
+      steps.push_back(nvme.step());
+      step_s.push_back(steps.back().total);
+      reads_s.push_back(stage.run(false));
+      update_s.push_back(host.step().total);
+      writes_s.push_back(stage.run(true));
+      both_s.push_back(StageFiles::run_together({{&stage, false}, {&other, true}}));
     }
-    const Measured& host = results[0];
-    const Measured& sync = results[1];
-    const Measured& piped = results[2];
-    // The parts each on their own: the update from the host run, the reads and writes from the
-    // run whose pipeline is off (there, every byte is waited for and nothing else runs; a read
-    // includes checking its checksum, a write computing it).
-    const double compute = host.update;
-    const double reads = sync.read_wait;
-    const double writes = sync.write_wait + sync.write_start;
-    const double bound = std::max({compute, reads, writes});
-    const double hidden = 1.0 - (piped.update - compute) / std::max(1e-12, reads + writes);
-    std::printf("\nparts alone: reads %.3f s, update %.3f s, writes %.3f s; sum %.3f s\n", reads,
-                compute, writes, reads + compute + writes);
+    const double step = median(step_s);
+    const double reads = median(reads_s);
+    const double update = median(update_s);
+    const double writes = median(writes_s);
+    const double both = median(both_s);
+    const double slowest = std::max({reads, update, writes});
+    // The split of the round whose step is the median (or next above it): its parts add up.
+    const auto middle = std::min_element(steps.begin(), steps.end(), [&](auto& a, auto& b) {
+      const auto above = [&](const StepSplit& s) {
+        return s.total >= step ? s.total - step : 1e30;
+      };
+      return above(a) < above(b);
+    });
+    const double gb = static_cast<double>(stage.bytes()) / 1e9;
+    std::printf("medians of %d alternated rounds, seconds:\n", options.rounds);
+    std::printf("  pipelined step      %8.3f\n", step);
+    std::printf("  reads alone         %8.3f  (%.2f GB/s, checksums checked)\n", reads, gb / reads);
+    std::printf("  update alone        %8.3f  (states in host memory)\n", update);
+    std::printf("  writes alone        %8.3f  (%.2f GB/s, checksums computed)\n", writes,
+                gb / writes);
+    std::printf("  reads + writes at once %5.3f  (every record read while as many are written)\n",
+                both);
     std::printf(
-        "pipelined step / max(read, update, write) = %.3f / %.3f = %.2f (1.00 = every part "
-        "hidden behind the slowest)\n",
-        piped.update, bound, piped.update / bound);
-    std::printf("pipeline off / sum of parts = %.2f\n", sync.update / (reads + compute + writes));
+        "step / max(reads, update, writes) = %.3f / %.3f = %.2f (1.00: every stage hidden "
+        "behind the slowest)\n",
+        step, slowest, step / slowest);
     std::printf(
-        "I/O overlapped (with the update or with other I/O): %.0f%%; exposed: %.3f s of "
-        "a %.3f s step, of which %.3f s read waits, %.3f s write waits, %.3f s starting "
-        "writes\n",
-        100.0 * std::clamp(hidden, 0.0, 1.0), std::max(0.0, piped.update - compute), piped.update,
-        piped.read_wait, piped.write_wait, piped.write_start);
+        "step / (reads + writes at once) = %.2f (the drive's floor when it does not read and "
+        "write at full speed at once)\n",
+        step / both);
     std::printf(
-        "host memory for master + states: %.1f MiB with NVMe vs %.1f MiB resident "
-        "(%.1f%%); peak RSS %.0f MiB vs %.0f MiB\n",
-        mib(piped.host_state_bytes), mib(host.host_state_bytes),
-        100.0 * static_cast<double>(piped.host_state_bytes) /
-            static_cast<double>(host.host_state_bytes),
-        mib(piped.peak_rss), mib(host.peak_rss));
+        "split of the median step: %.3f s = read waits %.3f + update %.3f + write waits %.3f + "
+        "other %.3f (gradient scan, write-back, pass set-up)\n",
+        middle->total, middle->read_wait, middle->update, middle->write_wait, middle->other());
+    const MemoryReport on_nvme = nvme.memory_report();
+    const MemoryReport resident = host.memory_report();
+    const auto host_states = [](const MemoryReport& report) {
+      return report.at(MemoryCategory::kMasterWeights).peak +
+             report.at(MemoryCategory::kOptimizerStates).peak;
+    };
+    std::printf(
+        "host memory for master + states: %.1f MiB with NVMe (%.0f MiB on NVMe) vs %.1f MiB "
+        "resident\n",
+        mib(host_states(on_nvme)), mib(on_nvme.total_current(MemoryLocation::kNvme)),
+        mib(host_states(resident)));
     if (options.check) {
-      for (const double v : {compute, reads, writes, piped.update, sync.update}) {
-        if (!(v > 0.0) || !std::isfinite(v)) {
-          std::fprintf(stderr, "zeroshard-nvme-step-bench: a figure is not positive and finite\n");
-          return 1;
-        }
+      bool good = true;
+      for (const double v : {step, reads, update, writes, both})
+        good = good && v > 0 && std::isfinite(v);
+      for (const StepSplit& s : steps) {
+        good = good && s.read_wait >= 0 && s.update > 0 && s.write_wait >= 0 && s.other() >= 0;
+      }
+      if (!good) {
+        std::fprintf(stderr,
+                     "zeroshard-nvme-step-bench: a figure is not positive and finite, or a split "
+                     "does not add up\n");
+        return 1;
       }
     }
     return 0;

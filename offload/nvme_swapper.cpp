@@ -509,6 +509,15 @@ void NvmeSwapper::finish_if_done(std::uint64_t /*op_id*/, Op& op) {
 
 void NvmeSwapper::poll() { reap(false); }
 
+bool NvmeSwapper::done(SwapTicket ticket) const {
+  const auto it = ops_.find(ticket.id);
+  if (it == ops_.end()) {
+    throw UsageError("NVMe swapper " + file_.path() + ": ticket " + std::to_string(ticket.id) +
+                     " is unknown or was already waited for");
+  }
+  return it->second.done;
+}
+
 void NvmeSwapper::wait(SwapTicket ticket) {
   auto it = ops_.find(ticket.id);
   if (it == ops_.end()) {

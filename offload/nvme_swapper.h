@@ -90,6 +90,8 @@ class NvmeSwapper {
   void wait(SwapTicket ticket);
   /// Advances I/O without blocking: reaps what has completed and refills the queue.
   void poll();
+  /// True when wait(ticket) will not block for I/O (it may still check a read's checksum).
+  bool done(SwapTicket ticket) const;
   /// Waits for every request; throws the first error after all have finished.
   void wait_all();
 

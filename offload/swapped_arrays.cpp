@@ -168,6 +168,7 @@ std::span<float* const> SwappedArrays::acquire(std::int64_t tile) {
   for (int a = 0; a < array_count_; ++a) {
     pointers_[static_cast<std::size_t>(a)] = array_tile(a, buffer);
   }
+  acquired_at_ = std::chrono::steady_clock::now();
   return pointers_;
 }
 
@@ -176,6 +177,7 @@ void SwappedArrays::poll() {
 }
 
 void SwappedArrays::release(std::int64_t tile) {
+  times_.update += seconds_between(acquired_at_);
   const auto start = std::chrono::steady_clock::now();
   start_write(tile);
   times_.write_start += seconds_between(start);

@@ -5,6 +5,7 @@
 // tiles whatever the range's size; outside a pass, element access goes through a one-tile cache.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -40,6 +41,7 @@ struct SwappedArraysOptions {
 /// Where a pass's time went: waiting for reads and for writes (what the update did not hide).
 struct SwapTimes {
   double read_wait = 0.0;  ///< includes checking each record's checksum
+  double update = 0.0;     ///< from acquire() returning to release(): the caller's work on tiles
   double write_wait = 0.0;
   double write_start = 0.0;  ///< starting writes: mostly each record's checksum
   std::int64_t bytes_read = 0;
@@ -123,6 +125,7 @@ class SwappedArrays {
   std::vector<File> files_;
   std::vector<float*> pointers_;
   SwapTimes times_{};
+  std::chrono::steady_clock::time_point acquired_at_{};
 
   // The pass.
   std::vector<NvmeSwapper::Snapshot> before_pass_;
