@@ -96,8 +96,7 @@ class Trainer {
     split.total = state.times_.update - update_before;
     split.read_wait = io.read_wait - io_before.read_wait;
     split.update = io.update - io_before.update;
-    split.write_wait =
-        (io.write_wait - io_before.write_wait) + (io.write_start - io_before.write_start);
+    split.write_wait = io.write_wait - io_before.write_wait;
     // Resident, the whole update is the rule.
     if (!state.optimizer_->swaps()) split.update = split.total;
     return split;

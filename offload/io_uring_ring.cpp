@@ -74,6 +74,11 @@ bool IoUringRing::register_files(std::span<const int> fds) {
   return false;
 }
 
+void IoUringRing::register_eventfd(int eventfd) {
+  const int rc = io_uring_register_eventfd(ring_.get(), eventfd);
+  if (rc < 0) throw IoError("io_uring_register_eventfd for " + what_ + " failed: " + describe(rc));
+}
+
 io_uring_sqe* IoUringRing::next_sqe() {
   io_uring_sqe* sqe = io_uring_get_sqe(ring_.get());
   if (!sqe) throw IoError("io_uring submission queue of " + what_ + " is full (internal error)");

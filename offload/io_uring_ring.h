@@ -39,6 +39,8 @@ class IoUringRing {
   bool register_buffers(std::span<const iovec> buffers);
   /// Registers `fds` as fixed files 0..n-1; false (with a warning) where unsupported.
   bool register_files(std::span<const int> fds);
+  /// Signals `eventfd` for every completion posted from now on; throws IoError if refused.
+  void register_eventfd(int eventfd);
 
   unsigned entries() const noexcept { return entries_; }
   /// A free submission entry; throws IoError if the queue is full (a bookkeeping bug).

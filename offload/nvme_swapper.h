@@ -63,7 +63,8 @@ struct SwapTicket {
 /// per thread). aio.single_submit submits each piece alone rather than in batches;
 /// aio.overlap_events refills the queue as each completion arrives rather than after all in
 /// flight have completed. Not thread-safe: I/O advances inside write(), read(), poll() and
-/// wait(), so a caller overlapping compute calls poll() between chunks of it.
+/// wait(), so one thread drives it (SwappedArrays runs a pass's I/O on a thread of its own,
+/// woken through notify_completions()).
 class NvmeSwapper {
  public:
   /// Creates (or reuses and resizes) the swap file and the buffers. Throws ConfigError for a bad
@@ -92,6 +93,9 @@ class NvmeSwapper {
   void poll();
   /// True when wait(ticket) will not block for I/O (it may still check a read's checksum).
   bool done(SwapTicket ticket) const;
+  /// From now on, every completion of this swapper's requests signals `eventfd`, so that a thread
+  /// driving several swappers can sleep until any of them has something to reap.
+  void notify_completions(int eventfd) { ring_.register_eventfd(eventfd); }
   /// Waits for every request; throws the first error after all have finished.
   void wait_all();
 

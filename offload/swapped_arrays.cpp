@@ -1,5 +1,6 @@
-// SwappedArrays: the tile ring of a pass (reads ahead, writes behind), its roll-back through the
-// swappers' A/B records, and the one-tile cache for element access between passes.
+// SwappedArrays: the tile ring of a pass (reads ahead, writes behind, on the pass's I/O thread),
+// its roll-back through the swappers' A/B records, and the one-tile cache for element access
+// between passes.
 #include "swapped_arrays.h"
 
 #include <algorithm>
@@ -43,13 +44,15 @@ SwappedArrays::SwappedArrays(const SwappedArraysOptions& options)
     swapper.tracker = options.tracker;
     swapper.category = spec.category;
     files_.push_back({std::make_unique<NvmeSwapper>(swapper), array_count_, spec.arrays});
+    files_.back().swapper->notify_completions(wake_.fd());
     array_count_ += spec.arrays;
   }
   pointers_.resize(static_cast<std::size_t>(array_count_));
   reads_.resize(static_cast<std::size_t>(buffer_count_));
-  read_tile_.assign(static_cast<std::size_t>(buffer_count_), -1);
   writes_.resize(static_cast<std::size_t>(buffer_count_));
 }
+
+SwappedArrays::~SwappedArrays() { stop_pass(); }
 
 std::int64_t SwappedArrays::tile_end(std::int64_t tile) const noexcept {
   return std::min(elements_, (tile + 1) * tile_);
@@ -66,9 +69,7 @@ float* SwappedArrays::array_tile(int array, int buffer) {
                    std::to_string(array_count_ - 1));
 }
 
-void SwappedArrays::wait_tickets(std::vector<SwapTicket>& tickets, double& waited,
-                                 std::int64_t& bytes) {
-  const auto start = std::chrono::steady_clock::now();
+void SwappedArrays::wait_tickets(std::vector<SwapTicket>& tickets, std::int64_t& bytes) {
   // Every ticket is waited for even when one fails, so no request is left behind.
   std::exception_ptr failure;
   for (std::size_t f = 0; f < tickets.size(); ++f) {
@@ -81,14 +82,20 @@ void SwappedArrays::wait_tickets(std::vector<SwapTicket>& tickets, double& waite
     }
   }
   tickets.clear();
-  waited += seconds_between(start);
   if (failure) std::rethrow_exception(failure);
+}
+
+bool SwappedArrays::tickets_done(const std::vector<SwapTicket>& tickets) const {
+  for (std::size_t f = 0; f < tickets.size(); ++f) {
+    if (tickets[f].id != 0 && !files_[f].swapper->done(tickets[f])) return false;
+  }
+  return true;
 }
 
 void SwappedArrays::wait_write(PendingWrite& write) {
   if (write.tile < 0) return;
   write.tile = -1;
-  wait_tickets(write.tickets, times_.write_wait, times_.bytes_written);
+  wait_tickets(write.tickets, times_.bytes_written);
 }
 
 void SwappedArrays::free_buffer(int buffer) {
@@ -108,13 +115,10 @@ void SwappedArrays::start_read(std::int64_t tile) {
       tickets[f] = swapper.read(tile, buffer);
     }
   }
-  read_tile_[static_cast<std::size_t>(buffer)] = tile;
 }
 
 void SwappedArrays::wait_read(std::int64_t tile) {
-  const int buffer = buffer_of(tile);
-  read_tile_[static_cast<std::size_t>(buffer)] = -1;
-  wait_tickets(reads_[static_cast<std::size_t>(buffer)], times_.read_wait, times_.bytes_read);
+  wait_tickets(reads_[static_cast<std::size_t>(buffer_of(tile))], times_.bytes_read);
 }
 
 void SwappedArrays::start_write(std::int64_t tile) {
@@ -152,18 +156,89 @@ void SwappedArrays::begin_pass() {
   flush();
   cached_tile_ = -1;
   for (File& file : files_) before_pass_.push_back(file.swapper->snapshot());
-  next_read_ = 0;
+  shared_ = PassShared{};
+  io_thread_ = std::thread([this] { run_pass(); });
+}
+
+void SwappedArrays::run_pass() noexcept {
+  // Tiles below next_read have reads started, below read_done checked and handed over; likewise
+  // for writes. Only this thread touches the swappers until the caller joins it.
+  std::int64_t next_read = 0;
+  std::int64_t read_done = 0;
+  std::int64_t next_write = 0;
+  std::int64_t write_done = 0;
+  try {
+    for (;;) {
+      PassShared asked;
+      {
+        std::lock_guard lock(mutex_);
+        asked.requested = shared_.requested;
+        asked.released = shared_.released;
+        asked.closing = shared_.closing;
+        asked.stop = shared_.stop;
+      }
+      if (asked.stop) return;
+      bool progress = false;
+      // Writes first: each frees a buffer for a read ahead.
+      for (; next_write < asked.released; ++next_write, progress = true) start_write(next_write);
+      // Tile t's buffer held tile t - buffer_count, which must be written before it is reused.
+      const std::int64_t readable =
+          std::min({tile_count_, pipeline_read_ ? tile_count_ : asked.requested,
+                    write_done + buffer_count_});
+      for (; next_read < readable; ++next_read, progress = true) start_read(next_read);
+      for (File& file : files_) file.swapper->poll();
+      for (; write_done < next_write &&
+             tickets_done(writes_[static_cast<std::size_t>(buffer_of(write_done))].tickets);
+           ++write_done, progress = true) {
+        wait_write(writes_[static_cast<std::size_t>(buffer_of(write_done))]);
+      }
+      for (; read_done < next_read &&
+             tickets_done(reads_[static_cast<std::size_t>(buffer_of(read_done))]);
+           ++read_done, progress = true) {
+        wait_read(read_done);  // checks each record's checksum
+      }
+      if (progress) {
+        {
+          std::lock_guard lock(mutex_);
+          shared_.ready = read_done;
+          shared_.written = write_done;
+        }
+        progress_.notify_all();
+        continue;
+      }
+      if (asked.closing && write_done == asked.released && read_done == next_read) return;
+      // Nothing to do until a request completes (every ring signals wake_) or the caller calls.
+      wake_.wait();
+    }
+  } catch (...) {
+    {
+      std::lock_guard lock(mutex_);
+      shared_.failure = std::current_exception();
+    }
+    progress_.notify_all();
+  }
+}
+
+template <class Reached>
+void SwappedArrays::wait_for_pass(Reached reached, double& waited) {
+  const auto start = std::chrono::steady_clock::now();
+  std::unique_lock lock(mutex_);
+  progress_.wait(lock, [&] { return reached() || shared_.failure; });
+  waited += seconds_between(start);
+  if (shared_.failure) std::rethrow_exception(shared_.failure);
 }
 
 std::span<float* const> SwappedArrays::acquire(std::int64_t tile) {
-  // With writes behind, the buffer of the write just started is not free for a read ahead.
-  const std::int64_t ahead =
-      pipeline_read_ ? std::max(0, buffer_count_ - (pipeline_write_ ? 2 : 1)) : 0;
-  const std::int64_t last = std::min(tile_count_ - 1, tile + ahead);
-  if (read_tile_[static_cast<std::size_t>(buffer_of(tile))] != tile) start_read(tile);
-  next_read_ = std::max(next_read_, tile + 1);
-  for (; next_read_ <= last; ++next_read_) start_read(next_read_);
-  wait_read(tile);
+  if (!io_thread_.joinable() || tile >= tile_count_) {
+    throw UsageError("swapped arrays: acquire(" + std::to_string(tile) +
+                     ") outside a pass over tiles 0.." + std::to_string(tile_count_ - 1));
+  }
+  {
+    std::lock_guard lock(mutex_);
+    shared_.requested = std::max(shared_.requested, tile + 1);
+  }
+  wake_.signal();
+  wait_for_pass([&] { return shared_.ready > tile; }, times_.read_wait);
   const int buffer = buffer_of(tile);
   for (int a = 0; a < array_count_; ++a) {
     pointers_[static_cast<std::size_t>(a)] = array_tile(a, buffer);
@@ -172,31 +247,41 @@ std::span<float* const> SwappedArrays::acquire(std::int64_t tile) {
   return pointers_;
 }
 
-void SwappedArrays::poll() {
-  for (File& file : files_) file.swapper->poll();
-}
-
 void SwappedArrays::release(std::int64_t tile) {
   times_.update += seconds_between(acquired_at_);
-  const auto start = std::chrono::steady_clock::now();
-  start_write(tile);
-  times_.write_start += seconds_between(start);
-  if (!pipeline_write_) wait_write(writes_[static_cast<std::size_t>(buffer_of(tile))]);
+  {
+    std::lock_guard lock(mutex_);
+    shared_.released = tile + 1;
+  }
+  wake_.signal();
+  if (!pipeline_write_) wait_for_pass([&] { return shared_.written > tile; }, times_.write_wait);
 }
 
 void SwappedArrays::end_pass() {
-  std::exception_ptr failure;
-  for (PendingWrite& write : writes_) {
-    try {
-      wait_write(write);
-    } catch (...) {
-      if (!failure) failure = std::current_exception();
-    }
+  if (!io_thread_.joinable()) throw UsageError("swapped arrays: end_pass() outside a pass");
+  const auto start = std::chrono::steady_clock::now();
+  {
+    std::lock_guard lock(mutex_);
+    shared_.closing = true;
   }
-  if (failure) std::rethrow_exception(failure);
+  wake_.signal();
+  io_thread_.join();
+  times_.write_wait += seconds_between(start);
+  if (shared_.failure) std::rethrow_exception(shared_.failure);
+}
+
+void SwappedArrays::stop_pass() noexcept {
+  if (!io_thread_.joinable()) return;
+  {
+    std::lock_guard lock(mutex_);
+    shared_.stop = true;
+  }
+  wake_.signal();
+  io_thread_.join();
 }
 
 void SwappedArrays::roll_back_pass() noexcept {
+  stop_pass();
   for (std::size_t f = 0; f < files_.size(); ++f) {
     NvmeSwapper& swapper = *files_[f].swapper;
     try {
@@ -207,7 +292,6 @@ void SwappedArrays::roll_back_pass() noexcept {
     if (f < before_pass_.size()) swapper.restore(before_pass_[f]);
   }
   for (auto& tickets : reads_) tickets.clear();
-  std::fill(read_tile_.begin(), read_tile_.end(), -1);
   for (PendingWrite& write : writes_) write = PendingWrite{};
   cached_tile_ = -1;
   cache_dirty_ = false;

@@ -1,18 +1,24 @@
 // Float arrays over one element range kept in NVMe swap files, one tile (sub-group) per slot:
 // the optimizer shard's fp32 master weights and rule states under offload_optimizer.device nvme.
 // A pass walks the tiles in order through a ring of buffer_count buffers, reading ahead and
-// writing behind as pipeline_read and pipeline_write allow, so host memory holds buffer_count
-// tiles whatever the range's size; outside a pass, element access goes through a one-tile cache.
+// writing behind on an I/O thread of its own as pipeline_read and pipeline_write allow, so host
+// memory holds buffer_count tiles whatever the range's size; outside a pass, element access goes
+// through a one-tile cache.
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "event_fd.h"
 #include "nvme_swapper.h"
 
 namespace zeroshard::detail {
@@ -38,20 +44,30 @@ struct SwappedArraysOptions {
   MemoryTracker* tracker = nullptr;
 };
 
-/// Where a pass's time went: waiting for reads and for writes (what the update did not hide).
+/// Where a pass's time went, as the caller saw it: the three parts add up to the time from
+/// begin_pass() to end_pass() returning, less the caller's own work between tiles.
 struct SwapTimes {
-  double read_wait = 0.0;  ///< includes checking each record's checksum
-  double update = 0.0;     ///< from acquire() returning to release(): the caller's work on tiles
-  double write_wait = 0.0;
-  double write_start = 0.0;  ///< starting writes: mostly each record's checksum
+  double read_wait = 0.0;   ///< blocked in acquire(): reads (and their checksums) not hidden
+  double update = 0.0;      ///< from acquire() returning to release(): the caller's work on tiles
+  double write_wait = 0.0;  ///< blocked in release() and end_pass(): writes not hidden
   std::int64_t bytes_read = 0;
   std::int64_t bytes_written = 0;
 };
 
+/// During a pass the swappers belong to its I/O thread, which starts reads as buffers come free
+/// (tile t + buffer_count reuses tile t's buffer once t is written), checks them, and writes each
+/// released tile, sleeping on one eventfd that every ring's completions and every call of the
+/// caller signal; so the drive stays busy while the caller computes, without polling. With
+/// pipeline_read off a tile's read starts only when it is acquired; with pipeline_write off
+/// release() waits for the tile's write. buffer_count 1 is the serial read, update, write.
 class SwappedArrays {
  public:
   /// Creates the swap files; throws IoError (naming the file) when one cannot be made.
   explicit SwappedArrays(const SwappedArraysOptions& options);
+  SwappedArrays(const SwappedArrays&) = delete;
+  SwappedArrays& operator=(const SwappedArrays&) = delete;
+  /// Stops a pass still running (as roll_back_pass() would, without restoring); never throws.
+  ~SwappedArrays();
 
   std::int64_t tile_count() const noexcept { return tile_count_; }
   std::int64_t tile_begin(std::int64_t tile) const noexcept { return tile * tile_; }
@@ -61,17 +77,16 @@ class SwappedArrays {
   /// or failing drive shows now rather than at the first step (offload_optimizer.fast_init off).
   void write_missing_tiles();
 
-  /// Starts a pass over tiles 0, 1, ...: writes the cache back and remembers which records are
-  /// current, for roll_back_pass().
+  /// Starts a pass over tiles 0, 1, ...: writes the cache back, remembers which records are
+  /// current, for roll_back_pass(), and starts the pass's I/O thread.
   void begin_pass();
   /// Waits for tile `tile` (the pass's next) and returns each array's pointer to its first
-  /// element, valid until release(). A tile never written reads as zeros.
+  /// element, valid until release(). A tile never written reads as zeros. IoError as soon as
+  /// any read or write of the pass failed.
   std::span<float* const> acquire(std::int64_t tile);
-  /// Advances the I/O in flight; call it between chunks of a long computation.
-  void poll();
   /// The acquired tile was updated: writes it back.
   void release(std::int64_t tile);
-  /// Waits for every write of the pass; IoError when one failed.
+  /// Waits for every write of the pass and ends its thread; IoError when one failed.
   void end_pass();
   /// Undoes the last pass, on success or after an error: waits for what is in flight (its errors
   /// are dropped) and makes the records current before begin_pass() current again.
@@ -98,12 +113,24 @@ class SwappedArrays {
     std::int64_t tile = -1;
     std::vector<SwapTicket> tickets;  ///< one per file
   };
+  /// What the caller and the pass's I/O thread tell each other, under mutex_.
+  struct PassShared {
+    std::int64_t requested = 0;  ///< caller: tiles below were acquired
+    std::int64_t released = 0;   ///< caller: tiles below were updated
+    bool closing = false;        ///< caller: end_pass() was called
+    bool stop = false;           ///< caller: start nothing more, leave the swappers
+    std::int64_t ready = 0;      ///< I/O: tiles below are read and checked
+    std::int64_t written = 0;    ///< I/O: tiles below are written
+    std::exception_ptr failure;  ///< I/O: the first error; the thread then stops
+  };
   int buffer_of(std::int64_t tile) const noexcept { return static_cast<int>(tile % buffer_count_); }
   void start_read(std::int64_t tile);
   void wait_read(std::int64_t tile);
-  /// Waits for each file's ticket (id 0: none), adding the time to `waited` and the records
-  /// moved to `bytes`; rethrows the first failure once all are done, and clears `tickets`.
-  void wait_tickets(std::vector<SwapTicket>& tickets, double& waited, std::int64_t& bytes);
+  /// Waits for each file's ticket (id 0: none), adding the records moved to `bytes`; rethrows
+  /// the first failure once all are done, and clears `tickets`.
+  void wait_tickets(std::vector<SwapTicket>& tickets, std::int64_t& bytes);
+  /// True when every ticket's request has completed.
+  bool tickets_done(const std::vector<SwapTicket>& tickets) const;
   /// Outside a pass: brings each tile of `array`'s elements [offset, offset + count) into the
   /// cache and calls copy_part(pointer into the tile, elements done before, bytes of the part).
   template <class CopyPart>
@@ -114,6 +141,14 @@ class SwappedArrays {
   void free_buffer(int buffer);
   float* array_tile(int array, int buffer);
   void load_cache(std::int64_t tile);
+  /// The pass's I/O thread.
+  void run_pass() noexcept;
+  /// Blocks until `reached()` holds under the lock, adding the time to `waited`; rethrows the
+  /// pass's failure.
+  template <class Reached>
+  void wait_for_pass(Reached reached, double& waited);
+  /// Tells the I/O thread to stop and joins it, if it runs.
+  void stop_pass() noexcept;
 
   std::int64_t elements_;
   std::int64_t tile_;
@@ -125,14 +160,17 @@ class SwappedArrays {
   std::vector<File> files_;
   std::vector<float*> pointers_;
   SwapTimes times_{};
-  std::chrono::steady_clock::time_point acquired_at_{};
 
   // The pass.
   std::vector<NvmeSwapper::Snapshot> before_pass_;
-  std::int64_t next_read_ = 0;
   std::vector<std::vector<SwapTicket>> reads_;  ///< by buffer: the read in flight into it
-  std::vector<std::int64_t> read_tile_;         ///< by buffer: its tile, -1 when none
   std::vector<PendingWrite> writes_;            ///< by buffer
+  std::chrono::steady_clock::time_point acquired_at_{};
+  std::mutex mutex_;
+  std::condition_variable progress_;  ///< the caller waits on it for PassShared's I/O side
+  PassShared shared_;
+  EventFd wake_;  ///< the I/O thread sleeps on it
+  std::thread io_thread_;
 
   // The cache (buffer 0, outside passes).
   std::int64_t cached_tile_ = -1;

@@ -9,14 +9,6 @@
 
 namespace zeroshard::detail {
 
-namespace {
-
-// Swap files: elements per rule call within a sub-group, between which the I/O in flight is
-// advanced (reaped and refilled), so the reads ahead and writes behind keep the drive busy.
-constexpr std::int64_t kSwapPollElements = std::int64_t{1} << 20;
-
-}  // namespace
-
 OptimizerShard::OptimizerShard(const EngineContext& context, const UpdateRule& rule,
                                ParamCoordinator& params, char* full_grads, DType grad_shard_dtype)
     : context_(context),
@@ -366,12 +358,12 @@ void OptimizerShard::update_swapped(const std::vector<Run>& all_runs, float grad
           array_pointers_[a] = arrays[a] + (begin - tile_begin);
         }
         // A chunk ends where the parameters' memory does (a tile of their swap file), so that the
-        // update writes them in place.
-        end = std::min({last, begin + kSwapPollElements, params_.owned_run_end(begin)});
+        // update writes them in place, and fits a staging half when the write-back goes through
+        // one. The swap I/O goes on meanwhile on the pass's own thread.
+        end = std::min({last, begin + kWriteBackElements, params_.owned_run_end(begin)});
         written_until_ = end;
         update_sub_group(begin, end, run->first_param, run->offset_in_param + (begin - run->begin),
                          grad_factor, contexts, array_pointers_);
-        swapped_->poll();
       }
       if (run->end > tile_end) break;  // the run goes on in the next tile
       ++run;
