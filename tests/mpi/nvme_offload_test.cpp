@@ -195,6 +195,84 @@ TEST(NvmeOffloadFaults, ShortTransfersAndEagainAreCompletedTransparently) {
   }
 }
 
+// The step's I/O runs on its own thread, so which request completes when varies with the
+// depth; the bits must not. Sub-groups of 8 elements give every rank several tiles per buffer.
+Config pipeline_config(int buffers, bool read_ahead, bool write_behind) {
+  Config config = nvme_config(2);
+  config.zero_optimization.sub_group_size = 8;
+  OffloadConfig& offload = config.zero_optimization.offload_optimizer;
+  offload.buffer_count = buffers;
+  offload.pipeline_read = read_ahead;
+  offload.pipeline_write = write_behind;
+  return config;
+}
+
+TEST(NvmeOffloadPipeline, EveryDepthGivesTheBitsOfResidentTraining) {
+  Trainer resident(toy_config(2));
+  for (int s = 0; s < 3; ++s) resident.train_step();
+  const std::vector<float> expected = resident.engine.consolidated_parameters();
+  const std::vector<char> expected_model = resident.model_bytes();
+  struct Shape {
+    int buffers;
+    bool read_ahead;
+    bool write_behind;
+  };
+  for (const Shape shape :
+       {Shape{1, false, false}, Shape{1, true, true}, Shape{4, false, false}, Shape{4, true, false},
+        Shape{4, false, true}, Shape{4, true, true}, Shape{7, true, true}}) {
+    Trainer nvme(pipeline_config(shape.buffers, shape.read_ahead, shape.write_behind));
+    for (int s = 0; s < 3; ++s) nvme.train_step();
+    EXPECT_EQ(nvme.engine.consolidated_parameters(), expected)
+        << "buffer_count " << shape.buffers << ", pipeline_read " << shape.read_ahead
+        << ", pipeline_write " << shape.write_behind;
+    EXPECT_EQ(nvme.model_bytes(), expected_model) << "buffer_count " << shape.buffers;
+  }
+}
+
+// An EIO at each completion in turn of one rank's file, reads and writes alike, whichever tile's
+// request is in flight then: the step is undone on every rank with the promised error, and
+// training goes on bit for bit as if that window had been skipped.
+TEST(NvmeOffloadFaults, AFailureAnywhereInTheDeepPipelineUndoesTheStep) {
+  int write_failures = 0;
+  for (std::int64_t at = 1;; ++at) {
+    Trainer nvme(pipeline_config(4, true, true));
+    Trainer resident(toy_config(2));
+    nvme.train_step();
+    resident.train_step();
+    detail::EngineState& state = detail::EngineInternals::state(nvme.engine);
+    const std::int64_t tiles =
+        (state.optimizer_->owned_end() - state.optimizer_->owned_begin() + 7) / 8;
+    // Every tile is read and written once a step, one request each.
+    if (at > 2 * tiles) break;
+    const std::vector<float> before = nvme.engine.consolidated_parameters();
+    const std::vector<char> model_before = nvme.model_bytes();
+    const int faulty_rank = nvme.engine.world_size() - 1;
+    const int array = static_cast<int>(at % 2);
+    if (nvme.engine.rank() == faulty_rank) {
+      state.optimizer_->inject_swap_fault(array, {detail::IoFaultKind::kEio, at, 1});
+    }
+    try {
+      nvme.train_step();
+      ADD_FAILURE() << "a step whose swap I/O failed at completion " << at << " succeeded";
+    } catch (const IoError& error) {
+      EXPECT_THAT(error.what(), HasSubstr("failed on rank " + std::to_string(faulty_rank)));
+      EXPECT_THAT(error.what(), HasSubstr("not applied on any rank"));
+      if (std::string(error.what()).find(": write of") != std::string::npos) ++write_failures;
+    }
+    EXPECT_EQ(nvme.engine.consolidated_parameters(), before) << "completion " << at;
+    EXPECT_EQ(nvme.model_bytes(), model_before) << "completion " << at;
+    resident.skip_step();
+    for (int s = 0; s < 2; ++s) {
+      nvme.train_step();
+      resident.train_step();
+    }
+    EXPECT_EQ(nvme.engine.consolidated_parameters(), resident.engine.consolidated_parameters())
+        << "array " << array << " at completion " << at;
+    EXPECT_EQ(nvme.model_bytes(), resident.model_bytes()) << "completion " << at;
+  }
+  EXPECT_GT(write_failures, 0) << "no injected failure hit a write";
+}
+
 /// Rank 0's swap file of `kind`, whose slots hold `slot_bytes`: cut short, or one byte flipped.
 void damage_first_rank(Trainer& run, const char* kind, bool truncate,
                        std::int64_t slot_bytes = 4 * kSubGroup) {
