@@ -35,6 +35,7 @@ struct Options {
   std::int64_t params = 64 << 20;
   std::int64_t sub_group = 4 << 20;
   std::int64_t buffers = 4;
+  std::int64_t queue_depth = AioConfig{}.queue_depth;
   int rounds = 5;
   std::string dir = "nvme_step_bench_swap";
   bool check = false;
@@ -47,6 +48,7 @@ Config config_for(const Options& options, OffloadDevice device) {
   config.gradient_clipping = 0.0;
   config.zero_optimization.stage = 1;
   config.zero_optimization.sub_group_size = options.sub_group;
+  config.aio.queue_depth = options.queue_depth;
   OffloadConfig& offload = config.zero_optimization.offload_optimizer;
   offload.device = device;
   if (device == OffloadDevice::kNvme) {
@@ -132,6 +134,7 @@ class StageFiles {
       swapper.slot_count = tiles_;
       swapper.slot_bytes = arrays * options.sub_group * static_cast<std::int64_t>(sizeof(float));
       swapper.buffer_count = buffers_;
+      swapper.aio.queue_depth = options.queue_depth;
       files_.push_back(std::make_unique<detail::NvmeSwapper>(swapper));
     }
   }
@@ -219,6 +222,9 @@ void add_flags(CLI::App& app, Options& options) {
   cli::add_read_option(app, "--buffers", count(options.buffers, "--buffers", 1),
                        "offload_optimizer.buffer_count (default 4)")
       ->type_name("B");
+  cli::add_read_option(app, "--queue-depth", count(options.queue_depth, "--queue-depth", 1),
+                       "aio.queue_depth, for the step and the stages alone (default 8)")
+      ->type_name("Q");
   cli::add_integer(app, "--steps", options.rounds,
                    "timed rounds, each a pipelined step and each stage alone, after one untimed")
       ->capture_default_str();
