@@ -22,9 +22,12 @@
 #include <string>
 #include <vector>
 
+#include "bench_median.h"
 #include "cpu_optimizer.h"
 
 namespace {
+
+using zeroshard::bench::median;
 
 namespace cpu = zeroshard::detail::cpu_optimizer;
 
@@ -184,12 +187,6 @@ double seconds_of(const Pass& pass) {
   const auto start = std::chrono::steady_clock::now();
   pass();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const std::size_t mid = values.size() / 2;
-  return values.size() % 2 == 1 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
 }
 
 void print_alternated(const std::vector<Pairing>& pairings, std::int64_t n, int rounds) {

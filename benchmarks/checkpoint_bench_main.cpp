@@ -18,10 +18,13 @@
 #include <string>
 #include <vector>
 
+#include "bench_median.h"
 #include "command_line.h"
 #include "zeroshard/zeroshard.h"
 
 namespace {
+
+using zeroshard::bench::median;
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -104,11 +107,6 @@ double direct_read(const std::string& path, char* aligned, std::size_t bytes) {
   }
   ::close(fd);
   return seconds_since(start);
-}
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
 }
 
 }  // namespace

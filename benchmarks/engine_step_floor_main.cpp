@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "bench_median.h"
 #include "comm/rank_counts.h"
 #include "command_line.h"
 #include "cpu_optimizer.h"  // cpu_optimizer::adam, active_isa: the update rule the engine runs
@@ -24,6 +25,8 @@
 #include "zeroshard/zeroshard.h"
 
 namespace {
+
+using zeroshard::bench::median;
 
 using zeroshard::Collective;
 using zeroshard::Communicator;
@@ -599,11 +602,6 @@ struct StageResult {
   Traffic engine_traffic;
   Traffic floor_traffic;
 };
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
 
 // Times are each rank's, reduced to the slowest rank's: an iteration is as slow as its slowest
 // rank. Every timed piece starts from a barrier on `host`, a communicator of the program's own.

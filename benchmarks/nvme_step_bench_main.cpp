@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench_median.h"
 #include "command_line.h"
 #include "engine/engine_internals.h"
 #include "nvme_swapper.h"
@@ -22,6 +23,8 @@
 #include "zeroshard/zeroshard.h"
 
 namespace {
+
+using zeroshard::bench::median;
 
 using namespace zeroshard;
 
@@ -195,12 +198,6 @@ class StageFiles {
   int buffers_ = 1;
   std::vector<std::unique_ptr<detail::NvmeSwapper>> files_;
 };
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const std::size_t n = values.size();
-  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
 
 void add_flags(CLI::App& app, Options& options) {
   // A count such as 64M or 4e6, at least `low`.
