@@ -133,6 +133,23 @@ TEST(NvmeOffloadMemory, FastInitOffLeavesEveryRecordWrittenBeforeTheFirstStep) {
   EXPECT_EQ(std::string(head.data(), 6), "ZSSWAP");
 }
 
+// After a step that failed: `nvme` is back where the step began (`before`, `model_before`), and
+// two more steps train it as `resident`, which skips the failed step's window.
+void expect_undone_then_as_skipped(Trainer& nvme, Trainer& resident,
+                                   const std::vector<float>& before,
+                                   const std::vector<char>& model_before, const std::string& what) {
+  EXPECT_EQ(nvme.engine.consolidated_parameters(), before) << what;
+  EXPECT_EQ(nvme.model_bytes(), model_before) << what;
+  resident.skip_step();
+  for (int s = 0; s < 2; ++s) {
+    nvme.train_step();
+    resident.train_step();
+  }
+  EXPECT_EQ(nvme.engine.consolidated_parameters(), resident.engine.consolidated_parameters())
+      << what;
+  EXPECT_EQ(nvme.model_bytes(), resident.model_bytes()) << what;
+}
+
 // An I/O error part-way through one rank's update: every rank throws, every rank is back at the
 // step's start, and training goes on exactly as a run that dropped that window's gradients.
 TEST(NvmeOffloadFaults, AnEioMidStepUndoesTheStepOnEveryRank) {
@@ -162,16 +179,9 @@ TEST(NvmeOffloadFaults, AnEioMidStepUndoesTheStepOnEveryRank) {
         EXPECT_THAT(error.what(), HasSubstr(".swp"));
       }
       EXPECT_EQ(nvme.engine.global_step(), 2);
-      EXPECT_EQ(nvme.engine.consolidated_parameters(), before) << "array " << array << " at " << at;
-      EXPECT_EQ(nvme.model_bytes(), model_before);
-      resident.skip_step();
-      for (int s = 0; s < 2; ++s) {
-        nvme.train_step();
-        resident.train_step();
-      }
-      EXPECT_EQ(nvme.engine.consolidated_parameters(), resident.engine.consolidated_parameters())
-          << "array " << array << " at completion " << at;
-      EXPECT_EQ(nvme.model_bytes(), resident.model_bytes());
+      expect_undone_then_as_skipped(
+          nvme, resident, before, model_before,
+          "array " + std::to_string(array) + " at completion " + std::to_string(at));
     }
   }
 }
@@ -259,16 +269,9 @@ TEST(NvmeOffloadFaults, AFailureAnywhereInTheDeepPipelineUndoesTheStep) {
       EXPECT_THAT(error.what(), HasSubstr("not applied on any rank"));
       if (std::string(error.what()).find(": write of") != std::string::npos) ++write_failures;
     }
-    EXPECT_EQ(nvme.engine.consolidated_parameters(), before) << "completion " << at;
-    EXPECT_EQ(nvme.model_bytes(), model_before) << "completion " << at;
-    resident.skip_step();
-    for (int s = 0; s < 2; ++s) {
-      nvme.train_step();
-      resident.train_step();
-    }
-    EXPECT_EQ(nvme.engine.consolidated_parameters(), resident.engine.consolidated_parameters())
-        << "array " << array << " at completion " << at;
-    EXPECT_EQ(nvme.model_bytes(), resident.model_bytes()) << "completion " << at;
+    expect_undone_then_as_skipped(
+        nvme, resident, before, model_before,
+        "array " + std::to_string(array) + " at completion " + std::to_string(at));
   }
   EXPECT_GT(write_failures, 0) << "no injected failure hit a write";
 }
@@ -437,16 +440,8 @@ TEST(NvmeOffloadFaults, AnEioInTheParameterFileUndoesTheStepOnEveryRank) {
       EXPECT_THAT(error.what(), HasSubstr("not applied on any rank"));
     }
     EXPECT_EQ(nvme.engine.global_step(), 2);
-    EXPECT_EQ(nvme.engine.consolidated_parameters(), before) << "at completion " << at;
-    EXPECT_EQ(nvme.model_bytes(), model_before) << "at completion " << at;
-    resident.skip_step();
-    for (int s = 0; s < 2; ++s) {
-      nvme.train_step();
-      resident.train_step();
-    }
-    EXPECT_EQ(nvme.engine.consolidated_parameters(), resident.engine.consolidated_parameters())
-        << "at completion " << at;
-    EXPECT_EQ(nvme.model_bytes(), resident.model_bytes()) << "at completion " << at;
+    expect_undone_then_as_skipped(nvme, resident, before, model_before,
+                                  "at completion " + std::to_string(at));
   }
 }
 
