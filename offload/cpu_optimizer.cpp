@@ -181,9 +181,12 @@ void adam(Isa isa, const RuleArrays& arrays, std::int64_t n, const AdamScalars& 
       arrays.grad_dtype == DType::kFloat32 || arrays.grad_dtype == DType::kBFloat16;
   const bool copy_in_loop =
       arrays.param_copy == nullptr || arrays.param_copy_dtype == DType::kBFloat16;
+  // The loop clears what it reads: only where grad_to_clear is the gradient itself, as
+  // RuleArrays asks; anything else goes through the chunks, which clear grad_to_clear.
+  const bool clear_in_loop = arrays.grad_to_clear == nullptr || arrays.grad_to_clear == arrays.grad;
   const bool plain = arrays.grad_dtype == DType::kFloat32 && arrays.param_copy == nullptr &&
                      arrays.grad_to_clear == nullptr;
-  if (plain || !grad_in_loop || !copy_in_loop) {
+  if (plain || !grad_in_loop || !copy_in_loop || !clear_in_loop) {
     run(arrays, n, amsgrad ? 3 : 2, amsgrad ? table.adam_amsgrad : table.adam, s);
     return;
   }
