@@ -3,6 +3,10 @@
 // runs it (bucket reductions started by grad_ready() while backward goes on, stage-3 gathers
 // prefetched), and beside it the same step's compute alone and communication alone. A ratio
 // overlapped / (compute + communication) under 1 is time the overlap saved.
+//
+// With --super-offload it asks the same of the offloaded optimizer: AdamW in CPU memory, the step
+// with the update after backward beside the step with super_offload (the update during backward),
+// their steps alternated.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -12,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_median.h"
 #include "command_line.h"
 #include "mlp_math.h"
 #include "zeroshard/zeroshard.h"
@@ -38,6 +43,7 @@ struct Options {
   int steps = 10;
   int warmup = 2;
   bool check = false;
+  bool super_offload = false;
 };
 
 void add_flags(CLI::App& app, Options& options) {
@@ -55,20 +61,34 @@ void add_flags(CLI::App& app, Options& options) {
   add_integer(app, "--steps", options.steps, "timed steps per measurement; the median is reported")
       ->capture_default_str();
   add_integer(app, "--warmup", options.warmup, "untimed steps first")->capture_default_str();
+  app.add_flag("--super-offload", options.super_offload,
+               "compare the offloaded AdamW update after backward with super_offload's update "
+               "during backward, alternated, instead of compute and communication");
   app.add_flag("--check", options.check,
                "exit 1 unless every time is positive and finite (for the test suite)");
 }
 
-std::string config_json(int stage, const Options& options) {
+/// How the optimizer runs: SGD on the engine's device, or AdamW offloaded to CPU memory with
+/// its update after backward or, under super_offload, during it.
+enum class Update { kResident, kOffloaded, kSuperOffloaded };
+
+std::string config_json(int stage, const Options& options, Update update) {
   // One layer's weights per bucket, so that each layer's grad_ready() can start a reduction, and
   // two layers prefetched ahead at stage 3.
   const long long layer = static_cast<long long>(options.width) * options.width;
+  const std::string optimizer = update == Update::kResident
+                                    ? R"({"type": "SGD", "params": {"lr": 0.001}})"
+                                    : R"({"type": "AdamW", "params": {"lr": 0.0001}})";
+  std::string offload;
+  if (update != Update::kResident) {
+    offload = std::string(R"(, "offload_optimizer": {"device": "cpu", "super_offload": )") +
+              (update == Update::kSuperOffloaded ? "true" : "false") + "}";
+  }
   return R"({"train_micro_batch_size_per_gpu": )" + std::to_string(options.batch) +
-         R"(, "optimizer": {"type": "SGD", "params": {"lr": 0.001}},)"
-         R"( "zero_optimization": {"stage": )" +
+         R"(, "optimizer": )" + optimizer + R"(, "zero_optimization": {"stage": )" +
          std::to_string(stage) + R"(, "overlap_comm": true, "reduce_bucket_size": )" +
          std::to_string(layer) + R"(, "allgather_bucket_size": )" + std::to_string(layer) +
-         R"(, "stage3_prefetch_bucket_size": )" + std::to_string(2 * layer) + "}}";
+         R"(, "stage3_prefetch_bucket_size": )" + std::to_string(2 * layer) + offload + "}}";
 }
 
 // A chain of linear layers y = x W^T without bias or activation: enough arithmetic per layer
@@ -185,7 +205,7 @@ struct StageTimes {
 // time kept: a step is as slow as its slowest rank.
 template <class Body>
 double median_ms(Communicator& host, LayerChain& chain, const Options& options, Body body) {
-  std::vector<float> times;
+  std::vector<double> times;
   for (int step = 0; step < options.warmup + options.steps; ++step) {
     chain.synchronize();
     host.barrier();
@@ -196,13 +216,12 @@ double median_ms(Communicator& host, LayerChain& chain, const Options& options, 
     host.all_reduce(&ms, 1, zeroshard::DType::kFloat32, zeroshard::ReduceOp::kMax);
     if (step >= options.warmup) times.push_back(ms);
   }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return zeroshard::bench::median(times);
 }
 
 StageTimes measure(int stage, const Device& device, Communicator& host, const Options& options) {
-  const zeroshard::Config config =
-      zeroshard::Config::from_json_string(config_json(stage, options), host.size());
+  const zeroshard::Config config = zeroshard::Config::from_json_string(
+      config_json(stage, options, Update::kResident), host.size());
   Engine engine(config, device, Communicator::from_environment(device));
   const std::unique_ptr<MlpMath> math = zeroshard::examples::make_mlp_math(device);
   engine.set_compute_stream(math->stream());
@@ -225,6 +244,107 @@ StageTimes measure(int stage, const Device& device, Communicator& host, const Op
     engine.step();
   });
   return times;
+}
+
+/// One model and engine per way of updating, trained side by side.
+struct Trainer {
+  Trainer(int stage, Update update, const Device& device, Communicator& host,
+          const Options& options)
+      : engine(
+            zeroshard::Config::from_json_string(config_json(stage, options, update), host.size()),
+            device, Communicator::from_environment(device)),
+        math(zeroshard::examples::make_mlp_math(device)) {
+    engine.set_compute_stream(math->stream());
+    chain.emplace(engine, *math, options);
+    chain->initialize();
+  }
+  struct StepMs {
+    double total = 0.0;
+    double in_step = 0.0;  ///< of it, in step()
+  };
+  /// One training step, the slowest rank's time.
+  StepMs step(Communicator& host) {
+    chain->synchronize();
+    host.barrier();
+    const Clock::time_point start = Clock::now();
+    chain->forward_backward(true);
+    const Clock::time_point step_start = Clock::now();
+    overlapped += engine.step().overlapped ? 1 : 0;
+    chain->synchronize();
+    const Clock::time_point end = Clock::now();
+    float ms[2] = {std::chrono::duration<float, std::milli>(end - start).count(),
+                   std::chrono::duration<float, std::milli>(end - step_start).count()};
+    host.all_reduce(ms, 2, zeroshard::DType::kFloat32, zeroshard::ReduceOp::kMax);
+    return {ms[0], ms[1]};
+  }
+
+  Engine engine;
+  std::unique_ptr<MlpMath> math;
+  std::optional<LayerChain> chain;
+  int overlapped = 0;  ///< steps whose update ran during backward and was kept
+};
+
+struct SuperOffloadTimes {
+  int stage = 0;
+  double sequential_ms = 0.0;
+  double sequential_step_ms = 0.0;  ///< of it, in step()
+  double overlapped_ms = 0.0;
+  double overlapped_step_ms = 0.0;
+  int kept = 0;  ///< timed steps super_offload kept the overlapped update of
+};
+
+SuperOffloadTimes measure_super_offload(int stage, const Device& device, Communicator& host,
+                                        const Options& options) {
+  Trainer sequential(stage, Update::kOffloaded, device, host, options);
+  Trainer overlapped(stage, Update::kSuperOffloaded, device, host, options);
+  std::vector<double> times[4];  // sequential total, in step(); overlapped total, in step()
+  for (int step = 0; step < options.warmup + options.steps; ++step) {
+    if (step == options.warmup) overlapped.overlapped = 0;
+    // Alternated, and which goes first alternates too: the machine's noise falls on both alike.
+    const bool sequential_first = step % 2 == 0;
+    const Trainer::StepMs first = (sequential_first ? sequential : overlapped).step(host);
+    const Trainer::StepMs second = (sequential_first ? overlapped : sequential).step(host);
+    if (step < options.warmup) continue;
+    const Trainer::StepMs& s = sequential_first ? first : second;
+    const Trainer::StepMs& o = sequential_first ? second : first;
+    for (auto [k, ms] : {std::pair{0, s.total}, {1, s.in_step}, {2, o.total}, {3, o.in_step}}) {
+      times[k].push_back(ms);
+    }
+  }
+  return {.stage = stage,
+          .sequential_ms = zeroshard::bench::median(times[0]),
+          .sequential_step_ms = zeroshard::bench::median(times[1]),
+          .overlapped_ms = zeroshard::bench::median(times[2]),
+          .overlapped_step_ms = zeroshard::bench::median(times[3]),
+          .kept = overlapped.overlapped};
+}
+
+bool print_super_offload(const Device& device, Communicator& host, const Options& options) {
+  const bool print = host.rank() == 0;
+  if (print) {
+    std::printf(
+        "  sequential:  AdamW offloaded to CPU memory, its update in step() after backward\n"
+        "  overlapped:  the same with super_offload, each bucket's shard updated as it arrives\n"
+        "               during backward\n"
+        "  (in step()): the part of the step spent in Engine::step(), median on its own\n\n"
+        "stage | sequential ms (in step()) | overlapped ms (in step()) | overlapped/sequential | "
+        "steps kept overlapped\n");
+  }
+  bool sane = true;
+  for (char digit : options.stages) {
+    const int stage = digit - '0';
+    if (stage == 0) continue;  // offload_optimizer needs stage 1-3
+    const SuperOffloadTimes t = measure_super_offload(stage, device, host, options);
+    sane = sane && std::isfinite(t.sequential_ms) && t.sequential_ms > 0.0 &&
+           std::isfinite(t.overlapped_ms) && t.overlapped_ms > 0.0 && t.kept == options.steps;
+    if (print) {
+      std::printf("%5d | %13.2f (%9.2f) | %13.2f (%9.2f) | %21.3f | %d of %d\n", t.stage,
+                  t.sequential_ms, t.sequential_step_ms, t.overlapped_ms, t.overlapped_step_ms,
+                  t.overlapped_ms / t.sequential_ms, t.kept, options.steps);
+      std::fflush(stdout);
+    }
+  }
+  return sane;
 }
 
 }  // namespace
@@ -257,16 +377,29 @@ int main(int argc, char** argv) {
     if (print) {
       std::printf(
           "zeroshard-overlap-bench: %d rank(s) on %s, %d layers of %dx%d (%lld parameters), batch "
-          "%d per rank, median of %d steps after %d warm-up, slowest rank\n"
+          "%d per rank, median of %d steps after %d warm-up, slowest rank\n",
+          host->size(), device.to_string().c_str(), options.layers, options.width, options.width,
+          parameters, options.batch, options.steps, options.warmup);
+    }
+    if (options.super_offload) {
+      const bool sane = print_super_offload(device, *host, options);
+      if (options.check && !sane) {
+        std::fprintf(stderr,
+                     "zeroshard-overlap-bench: a time was not positive and finite, or a step "
+                     "did not keep its overlapped update\n");
+        return 1;
+      }
+      return 0;
+    }
+    if (print) {
+      std::printf(
           "  compute:     forward + backward arithmetic, every layer gathered beforehand\n"
           "  comm:        the same gathers, gradient hand-overs and step() (with its update), no "
           "model\n"
           "               arithmetic\n"
           "  overlapped:  the training step as the engine runs it (overlap_comm, prefetch)\n\n"
           "stage | compute ms | comm ms | compute+comm ms | overlapped ms | "
-          "overlapped/(compute+comm)\n",
-          host->size(), device.to_string().c_str(), options.layers, options.width, options.width,
-          parameters, options.batch, options.steps, options.warmup);
+          "overlapped/(compute+comm)\n");
     }
     bool sane = true;
     for (char digit : options.stages) {

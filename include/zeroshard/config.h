@@ -30,6 +30,11 @@ struct OffloadConfig {
   bool pipeline_write = false;           ///< offload_optimizer only
   bool fast_init = false;                ///< offload_optimizer only
   double ratio = 1.0;                    ///< offload_optimizer only
+  /// offload_optimizer only, device cpu: each bucket's shard is updated on a host thread as its
+  /// reduced gradients arrive at the window's end, while backward goes on (DeepSpeed's
+  /// SuperOffload). Exact: a step whose norm clips, that overflows or whose inputs changed is
+  /// redone from the untouched arrays, so training is bit for bit as without it.
+  bool super_offload = false;
 };
 
 /// `zero_optimization`. Sizes are in elements, as in DeepSpeed.

@@ -179,6 +179,10 @@ struct StepResult {
   double grad_norm = 0.0;
   /// Learning rate used by the update (the default group's).
   double lr = 0.0;
+  /// offload_optimizer.super_offload: the update ran during backward and was kept. False when it
+  /// ran in step() instead: the step clipped (or the last one did), overflowed, or its learning
+  /// rate or loss scale changed after backward began.
+  bool overlapped = false;
 };
 
 /// Elements of the flat layout Engine::visit_consolidated_parameters() gathers at a time unless

@@ -51,6 +51,8 @@ struct EstimateInput {
   /// momentum has 1, AMSGrad 3.
   int optimizer_state_arrays = -1;
   OffloadDevice offload_optimizer = OffloadDevice::kNone;
+  /// offload_optimizer.super_offload: a second master and states beside the first.
+  bool super_offload = false;
   OffloadDevice offload_param = OffloadDevice::kNone;
   std::int64_t reduce_bucket_size = 500000000;
   bool reduce_scatter = true;

@@ -40,6 +40,17 @@ void check_offload_devices(const ZeroConfig& zero) {
                         "parameters in CPU memory with \"cpu\"");
 }
 
+void check_super_offload(const OffloadConfig& offload) {
+  if (!offload.super_offload || offload.device == OffloadDevice::kCpu) return;
+  // NVMe's pipelined step reads each sub-group's record once, in order; updating as buckets
+  // arrive would read them in the reductions' order and hold a second copy of the states.
+  throw ConfigError("zero_optimization.offload_optimizer.super_offload",
+                    std::string("got true with offload_optimizer.device \"") +
+                        to_string(offload.device) +
+                        "\"; the update overlaps backward only with the optimizer states in CPU "
+                        "memory: set offload_optimizer.device to \"cpu\", or remove the key");
+}
+
 // The engine reduces gradients in the parameters' type or in fp32, and keeps an fp32 gradient
 // shard only at stages 2-3, where it owns one.
 void check_gradient_types(const Config& config) {
@@ -111,6 +122,7 @@ void check_aio(const AioConfig& aio) {
 
 void check_config(const Config& config) {
   check_offload_devices(config.zero_optimization);
+  check_super_offload(config.zero_optimization.offload_optimizer);
   check_aio(config.aio);
   check_gradient_types(config);
   check_rule_and_schedule(config);

@@ -680,8 +680,12 @@ std::vector<KeySpec> make_key_specs() {
       {.path = "zero_optimization.offload_optimizer.super_offload",
        .kind = K::kBool,
        .default_json = "false",
-       .meaning = "Superchip (Grace Hopper) offload.",
-       .status = S::kRefused},
+       .meaning = "Update each bucket's shard on a host thread as its reduced gradients arrive "
+                  "at the window's end, during backward (DeepSpeed's SuperOffload); device cpu "
+                  "only. Speculative with clip 1: a step that clips, overflows or changed its "
+                  "inputs is redone from the untouched arrays, so results are bit for bit as "
+                  "without it. Holds a second master and states in host memory.",
+       .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.offload_optimizer.super_offload)},
       {.path = "zero_optimization.offload_optimizer.cpuadam_cores_perc",
        .kind = K::kNumber,
        .default_json = "0.8",

@@ -318,12 +318,14 @@ GradTarget EngineState::param_grad(int index, bool may_assign) {
 
 void EngineState::mark_grad_ready(int index) {
   require_finalized();
+  begin_overlapped_update_if_due();
   bucketer_->mark_ready(index, micro_step_);
   params_store_->poll();
 }
 
 void EngineState::mark_all_grads_ready() {
   require_finalized();
+  begin_overlapped_update_if_due();
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const ParamInfo& p = params_[i];
     if (p.trainable && !p.grad_ready) bucketer_->mark_ready(static_cast<int>(i), micro_step_);

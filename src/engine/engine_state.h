@@ -62,6 +62,11 @@ class EngineState {
   void release(ModuleId module);
   void mark_grad_ready(int index);
   void mark_all_grads_ready();
+  /// super_offload: at the window's last micro-step, before its first gradient is reduced, starts
+  /// the update that runs during backward, unless the last step clipped.
+  void begin_overlapped_update_if_due();
+  /// The factor that turns the reduced gradients into the unscaled mean over ranks and micro-steps.
+  double gradient_unscale() const;
   /// A buffer of `bytes` in the device's memory, charged to `category`.
   TrackedBuffer allocate(MemoryCategory category, std::size_t bytes);
   /// Sums (or maxes) a few host floats over the ranks through engine memory, which is where the
@@ -172,6 +177,9 @@ class EngineState {
   std::vector<std::uint64_t> initial_value_digests_;
   double lr_override_ = -1.0;
   double last_grad_norm_ = 0.0;
+  /// super_offload: the next window's update overlaps backward. Off after a step that clipped, as
+  /// the next one likely clips too and the overlapped update would be thrown away.
+  bool overlap_next_update_ = true;
 
   /// The schedule's values for the next update (or the override / the rule's own lr).
   ScheduledValues scheduled() const;

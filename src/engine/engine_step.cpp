@@ -19,6 +19,23 @@ constexpr double kClipEpsilon = 1e-6;
 
 }  // namespace
 
+void EngineState::begin_overlapped_update_if_due() {
+  if (!optimizer_->overlaps_update() || !overlap_next_update_ ||
+      optimizer_->overlapped_update_begun() ||
+      micro_step_ + 1 < config_.gradient_accumulation_steps) {
+    return;
+  }
+  // Speculative: clip 1, this step's learning rates and loss scale as they stand now. step()
+  // keeps it only if they are what it finds.
+  optimizer_->begin_overlapped_update(static_cast<float>(gradient_unscale()), step_contexts());
+}
+
+double EngineState::gradient_unscale() const {
+  // Gradients arrive summed over ranks and micro-steps and multiplied by the loss scale.
+  return bucketer_->post_reduction_factor() /
+         (static_cast<double>(config_.gradient_accumulation_steps) * loss_scale());
+}
+
 StepResult EngineState::step() {
   require_finalized();
   bucketer_->finish(micro_step_);
@@ -29,6 +46,12 @@ StepResult EngineState::step() {
     return result;
   }
   micro_step_ = 0;
+  try {
+    optimizer_->finish_overlapped_update();
+  } catch (...) {
+    zero_grad();
+    throw;
+  }
   params_store_->release_all_after_step();
 
   const auto update_start = std::chrono::steady_clock::now();
@@ -36,9 +59,7 @@ StepResult EngineState::step() {
   // reduced gradients, then finds the norm stages 1-3 find, bit for bit.
   const std::int64_t lo = layout_.shard_begin(rank_);
   const std::int64_t hi = layout_.shard_end(rank_);
-  // Gradients arrive summed over ranks and micro-steps and multiplied by the loss scale.
-  const double unscale = bucketer_->post_reduction_factor() /
-                         (static_cast<double>(config_.gradient_accumulation_steps) * loss_scale());
+  const double unscale = gradient_unscale();
 
   // The norm needs every rank's part before the clip coefficient is known, so one pass only
   // inspects the gradients; the update then applies unscale x clip as one fp32 factor as it reads
@@ -112,7 +133,10 @@ StepResult EngineState::step() {
   }
 
   optimizer_->leave_whole_gradients(bucketer_->leaves_full_grads());
-  apply_update(static_cast<float>(unscale * clip), contexts);
+  const auto grad_factor = static_cast<float>(unscale * clip);
+  result.overlapped = optimizer_->keep_overlapped_update(grad_factor, contexts);
+  if (!result.overlapped) apply_update(grad_factor, contexts);
+  overlap_next_update_ = clip == 1.0;
   times_.update += seconds_since(update_start);
   const auto gather_start = std::chrono::steady_clock::now();
   params_store_->after_update();

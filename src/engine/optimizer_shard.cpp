@@ -4,6 +4,8 @@
 #include "engine/optimizer_shard.h"
 
 #include <algorithm>
+#include <cstring>
+#include <utility>
 
 #include "optim/builtin_rule.h"
 
@@ -70,6 +72,16 @@ OptimizerShard::OptimizerShard(const EngineContext& context, const UpdateRule& r
           context_.allocate(tier, MemoryCategory::kOptimizerStates, owned * sizeof(float)));
     }
   }
+  if (offload.super_offload) {
+    // check_config() allows it with device cpu only: the arrays are host memory.
+    next_arrays_.push_back(
+        context_.allocate(tier, MemoryCategory::kMasterWeights, owned * sizeof(float)));
+    for (int s = 0; s < rule_.state_count(); ++s) {
+      next_arrays_.push_back(
+          context_.allocate(tier, MemoryCategory::kOptimizerStates, owned * sizeof(float)));
+    }
+    update_thread_ = std::make_unique<WorkThread>();
+  }
   state_pointers_.resize(static_cast<std::size_t>(rule_.state_count()));
   array_pointers_.resize(static_cast<std::size_t>(rule_.state_count()) + 1);
   if (context_.dtype != DType::kFloat32) {
@@ -131,9 +143,15 @@ void OptimizerShard::accept_reduced(std::int64_t lo, std::int64_t hi, const void
   arrived_ = true;
   const std::int64_t count = hi - lo;
   void* destination = grad_shard_.as<char>() + (lo - owned_begin_) * size_of(grad_shard_dtype_);
-  if (data == destination) return;  // reduced in place (reduce_target)
+  if (data == destination) {  // reduced in place (reduce_target)
+    queue_overlapped(lo, hi);
+    return;
+  }
   // The first micro-step of a window stores its parts; later ones add to them.
-  const auto land = [this, destination, dtype, count, replace = replace_](const void* source) {
+  // Only parts of the micro-step that began the overlapped update are its to queue; a part
+  // still in flight from an earlier one lands as it always did.
+  const auto land = [this, destination, dtype, count, lo, hi, replace = replace_,
+                     overlapped = overlap_.begun](const void* source) {
     if (!replace) {
       update_backend_->accumulate(destination, grad_shard_dtype_, source, dtype, count);
     } else if (dtype == grad_shard_dtype_) {
@@ -144,6 +162,7 @@ void OptimizerShard::accept_reduced(std::int64_t lo, std::int64_t hi, const void
       update_backend_->narrow(static_cast<const float*>(source), destination, grad_shard_dtype_,
                               count);
     }
+    if (overlapped) queue_overlapped(lo, hi);
   };
   if (!staging_) {
     land(data);
@@ -165,6 +184,7 @@ void OptimizerShard::finish_write_back() {
 }
 
 void OptimizerShard::zero_gradients() {
+  drop_overlapped_update();
   land_gradients();
   if (!arrived_) {
     replace_ = true;
@@ -197,6 +217,7 @@ float* OptimizerShard::state_at(int state, std::int64_t flat) {
 }
 
 void OptimizerShard::load_master(std::int64_t flat, const float* values, std::int64_t count) {
+  drop_overlapped_update();
   if (master_aliases_params_) return;
   if (swapped_) {
     swapped_->write(0, flat - owned_begin_, values, count);
@@ -219,6 +240,7 @@ void OptimizerShard::for_each_master_chunk(std::int64_t first, std::int64_t last
 }
 
 void OptimizerShard::copy_master_to(float* destination, std::int64_t lo, std::int64_t hi) {
+  drop_overlapped_update();
   const std::int64_t first = std::max(lo, owned_begin_);
   const std::int64_t last = std::min(hi, owned_end());
   if (first >= last) return;
@@ -246,11 +268,13 @@ MemoryLocation OptimizerShard::array_location(int array) const {
 }
 
 const float* OptimizerShard::host_view(int array, std::int64_t flat) {
+  drop_overlapped_update();
   if (swapped_) return nullptr;
   return array_location(array) == MemoryLocation::kHost ? array_at(array, flat) : nullptr;
 }
 
 void OptimizerShard::read_owned(int array, std::int64_t flat, float* out, std::int64_t count) {
+  drop_overlapped_update();
   if (swapped_) {
     swapped_->read(array, flat - owned_begin_, out, count);
     return;
@@ -261,6 +285,7 @@ void OptimizerShard::read_owned(int array, std::int64_t flat, float* out, std::i
 
 void OptimizerShard::write_owned(int array, std::int64_t flat, const float* values,
                                  std::int64_t count) {
+  drop_overlapped_update();
   if (swapped_) {
     swapped_->write(array, flat - owned_begin_, values, count);
     return;
@@ -270,6 +295,7 @@ void OptimizerShard::write_owned(int array, std::int64_t flat, const float* valu
 }
 
 TrackedBuffer OptimizerShard::staging_for(int array) {
+  drop_overlapped_update();
   if (swapped_ || array_location(array) != MemoryLocation::kHost) return {};
   TrackedBuffer twin = array > 0                ? states_[array - 1].uninitialized_twin()
                        : master_aliases_params_ ? params_.staging_for_owned()
@@ -280,6 +306,7 @@ TrackedBuffer OptimizerShard::staging_for(int array) {
 }
 
 void OptimizerShard::adopt_array(int array, TrackedBuffer staged) {
+  drop_overlapped_update();
   if (array > 0) {
     std::swap(states_[array - 1], staged);
   } else if (master_aliases_params_) {
@@ -289,11 +316,21 @@ void OptimizerShard::adopt_array(int array, TrackedBuffer staged) {
   }
 }
 
-void OptimizerShard::refresh_params_from_master() { refresh_params(owned_begin_, owned_end()); }
+void OptimizerShard::refresh_params_from_master() {
+  drop_overlapped_update();
+  refresh_params(owned_begin_, owned_end());
+}
 
 void OptimizerShard::refresh_params(std::int64_t first, std::int64_t last) {
   if (master_aliases_params_) return;
-  // Rounded one bounded chunk at a time, as the update writes the 16-bit copy.
+  // Rounded one bounded chunk at a time, as the update writes the 16-bit copy; a master in host
+  // memory is read where it lies.
+  if (!swapped_ && array_location(0) == MemoryLocation::kHost) {
+    for (std::int64_t begin = first; begin < last; begin += kWriteBackElements) {
+      params_.store_owned(begin, master_at(begin), std::min(kWriteBackElements, last - begin));
+    }
+    return;
+  }
   for_each_master_chunk(first, last,
                         [&](std::int64_t begin, const float* values, std::int64_t count) {
                           params_.store_owned(begin, values, count);
@@ -335,7 +372,7 @@ void OptimizerShard::update(float grad_factor, const GroupContexts& contexts) {
       }
       update_sub_group(begin, std::min(run.end, begin + tile), run.first_param,
                        run.offset_in_param + (begin - run.begin), grad_factor, contexts,
-                       array_pointers_);
+                       array_pointers_, true);
     }
   }
   finish_write_back();
@@ -363,7 +400,7 @@ void OptimizerShard::update_swapped(const std::vector<Run>& all_runs, float grad
         end = std::min({last, begin + kWriteBackElements, params_.owned_run_end(begin)});
         written_until_ = end;
         update_sub_group(begin, end, run->first_param, run->offset_in_param + (begin - run->begin),
-                         grad_factor, contexts, array_pointers_);
+                         grad_factor, contexts, array_pointers_, true);
       }
       if (run->end > tile_end) break;  // the run goes on in the next tile
       ++run;
@@ -385,8 +422,8 @@ void OptimizerShard::roll_back_update() {
 
 void OptimizerShard::update_sub_group(std::int64_t begin, std::int64_t end, int param,
                                       std::int64_t offset_in_param, float grad_factor,
-                                      const GroupContexts& contexts,
-                                      std::span<float* const> arrays) {
+                                      const GroupContexts& contexts, std::span<float* const> arrays,
+                                      bool writes_params) {
   const ParamInfo& p = context_.params[param];
   for (std::size_t s = 0; s < state_pointers_.size(); ++s) state_pointers_[s] = arrays[s + 1];
   ShardSlice slice;
@@ -405,13 +442,14 @@ void OptimizerShard::update_sub_group(std::int64_t begin, std::int64_t end, int 
   if (clears_whole_gradients()) io.grad_to_clear = full_grads_ + begin * context_.dsize;
   // Write back: straight into the parameters when the update can reach them; offloaded, through
   // a staging half whose copy to the device runs while the next tile is updated.
-  const bool staged = writes_back_through_staging();
+  // The overlapped update leaves the parameters alone: step() rounds them from the kept master.
+  const bool staged = writes_params && writes_back_through_staging();
   if (staged) {
     io.param_copy = staging_->acquire();
-  } else if (params_.swaps()) {
+  } else if (writes_params && params_.swaps()) {
     // Straight into the parameter file's cached tile: update_swapped() ends chunks at tiles.
     io.param_copy = params_.writable_owned(begin, slice.size);
-  } else if (!master_aliases_params_ && !rounds_params_from_master()) {
+  } else if (writes_params && !master_aliases_params_ && !rounds_params_from_master()) {
     io.param_copy = params_.owned_at(begin);
   }
   const std::span<float> scratch(scratch_.as<float>(), scratch_.bytes() / sizeof(float));
@@ -419,9 +457,103 @@ void OptimizerShard::update_sub_group(std::int64_t begin, std::int64_t end, int 
   if (staged) {
     staging_->to_device(params_.owned_at(begin),
                         static_cast<std::size_t>(slice.size) * context_.dsize);
-  } else if (rounds_params_from_master()) {
+  } else if (writes_params && rounds_params_from_master()) {
     refresh_params(begin, end);
   }
+}
+
+namespace {
+
+// Elements the overlapped update copies and updates at a time: the master and two states of it
+// and of their copies take 384 KiB, so the rule reads what the copy just wrote from L2.
+constexpr std::int64_t kOverlapChunkElements = std::int64_t{1} << 14;
+
+bool same_contexts(const GroupContexts& a, const GroupContexts& b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(),
+                    [](const StepContext& x, const StepContext& y) {
+                      return x.step == y.step && x.lr == y.lr && x.weight_decay == y.weight_decay &&
+                             x.momentum == y.momentum;
+                    });
+}
+
+}  // namespace
+
+void OptimizerShard::begin_overlapped_update(float grad_factor, GroupContexts contexts) {
+  drop_overlapped_update();
+  overlap_.begun = true;
+  overlap_.grad_factor = grad_factor;
+  overlap_.contexts = std::move(contexts);
+  overlap_.runs = runs();
+  overlap_.run_elements = 0;
+  for (const Run& run : overlap_.runs) overlap_.run_elements += run.end - run.begin;
+}
+
+void OptimizerShard::queue_overlapped(std::int64_t lo, std::int64_t hi) {
+  if (!overlap_.begun) return;
+  update_thread_->post([this, lo, hi] { update_overlapped(lo, hi); });
+}
+
+void OptimizerShard::update_overlapped(std::int64_t lo, std::int64_t hi) {
+  std::vector<float*> arrays(next_arrays_.size());
+  const auto first_run = std::partition_point(overlap_.runs.begin(), overlap_.runs.end(),
+                                              [lo](const Run& run) { return run.end <= lo; });
+  for (auto run = first_run; run != overlap_.runs.end() && run->begin < hi; ++run) {
+    const std::int64_t last = std::min(run->end, hi);
+    for (std::int64_t begin = std::max(run->begin, lo), end = begin; begin < last; begin = end) {
+      end = std::min(last, begin + kOverlapChunkElements);
+      for (std::size_t a = 0; a < arrays.size(); ++a) {
+        arrays[a] = next_arrays_[a].as<float>() + (begin - owned_begin_);
+        std::memcpy(arrays[a], array_at(static_cast<int>(a), begin),
+                    static_cast<std::size_t>(end - begin) * sizeof(float));
+      }
+      update_sub_group(begin, end, run->first_param, run->offset_in_param + (begin - run->begin),
+                       overlap_.grad_factor, overlap_.contexts, arrays, false);
+      overlap_.updated += end - begin;
+    }
+  }
+}
+
+void OptimizerShard::finish_overlapped_update() {
+  if (!overlap_.begun) {
+    overlap_ = Overlap{};  // one finished for a step that never kept it is of no later step
+    return;
+  }
+  try {
+    wait_for_overlapped_update();
+  } catch (...) {
+    overlap_ = Overlap{};
+    throw;
+  }
+  overlap_.finished = true;
+}
+
+void OptimizerShard::wait_for_overlapped_update() {
+  // No part of it may still be in flight to land in a later one.
+  land_gradients();
+  overlap_.begun = false;
+  update_thread_->wait();
+}
+
+bool OptimizerShard::keep_overlapped_update(float grad_factor, const GroupContexts& contexts) {
+  const bool keep = overlap_.finished && overlap_.updated == overlap_.run_elements &&
+                    overlap_.grad_factor == grad_factor &&
+                    same_contexts(overlap_.contexts, contexts);
+  overlap_ = Overlap{};
+  if (!keep) return false;
+  std::swap(master_, next_arrays_[0]);
+  for (std::size_t s = 0; s < states_.size(); ++s) std::swap(states_[s], next_arrays_[s + 1]);
+  refresh_params(owned_begin_, owned_end());
+  return true;
+}
+
+void OptimizerShard::drop_overlapped_update() {
+  if (!overlap_.begun && !overlap_.finished) return;
+  try {
+    wait_for_overlapped_update();
+  } catch (...) {
+    // Dropped with the update it belonged to; the update that replaces it meets the same error.
+  }
+  overlap_ = Overlap{};
 }
 
 }  // namespace zeroshard::detail

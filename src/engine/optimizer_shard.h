@@ -13,6 +13,7 @@
 #include "engine/host_staging.h"
 #include "engine/param_coordinator.h"
 #include "swapped_arrays.h"
+#include "util/work_thread.h"
 
 namespace zeroshard::detail {
 
@@ -87,6 +88,21 @@ class OptimizerShard final : public ReducedGradientSink {
   }
   /// The next update() leaves the whole gradients as they are (GradBucketer::leaves_full_grads()).
   void leave_whole_gradients(bool leave) noexcept { leaves_whole_gradients_ = leave; }
+  /// super_offload: the update can run during backward on a thread of its own.
+  bool overlaps_update() const noexcept { return update_thread_ != nullptr; }
+  /// From now until finish_overlapped_update(), each part of the shard whose reduced gradients
+  /// land is updated on the update thread with `grad_factor` and `contexts` into a second master
+  /// and states, while backward goes on; the arrays in use are left as they are.
+  void begin_overlapped_update(float grad_factor, GroupContexts contexts);
+  bool overlapped_update_begun() const noexcept { return overlap_.begun; }
+  /// At the window's end: lands every gradient in flight and waits for the update thread;
+  /// rethrows its error, with the master and states unchanged.
+  void finish_overlapped_update();
+  /// Keeps the finished overlapped update when it covered every owned element with this
+  /// `grad_factor` and these `contexts`: the second master and states become the arrays, and the
+  /// owned parameters are rounded from them. Otherwise drops it and returns false: update() then
+  /// runs as without super_offload, from arrays the overlapped update never wrote.
+  bool keep_overlapped_update(float grad_factor, const GroupContexts& contexts);
   /// After update() failed on some rank (an I/O error on swap files): every rank makes the
   /// master and states what they were before it and rounds the owned parameters it wrote back
   /// from them, so that no rank keeps half a step. Only with swaps(); resident updates do not fail
@@ -122,9 +138,25 @@ class OptimizerShard final : public ReducedGradientSink {
   MemoryLocation array_location(int array) const;
   /// One sub-group: elements [begin, end) of a run that starts at parameter `param`'s piece;
   /// `arrays` point at element `begin` of the master (first) and of each state.
+  /// `writes_params`: the updated values are also rounded into the parameters (not during
+  /// backward, which still reads them).
   void update_sub_group(std::int64_t begin, std::int64_t end, int param,
                         std::int64_t offset_in_param, float grad_factor,
-                        const GroupContexts& contexts, std::span<float* const> arrays);
+                        const GroupContexts& contexts, std::span<float* const> arrays,
+                        bool writes_params);
+  /// Queues the owned elements of [lo, hi), whose gradients have all landed, to the update thread
+  /// when an overlapped update has begun.
+  void queue_overlapped(std::int64_t lo, std::int64_t hi);
+  /// On the update thread: copies the master and states of the owned elements of [lo, hi) into
+  /// the second set and updates them there, a cache-sized chunk at a time.
+  void update_overlapped(std::int64_t lo, std::int64_t hi);
+  /// Lands what is in flight of the overlapped update, queues no more of it, and waits for the
+  /// update thread; rethrows its error.
+  void wait_for_overlapped_update();
+  /// Called before the arrays or the gradient shard are read or written outside step(): waits for
+  /// an overlapped update still running and drops it (its error shows again in the update that
+  /// replaces it).
+  void drop_overlapped_update();
   /// The update is offloaded and the parameters live on the device: the 16-bit copy goes
   /// through pinned staging, a bounded tile at a time.
   bool writes_back_through_staging() const;
@@ -166,6 +198,19 @@ class OptimizerShard final : public ReducedGradientSink {
   std::unique_ptr<SwappedArrays> swapped_;
   /// The last update() wrote the model-precision copy of [owned_begin_, written_until_).
   std::int64_t written_until_ = 0;
+  /// super_offload: the update thread, and the master (0) and states (1 + k) it writes.
+  std::unique_ptr<WorkThread> update_thread_;
+  std::vector<TrackedBuffer> next_arrays_;
+  struct Overlap {
+    bool begun = false;     ///< parts landing now are queued to the update thread
+    bool finished = false;  ///< the update thread is done with them, keep or drop
+    float grad_factor = 0.0f;
+    GroupContexts contexts;
+    std::vector<Run> runs;
+    std::int64_t run_elements = 0;  ///< owned elements the rule updates
+    std::int64_t updated = 0;       ///< of them, updated so far (the update thread's)
+  };
+  Overlap overlap_;
 };
 
 }  // namespace zeroshard::detail

@@ -100,6 +100,11 @@ struct Terms {
   std::int64_t updated() const { return elements(1); }
   /// The reduced gradient shard, in the type gradients accumulate in wherever it lives: fp32 under
   /// grad_accum_dtype fp32 (stages 2-3 only), the model's type otherwise.
+  /// Sets of master and states: two with super_offload, whose update during backward writes the
+  /// second while the first stays as it was until the step keeps or drops it.
+  std::int64_t update_copies() const {
+    return in.super_offload && in.offload_optimizer == OffloadDevice::kCpu ? 2 : 1;
+  }
   std::int64_t grad_shard_bytes() const {
     return (stage >= 2 && in.fp32_grad_accumulation ? 4 : d) * shard;
   }
@@ -206,12 +211,12 @@ constexpr Rule kRules[] = {
     {MemoryCategory::kMasterWeights,
      [](const Terms& t) -> std::int64_t {
        if (swaps_optimizer(t.in)) return t.swap_file(1);
-       return t.d != 4 || t.optimizer_offloaded ? 4 * t.updated() : 0;
+       return t.d != 4 || t.optimizer_offloaded ? t.update_copies() * 4 * t.updated() : 0;
      },
      where_optimizer_lives},
     {MemoryCategory::kOptimizerStates,
      [](const Terms& t) {
-       return swaps_optimizer(t.in) ? t.swap_file(t.k) : 4 * t.k * t.updated();
+       return swaps_optimizer(t.in) ? t.swap_file(t.k) : t.update_copies() * 4 * t.k * t.updated();
      },
      where_optimizer_lives},
     // Communication slots, at most two (one bucket reducing while the next fills): from stage 2
@@ -482,6 +487,7 @@ EstimateInput estimate_input_from_config(const Config& config, std::int64_t para
     if (in.optimizer_state_arrays == 0 && flag("momentum")) in.optimizer_state_arrays = 1;
   }
   in.offload_optimizer = zero.offload_optimizer.device;
+  in.super_offload = zero.offload_optimizer.super_offload;
   in.offload_param = zero.offload_param.device;
   in.reduce_bucket_size = zero.reduce_bucket_size;
   in.reduce_scatter = zero.reduce_scatter;
