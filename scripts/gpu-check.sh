@@ -137,7 +137,8 @@ for test in tests:
         if path.startswith(sys.argv[2] + "/"):
             wanted.add(os.path.basename(path))
 # ctest lists no command for a case whose program it cannot find yet: the example checkers.
-always = {"bench_kernels", "bench_cpu_optimizer", "zeroshard-train-mlp", "zeroshard-estimate"}
+always = {"bench_kernels", "bench_cpu_optimizer", "zeroshard-train-mlp", "zeroshard-estimate",
+          "zeroshard-overlap-bench"}
 always |= {name for name in known if name.startswith("zeroshard-check-")}
 print("\n".join(sorted((wanted & known) | always)))
 EOF
@@ -170,6 +171,24 @@ else
     "$build/benchmarks/bench_cpu_optimizer" --benchmark_filter='^$'; then
     printf '\nCPU update (the offloaded step'"'"'s):\n\n```\n%s\n```\n' "$(grep -iE \
       'alternated|ratio|BM_' "$out/bench-cpu.log" | head -n 30)" >>"$report"
+  fi
+fi
+
+# --- the offloaded update during backward ----------------------------------------------------
+section "Offloaded AdamW after backward vs during it (super_offload)"
+if ((failed != 0)) && [[ ! -x "$build/benchmarks/zeroshard-overlap-bench" ]]; then
+  echo "not run: the build failed" >>"$report"
+elif [[ -n "$gpu_reason" ]]; then
+  echo "skipped: $gpu_reason" >>"$report"
+else
+  # The model computes on the GPU and the update runs on the host, as ZeRO-Offload trains: the
+  # two alternated, step by step, in one process.
+  if logged super-offload.log timeout 90 "$build/benchmarks/zeroshard-overlap-bench" \
+    --device cuda --super-offload --stages 23 --layers 8 --width 4096 --batch 64 --steps 6 \
+    --warmup 2; then
+    printf '```\n%s\n```\n' "$(cat "$out/super-offload.log")" >>"$report"
+  else
+    echo "failed or timed out; output in super-offload.log" >>"$report"
   fi
 fi
 
