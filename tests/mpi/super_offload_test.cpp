@@ -139,6 +139,21 @@ INSTANTIATE_TEST_SUITE_P(StagesPrecisionsRules, SuperOffloadEquivalence,
                                                               : "");
                          });
 
+// With the parameter shard in host memory too (stage 3), the kept update rounds it there.
+TEST(SuperOffload, ParametersOffloadedTooTrainBitForBit) {
+  for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    SCOPED_TRACE(to_string(dtype));
+    Config sequential = case_config(3, dtype, Clip::kSometimes);
+    sequential.zero_optimization.offload_param.device = OffloadDevice::kCpu;
+    Config overlapped = sequential;
+    overlapped.zero_optimization.offload_optimizer.super_offload = true;
+    const Trained expected = train(sequential, 0);
+    const Trained actual = train(overlapped, 0);
+    expect_same_training(actual, expected);
+    EXPECT_GT(actual.overlapped, 0);
+  }
+}
+
 // fp16 steps that overflow drop the overlapped update and skip, as the update after backward
 // does; the steps after them overlap again.
 TEST(SuperOffload, OverflowedStepsSkipAsWithoutIt) {
