@@ -32,6 +32,8 @@ class CopyEvent {
   virtual ~CopyEvent() = default;
   /// Blocks the host until the marked copy has finished; returns at once when none is marked.
   virtual void wait() = 0;
+  /// True once the marked copy has finished, or when none is marked; the host does not block.
+  virtual bool finished() = 0;
   /// Makes work queued later on the compute stream wait, on the device, for the marked copy; the
   /// host does not block.
   virtual void order_compute_after() = 0;

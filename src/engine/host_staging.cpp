@@ -68,6 +68,14 @@ void HostStaging::land_all() {
   settle(halves_[1 - next_]);
 }
 
+void HostStaging::land_finished() {
+  for (Half* half : {&halves_[next_], &halves_[1 - next_]}) {
+    if (!half->land) continue;
+    if (!half->done->finished()) return;  // a younger copy is not landed before an older one
+    std::exchange(half->land, nullptr)();
+  }
+}
+
 void HostStaging::order_compute_after() {
   for (Half& half : halves_) half.done->order_compute_after();
 }

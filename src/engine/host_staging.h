@@ -43,6 +43,8 @@ class HostStaging {
   void to_host(const void* source, std::size_t bytes, std::function<void()> land);
   /// Waits for every copy in flight and lands what they brought, oldest first.
   void land_all();
+  /// Lands what the copies that have already finished brought, oldest first, without waiting.
+  void land_finished();
   /// Makes work queued later on the compute stream wait for every copy in flight: before
   /// the device memory they read is written again, or the memory they write is read.
   void order_compute_after();

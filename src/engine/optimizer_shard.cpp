@@ -173,6 +173,9 @@ void OptimizerShard::accept_reduced(std::int64_t lo, std::int64_t hi, const void
   const char* host = staging_->acquire();
   staging_->to_host(data, static_cast<std::size_t>(count) * size_of(dtype),
                     [land, host] { land(host); });
+  // The overlapped update takes a part as soon as it has landed: the CPU backend's copies have
+  // finished already, a GPU's may have.
+  if (overlap_.begun) staging_->land_finished();
 }
 
 void OptimizerShard::land_gradients() {

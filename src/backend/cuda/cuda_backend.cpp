@@ -113,6 +113,10 @@ class StreamCopyEvent final : public detail::CopyEvent {
     const DeviceGuard guard(device_);
     event_.synchronize();
   }
+  bool finished() override {
+    const DeviceGuard guard(device_);
+    return event_.query();
+  }
   void order_compute_after() override {
     const DeviceGuard guard(device_);
     event_.make_wait(compute_stream_);
