@@ -1,5 +1,6 @@
 // Host-callable launchers of zeroshard's CUDA kernels: fused update rules over a flat fp32 shard,
-// precision casts, the non-finite check and the sum of squares behind the gradient norm. Every
+// precision casts, the non-finite check, the sum of squares behind the gradient norm and the block
+// quantization of ZeRO++. Every
 // pointer is a device pointer; every launcher queues its work on `stream` and returns at once.
 #pragma once
 
@@ -8,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "comm/quantized_block_format.h"
 #include "zeroshard/dtype.h"
 #include "zeroshard/optimizer.h"
 
@@ -81,5 +83,20 @@ std::size_t sum_of_squares_workspace_bytes(DType dtype, std::int64_t count);
 /// sum_of_squares_workspace_bytes(dtype, count) bytes.
 void sum_of_squares(const void* data, DType dtype, std::int64_t count, double* result,
                     void* workspace, std::size_t workspace_bytes, cudaStream_t stream);
+
+// --- block quantization (ZeRO++) ---------------------------------------------------------------
+// The format of comm/quantized_block_format.h, bit for bit the CPU's detail::quantize_blocks and
+// detail::dequantize_blocks; the encoded buffer must be 4-byte aligned.
+
+/// Encodes `count` elements of `dtype` at `in` into detail::quantized_bytes(count, bits) bytes at
+/// `out`, and adds to *nonfinite_blocks the number of blocks holding inf or NaN (encoded as zeros;
+/// never cleared, so one counter can collect several buffers).
+void quantize_blocks(const void* in, DType dtype, std::int64_t count,
+                     zeroshard::detail::QuantBits bits, void* out, int* nonfinite_blocks,
+                     cudaStream_t stream);
+
+/// Decodes `count` elements encoded by quantize_blocks at `in` into `out` of `dtype`.
+void dequantize_blocks(const void* in, zeroshard::detail::QuantBits bits, std::int64_t count,
+                       void* out, DType dtype, cudaStream_t stream);
 
 }  // namespace zeroshard::kernels
