@@ -105,11 +105,12 @@ int main(int argc, char** argv) {
     const double payload = static_cast<double>(options.slot_count * options.slot_bytes);
     std::printf(
         "bench_nvme: %s, %lld slots of %lld bytes (%.2f GiB), block %lld, depth %lld, "
-        "intra-op %lld, %d buffers, buffers %sregistered\n",
+        "intra-op %lld, %d buffers, buffers %sregistered, file %sregistered\n",
         swapper.path().c_str(), static_cast<long long>(options.slot_count),
         static_cast<long long>(options.slot_bytes), payload / (1 << 30),
         static_cast<long long>(o.block_size), static_cast<long long>(o.queue_depth),
-        static_cast<long long>(o.intra_op), o.buffers, swapper.buffers_registered() ? "" : "NOT ");
+        static_cast<long long>(o.intra_op), o.buffers, swapper.buffers_registered() ? "" : "NOT ",
+        swapper.file_registered() ? "" : "NOT ");
 
     // One op per buffer in flight; the oldest is waited for before its buffer is reused.
     const auto run = [&](bool write) {

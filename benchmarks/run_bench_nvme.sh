@@ -28,13 +28,16 @@ bench="$build/benchmarks/bench_nvme"
 [[ -x "$bench" ]] || { echo "run_bench_nvme.sh: $bench missing; build first" >&2; exit 1; }
 mkdir -p "$path"
 
-# fio: one job, one file, sequential, O_DIRECT through io_uring, the same depth and block size;
-# the write pass lays the file out, the read pass reads it back. fio reports bytes/s in bw_bytes.
+# fio: one job, one file, sequential, O_DIRECT through io_uring, the same depth and block size,
+# and registered buffers and files where the swapper has them (fixedbufs, registerfiles; set from
+# bench_nvme's first line); the write pass lays the file out, the read pass reads it back. fio
+# reports bytes/s in bw_bytes.
 fio_file="$path/zeroshard_fio_bench.dat"
+fio_uring_options=()
 fio_gbps() {
   fio --name=zeroshard --filename="$fio_file" --ioengine=io_uring --direct=1 --rw="$1" \
       --bs="$block_size" --iodepth="$queue_depth" --size="$size" --numjobs=1 \
-      --output-format=json |
+      "${fio_uring_options[@]}" --output-format=json |
     python3 -c "import json,sys; j=json.load(sys.stdin)['jobs'][0]; \
 print('%.3f' % (j['$1']['bw_bytes'] / 1e9))"
 }
@@ -44,7 +47,14 @@ sw=(); sr=(); fw=(); fr=()
 printf '%-6s %14s %14s %10s %10s\n' round "swapper write" "swapper read" "fio write" "fio read"
 for ((round = 1; round <= rounds; ++round)); do
   out=$("$bench" --path "$path" --size "$size" --block-size "$block_size" --queue-depth "$queue_depth")
-  ((round == 1)) && echo "$out" | head -1
+  if ((round == 1)); then
+    echo "$out" | head -1
+    fixedbufs=1 registerfiles=1
+    grep -q 'buffers NOT registered' <<<"$out" && fixedbufs=0
+    grep -q 'file NOT registered' <<<"$out" && registerfiles=0
+    fio_uring_options=(--fixedbufs="$fixedbufs" --registerfiles="$registerfiles")
+    echo "fio: --ioengine=io_uring --direct=1 ${fio_uring_options[*]}"
+  fi
   sw+=("$(awk '/^swapper write GB\/s:/ {print $4}' <<<"$out")")
   sr+=("$(awk '/^swapper read GB\/s:/ {print $4}' <<<"$out")")
   fw+=("$(fio_gbps write)")

@@ -111,6 +111,7 @@ class NvmeSwapper {
   /// Pinned host bytes of all buffers.
   std::int64_t buffer_bytes() const noexcept;
   bool buffers_registered() const noexcept { return buffers_registered_; }
+  bool file_registered() const noexcept { return file_registered_; }
   /// Byte offset of a slot's copy (0 or 1) in the file.
   std::int64_t record_offset(std::int64_t slot, int copy) const noexcept;
   /// Which copy of `slot` is current: 0 or 1, -1 when never written.
