@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs bench_nvme (the NVMe swapper) and fio --ioengine=io_uring --direct=1 on the same directory,
-# size, block size and queue depth, alternating them for --rounds rounds (a shared machine's
+# Runs bench_nvme (the NVMe swapper) and fio --ioengine=io_uring --direct=1 on the same swap file,
+# offsets, block size and queue depth, alternating them for --rounds rounds (a shared machine's
 # noise hits both alike), and prints each round and the medians with the swapper's share of fio.
 # usage: benchmarks/run_bench_nvme.sh [--build DIR] [--path DIR] [--size 4G] [--block-size 1M]
 #                                     [--queue-depth 8] [--rounds 3]
@@ -28,42 +28,60 @@ bench="$build/benchmarks/bench_nvme"
 [[ -x "$bench" ]] || { echo "run_bench_nvme.sh: $bench missing; build first" >&2; exit 1; }
 mkdir -p "$path"
 
-# fio: one job, one file, sequential, O_DIRECT through io_uring, the same depth and block size,
+# Records of 64 MiB (a 4 KiB header and 64 MiB - 4 KiB of payload), so that every request of the
+# swapper is a whole block and fio can make the same ones: slot s's copy A is the 64 MiB at
+# 2 * s * 64 MiB, and a first write of every slot fills copies A only.
+record=$((64 << 20))
+size_bytes=$(numfmt --from=iec "$size")
+block_bytes=$(numfmt --from=iec "$block_size")
+((record % block_bytes == 0)) || { echo "run_bench_nvme.sh: --block-size must divide 64M" >&2; exit 2; }
+records=$(((size_bytes + record - 1) / record))
+slot_bytes=$((record - 4096))
+swap_file="$path/zeroshard_rank0_bench.swp"
+trap 'rm -f "$swap_file"' EXIT
+
+# fio: one job on the swapper's file, the swapper's offsets (zonemode=strided: each 64 MiB record,
+# then skip the other copy), sequential, O_DIRECT through io_uring, the same depth and block size,
 # and registered buffers and files where the swapper has them (fixedbufs, registerfiles; set from
-# bench_nvme's first line); the write pass lays the file out, the read pass reads it back. fio
-# reports bytes/s in bw_bytes.
-fio_file="$path/zeroshard_fio_bench.dat"
+# bench_nvme's first line). The write pass writes every record, the read pass reads them back;
+# fio reports bytes/s in bw_bytes.
 fio_uring_options=()
 fio_gbps() {
-  fio --name=zeroshard --filename="$fio_file" --ioengine=io_uring --direct=1 --rw="$1" \
-      --bs="$block_size" --iodepth="$queue_depth" --size="$size" --numjobs=1 \
-      "${fio_uring_options[@]}" --output-format=json |
+  fio --name=zeroshard --filename="$swap_file" --ioengine=io_uring --direct=1 --rw="$1" \
+      --bs="$block_size" --iodepth="$queue_depth" --numjobs=1 --size=$((2 * records * record)) \
+      --io_size=$((records * record)) --zonemode=strided --zonesize=$record \
+      --zonerange=$((2 * record)) "${fio_uring_options[@]}" --output-format=json |
     python3 -c "import json,sys; j=json.load(sys.stdin)['jobs'][0]; \
 print('%.3f' % (j['$1']['bw_bytes'] / 1e9))"
 }
 median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
+ratio() { awk -v s="$1" -v f="$2" 'BEGIN { printf "%.2f", s / f }'; }
 
 sw=(); sr=(); fw=(); fr=()
-printf '%-6s %14s %14s %10s %10s\n' round "swapper write" "swapper read" "fio write" "fio read"
 for ((round = 1; round <= rounds; ++round)); do
-  out=$("$bench" --path "$path" --size "$size" --block-size "$block_size" --queue-depth "$queue_depth")
+  # The swapper writes then reads every record and keeps the file; fio then writes and reads the
+  # same records of it.
+  out=$("$bench" --path "$path" --size $((records * slot_bytes)) --slot-bytes "$slot_bytes" \
+          --block-size "$block_size" --queue-depth "$queue_depth" --keep)
   if ((round == 1)); then
     echo "$out" | head -1
     fixedbufs=1 registerfiles=1
     grep -q 'buffers NOT registered' <<<"$out" && fixedbufs=0
     grep -q 'file NOT registered' <<<"$out" && registerfiles=0
     fio_uring_options=(--fixedbufs="$fixedbufs" --registerfiles="$registerfiles")
-    echo "fio: --ioengine=io_uring --direct=1 ${fio_uring_options[*]}"
+    echo "fio: --ioengine=io_uring --direct=1 ${fio_uring_options[*]} --zonemode=strided, same file"
+    printf '%-6s %14s %10s %6s %14s %10s %6s\n' round "swapper write" "fio write" ratio \
+      "swapper read" "fio read" ratio
   fi
   sw+=("$(awk '/^swapper write GB\/s:/ {print $4}' <<<"$out")")
   sr+=("$(awk '/^swapper read GB\/s:/ {print $4}' <<<"$out")")
   fw+=("$(fio_gbps write)")
   fr+=("$(fio_gbps read)")
-  rm -f "$fio_file"
-  printf '%-6s %14s %14s %10s %10s\n' "$round" "${sw[-1]}" "${sr[-1]}" "${fw[-1]}" "${fr[-1]}"
+  printf '%-6s %14s %10s %6s %14s %10s %6s\n' "$round" "${sw[-1]}" "${fw[-1]}" \
+    "$(ratio "${sw[-1]}" "${fw[-1]}")" "${sr[-1]}" "${fr[-1]}" "$(ratio "${sr[-1]}" "${fr[-1]}")"
 done
 
-echo "medians of $rounds rounds, GB/s (1e9 bytes/s), size $size, block $block_size, depth $queue_depth:"
+echo "medians of $rounds rounds, GB/s (1e9 bytes/s), $records records of 64 MiB, block $block_size, depth $queue_depth:"
 printf '%-8s %14s %10s %8s\n' op "swapper GB/s" "fio GB/s" ratio
 awk -v s="$(median "${sw[@]}")" -v f="$(median "${fw[@]}")" \
   'BEGIN { printf "%-8s %14.3f %10.3f %7.1f%%\n", "write", s, f, 100 * s / f }'
