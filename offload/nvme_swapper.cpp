@@ -10,6 +10,7 @@
 #include <cstddef>  // offsetof
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <sstream>
 #include <string_view>
 
@@ -309,7 +310,7 @@ SwapTicket NvmeSwapper::start(OpKind kind, std::int64_t slot, int buffer) {
   const std::int64_t blocks_per_stripe = (blocks + stripes - 1) / stripes;
   const std::int64_t base = record_offset(slot, op.copy);
   const std::uint64_t id = next_op_++;
-  Piece held;  // a write's first piece, held back until its header is filled in
+  if (kind == OpKind::kRead) op.landed.assign(static_cast<std::size_t>(blocks), false);
   for (std::int64_t i = 0; i < blocks_per_stripe; ++i) {
     for (std::int64_t s = 0; s < stripes; ++s) {
       const std::int64_t b = s * blocks_per_stripe + i;
@@ -323,32 +324,59 @@ SwapTicket NvmeSwapper::start(OpKind kind, std::int64_t slot, int buffer) {
       piece.buffer = buffer;
       ++op.outstanding;
       if (kind == OpKind::kWrite && b == 0) {
-        held = piece;
+        op.header = piece;
+        op.header_held = true;
       } else {
         queued_.push_back(piece);
       }
     }
   }
+  // The checksum thread checks a write's payload while the rest of the record is in flight; the
+  // first piece, which carries the header and its checksum, goes out once that is done. Order
+  // on disk does not matter: a record only partly written fails its checksum, and the copy is
+  // not current before every piece is written. A read's payload is checked as its blocks land.
+  const auto payload = static_cast<std::size_t>(slot_bytes_);
+  op.checksum = checksums_.start(record + kHeaderBytes, payload,
+                                 kind == OpKind::kWrite ? payload : std::size_t{0});
+  if (kind == OpKind::kWrite) held_headers_.push_back(id);
   state.busy = true;
   buffer_busy_[static_cast<std::size_t>(buffer)] = true;
   ops_.emplace(id, std::move(op));
   fill();
-  if (kind == OpKind::kWrite) {
-    // The header's checksum is computed while the rest of the record is in flight, and the
-    // first piece, which carries the header, goes out last. Order on disk does not matter: a
-    // record only partly written fails its checksum.
-    const std::uint32_t crc = overlapped_crc32c(record + kHeaderBytes, slot_bytes_);
-    Op& started = ops_.at(id);
-    if (started.error.empty()) {
-      write_header(record, started, crc);
-      queued_.push_front(held);
-      fill();
-    } else {
-      --started.outstanding;  // another piece failed meanwhile: the header is never written
-      finish_if_done(id, started);
-    }
-  }
   return SwapTicket{id};
+}
+
+bool NvmeSwapper::release_headers(bool block) {
+  bool released = false;
+  while (!held_headers_.empty()) {
+    const std::uint64_t id = held_headers_.front();
+    Op& op = ops_.at(id);
+    std::optional<std::uint32_t> crc = checksums_.take(op.checksum);
+    if (!crc && block && !released) crc = checksums_.wait(op.checksum);
+    if (!crc) break;
+    op.checksum = 0;
+    op.header_held = false;
+    held_headers_.erase(held_headers_.begin());
+    write_header(buffers_[static_cast<std::size_t>(op.buffer)].data(), op, *crc);
+    queued_.push_front(op.header);
+    released = true;
+  }
+  return released;
+}
+
+void NvmeSwapper::land(Op& op, const Piece& piece) {
+  const std::int64_t base = record_offset(op.slot, op.copy);
+  op.landed[static_cast<std::size_t>((piece.offset - base) / aio_.block_size)] = true;
+  const auto blocks = static_cast<std::int64_t>(op.landed.size());
+  const std::int64_t before = op.landed_prefix;
+  while (op.landed_prefix < blocks && op.landed[static_cast<std::size_t>(op.landed_prefix)]) {
+    ++op.landed_prefix;
+  }
+  if (op.landed_prefix == before) return;
+  const std::int64_t landed_bytes =
+      std::min(op.landed_prefix * aio_.block_size, record_bytes_) - kHeaderBytes;
+  checksums_.extend(op.checksum, static_cast<std::size_t>(
+                                     std::clamp<std::int64_t>(landed_bytes, 0, slot_bytes_)));
 }
 
 void NvmeSwapper::fill() {
@@ -420,15 +448,17 @@ int NvmeSwapper::apply_fault(int result, std::uint32_t bytes) noexcept {
 
 void NvmeSwapper::reap(bool block) {
   const auto in_flight = static_cast<unsigned>(in_flight_.size() - free_entries_.size());
-  if (in_flight == 0) return;
-  const unsigned want = !block ? 0u : aio_.overlap_events ? 1u : in_flight;
-  const int n = ring_.wait(want, completions_);
-  for (int i = 0; i < n; ++i) {
-    const auto entry = static_cast<unsigned>(completions_[i].user_data);
-    const Piece piece = in_flight_[entry];
-    free_entries_.push_back(entry);
-    complete_piece(piece, apply_fault(completions_[i].result, piece.bytes));
+  if (in_flight > 0) {
+    const unsigned want = !block ? 0u : aio_.overlap_events ? 1u : in_flight;
+    const int n = ring_.wait(want, completions_);
+    for (int i = 0; i < n; ++i) {
+      const auto entry = static_cast<unsigned>(completions_[i].user_data);
+      const Piece piece = in_flight_[entry];
+      free_entries_.push_back(entry);
+      complete_piece(piece, apply_fault(completions_[i].result, piece.bytes));
+    }
   }
+  release_headers(false);
   fill();
 }
 
@@ -484,6 +514,7 @@ void NvmeSwapper::complete_piece(const Piece& piece, int result) {
     ++resubmissions_;
     return;
   }
+  if (op.kind == OpKind::kRead) land(op, piece);
   finish_if_done(piece.op, op);
 }
 
@@ -492,6 +523,16 @@ void NvmeSwapper::fail(std::uint64_t op_id, Op& op, std::string message) {
   const auto before = queued_.size();
   std::erase_if(queued_, [op_id](const Piece& p) { return p.op == op_id; });
   op.outstanding -= static_cast<std::int64_t>(before - queued_.size());
+  if (op.header_held) {
+    // The header of a failed write is never written: the record stays unreadable.
+    op.header_held = false;
+    --op.outstanding;
+    std::erase(held_headers_, op_id);
+  }
+  if (op.checksum != 0) {
+    checksums_.drop(op.checksum);
+    op.checksum = 0;
+  }
   finish_if_done(op_id, op);
 }
 
@@ -526,17 +567,52 @@ void NvmeSwapper::wait(SwapTicket ticket) {
   }
   while (!it->second.done) {
     if (free_entries_.size() == in_flight_.size() && queued_.empty()) {
-      throw IoError("swap file " + file_.path() + ": request " + std::to_string(ticket.id) +
-                    " has nothing in flight but is not done (internal error)");
+      // Nothing in flight: what is left is a header waiting for its checksum.
+      if (!release_headers(true)) {
+        throw IoError("swap file " + file_.path() + ": request " + std::to_string(ticket.id) +
+                      " has nothing in flight but is not done (internal error)");
+      }
+      fill();
+    } else {
+      reap(true);
     }
-    reap(true);
     it = ops_.find(ticket.id);
   }
-  const Op op = std::move(it->second);
+  std::uint32_t payload_crc = 0;
+  if (it->second.kind == OpKind::kRead && it->second.error.empty()) {
+    payload_crc = read_checksum(it->second);
+    it = ops_.find(ticket.id);
+  }
+  Op op = std::move(it->second);
   ops_.erase(it);
   buffer_busy_[static_cast<std::size_t>(op.buffer)] = false;
+  if (op.checksum != 0) checksums_.drop(op.checksum);
   if (!op.error.empty()) throw IoError(op.error);
-  if (op.kind == OpKind::kRead) verify_read(op);
+  if (op.kind == OpKind::kRead) verify_read(op, payload_crc);
+}
+
+std::uint32_t NvmeSwapper::read_checksum(Op& op) {
+  const std::uint64_t job = op.checksum;
+  try {
+    for (;;) {
+      if (const std::optional<std::uint32_t> crc = checksums_.take(job)) {
+        op.checksum = 0;
+        return *crc;
+      }
+      // Keep others' requests flowing while the last blocks are checked; with none in flight
+      // (or none but held headers) sleep on the checksum itself.
+      if (free_entries_.size() == in_flight_.size() && queued_.empty()) {
+        const std::uint32_t crc = checksums_.wait(job);
+        op.checksum = 0;
+        return crc;
+      }
+      reap(true);
+    }
+  } catch (...) {
+    if (op.checksum != 0) checksums_.drop(job);
+    op.checksum = 0;
+    throw;
+  }
 }
 
 void NvmeSwapper::wait_all() {
@@ -552,17 +628,6 @@ void NvmeSwapper::wait_all() {
     }
   }
   if (first) std::rethrow_exception(first);
-}
-
-std::uint32_t NvmeSwapper::overlapped_crc32c(const std::byte* data, std::int64_t bytes) {
-  // A block at a time, reaping and refilling between blocks, so the drive never waits for it.
-  const auto chunk = static_cast<std::size_t>(aio_.block_size);
-  std::uint32_t crc = 0;
-  for (std::size_t done = 0; done < static_cast<std::size_t>(bytes); done += chunk) {
-    crc = crc32c(data + done, std::min(chunk, static_cast<std::size_t>(bytes) - done), crc);
-    reap(false);
-  }
-  return crc;
 }
 
 void NvmeSwapper::write_header(std::byte* record, const Op& op, std::uint32_t payload_crc) const {
@@ -583,7 +648,7 @@ void NvmeSwapper::write_header(std::byte* record, const Op& op, std::uint32_t pa
   std::memcpy(record, &header, sizeof header);
 }
 
-void NvmeSwapper::verify_read(const Op& op) {
+void NvmeSwapper::verify_read(const Op& op, std::uint32_t payload_crc) {
   const std::byte* record = buffers_[static_cast<std::size_t>(op.buffer)].data();
   RecordHeader header;
   std::memcpy(&header, record, sizeof header);
@@ -627,7 +692,7 @@ void NvmeSwapper::verify_read(const Op& op) {
                   " bytes; expected " + std::to_string(slot_bytes_) +
                   " bytes (a stale or foreign record)" + remedy);
   }
-  const std::uint32_t computed = overlapped_crc32c(record + kHeaderBytes, slot_bytes_);
+  const std::uint32_t computed = payload_crc;
   if (computed != header.payload_crc) {
     throw IoError(where + ": payload checksum mismatch (stored " + hex(header.payload_crc) +
                   ", computed " + hex(computed) + ")" + remedy);

@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "checksum_thread.h"
 #include "io_fault.h"
 #include "io_uring_ring.h"
 #include "memory/memory_tracker.h"
@@ -62,9 +63,11 @@ struct SwapTicket {
 /// at most aio.queue_depth * aio.intra_op_parallelism pieces are in flight (DeepSpeed: that many
 /// per thread). aio.single_submit submits each piece alone rather than in batches;
 /// aio.overlap_events refills the queue as each completion arrives rather than after all in
-/// flight have completed. Not thread-safe: I/O advances inside write(), read(), poll() and
-/// wait(), so one thread drives it (SwappedArrays runs a pass's I/O on a thread of its own,
-/// woken through notify_completions()).
+/// flight have completed. Checksums are computed on a thread of the swapper's own: a write's
+/// while its payload is in flight (the piece with the header goes once it is done), a read's as
+/// its blocks land. Not thread-safe: I/O advances inside write(), read(), poll() and wait(), so
+/// one thread drives it (SwappedArrays runs a pass's I/O on a thread of its own, woken through
+/// notify_completions(), which also signals when a write's checksum is done).
 class NvmeSwapper {
  public:
   /// Creates (or reuses and resizes) the swap file and the buffers. Throws ConfigError for a bad
@@ -95,7 +98,10 @@ class NvmeSwapper {
   bool done(SwapTicket ticket) const;
   /// From now on, every completion of this swapper's requests signals `eventfd`, so that a thread
   /// driving several swappers can sleep until any of them has something to reap.
-  void notify_completions(int eventfd) { ring_.register_eventfd(eventfd); }
+  void notify_completions(int eventfd) {
+    ring_.register_eventfd(eventfd);
+    checksums_.notify(eventfd);
+  }
   /// Waits for every request; throws the first error after all have finished.
   void wait_all();
 
@@ -136,16 +142,6 @@ class NvmeSwapper {
 
  private:
   enum class OpKind { kRead, kWrite };
-  struct Op {
-    OpKind kind = OpKind::kRead;
-    std::int64_t slot = 0;
-    int copy = 0;
-    int buffer = 0;
-    std::uint64_t generation = 0;
-    std::int64_t outstanding = 0;  // pieces queued or in flight
-    bool done = false;
-    std::string error;  // empty when it succeeded
-  };
   struct Piece {
     std::uint64_t op = 0;
     std::int64_t offset = 0;  // in the file
@@ -153,6 +149,21 @@ class NvmeSwapper {
     std::uint32_t bytes = 0;
     int buffer = 0;
     int retries = 0;
+  };
+  struct Op {
+    OpKind kind = OpKind::kRead;
+    std::int64_t slot = 0;
+    int copy = 0;
+    int buffer = 0;
+    std::uint64_t generation = 0;
+    std::int64_t outstanding = 0;  // pieces held, queued or in flight
+    bool done = false;
+    std::string error;           // empty when it succeeded
+    std::uint64_t checksum = 0;  // the payload's job on checksums_; 0 once taken or dropped
+    bool header_held = false;    // a write's first piece, sent once the checksum is in it
+    Piece header;
+    std::vector<bool> landed;        // a read's blocks that arrived in full
+    std::int64_t landed_prefix = 0;  // blocks 0..landed_prefix-1 all arrived
   };
   struct SlotState {
     int current = -1;
@@ -169,8 +180,14 @@ class NvmeSwapper {
   std::string describe(const Op& op, std::int64_t offset) const;
   /// Fills the first page of `record` with the header of `op`'s write.
   void write_header(std::byte* record, const Op& op, std::uint32_t payload_crc) const;
-  void verify_read(const Op& op);
-  std::uint32_t overlapped_crc32c(const std::byte* data, std::int64_t bytes);
+  /// Sends the first piece of every write whose checksum is done; with `block`, waits for the
+  /// oldest one's checksum first. Returns whether any was sent.
+  bool release_headers(bool block);
+  /// A read's piece arrived in full: the checksum thread may read the landed prefix.
+  void land(Op& op, const Piece& piece);
+  /// The payload checksum of a read whose I/O is done, reaping others' completions meanwhile.
+  std::uint32_t read_checksum(Op& op);
+  void verify_read(const Op& op, std::uint32_t payload_crc);
   int apply_fault(int result, std::uint32_t bytes) noexcept;
   void check_slot(std::int64_t slot) const;
   void check_buffer(int buffer) const;
@@ -198,6 +215,8 @@ class NvmeSwapper {
   std::vector<unsigned> free_entries_;
   unsigned prepared_ = 0;  // prepared but not yet accepted by io_uring_submit
   std::vector<RingCompletion> completions_;
+  std::vector<std::uint64_t> held_headers_;  // writes waiting for their checksum, oldest first
+  ChecksumThread checksums_;  // after the buffers and the ring: stops reading buffers first
   IoFault fault_{};
   std::int64_t completions_since_fault_ = 0;
   std::int64_t resubmissions_ = 0;
