@@ -27,6 +27,7 @@ struct Options {
   std::int64_t intra_op = 1;
   int buffers = 2;
   bool keep = false;
+  bool sq_poll = false;
 };
 
 // BYTES with an optional K, M or G suffix (powers of 1024): 4G, 1.5M, 4096.
@@ -69,6 +70,8 @@ void add_flags(CLI::App& app, Options& o) {
   zeroshard::cli::add_integer(app, "--buffers", o.buffers, "requests in flight (buffer_count)")
       ->capture_default_str();
   app.add_flag("--keep", o.keep, "keep the swap file afterwards");
+  app.add_flag("--sqpoll", o.sq_poll,
+               "a kernel thread polls the submission queue (IORING_SETUP_SQPOLL) where allowed");
 }
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
@@ -98,6 +101,7 @@ int main(int argc, char** argv) {
     options.aio.block_size = o.block_size;
     options.aio.queue_depth = o.queue_depth;
     options.aio.intra_op_parallelism = o.intra_op;
+    options.ring.sq_poll = o.sq_poll;
     zd::NvmeSwapper swapper(options);
     for (int b = 0; b < swapper.buffer_count(); ++b) {
       std::memset(swapper.buffer(b).data(), 0x5A + b, swapper.buffer(b).size());
@@ -105,12 +109,12 @@ int main(int argc, char** argv) {
     const double payload = static_cast<double>(options.slot_count * options.slot_bytes);
     std::printf(
         "bench_nvme: %s, %lld slots of %lld bytes (%.2f GiB), block %lld, depth %lld, "
-        "intra-op %lld, %d buffers, buffers %sregistered, file %sregistered\n",
+        "intra-op %lld, %d buffers, buffers %sregistered, file %sregistered, sqpoll %s\n",
         swapper.path().c_str(), static_cast<long long>(options.slot_count),
         static_cast<long long>(options.slot_bytes), payload / (1 << 30),
         static_cast<long long>(o.block_size), static_cast<long long>(o.queue_depth),
         static_cast<long long>(o.intra_op), o.buffers, swapper.buffers_registered() ? "" : "NOT ",
-        swapper.file_registered() ? "" : "NOT ");
+        swapper.file_registered() ? "" : "NOT ", swapper.sq_polling() ? "on" : "off");
 
     // One op per buffer in flight; the oldest is waited for before its buffer is reused.
     const auto run = [&](bool write) {

@@ -3,7 +3,7 @@
 # offsets, block size and queue depth, alternating them for --rounds rounds (a shared machine's
 # noise hits both alike), and prints each round and the medians with the swapper's share of fio.
 # usage: benchmarks/run_bench_nvme.sh [--build DIR] [--path DIR] [--size 4G] [--block-size 1M]
-#                                     [--queue-depth 8] [--rounds 3]
+#                                     [--queue-depth 8] [--rounds 3] [--sqpoll]
 set -euo pipefail
 
 build=build
@@ -12,6 +12,7 @@ size=4G
 block_size=1M
 queue_depth=8
 rounds=3
+sqpoll=()
 while (($#)); do
   case "$1" in
     --build) build=$2; shift 2 ;;
@@ -20,6 +21,7 @@ while (($#)); do
     --block-size) block_size=$2; shift 2 ;;
     --queue-depth) queue_depth=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
+    --sqpoll) sqpoll=(--sqpoll); shift ;;
     *) echo "run_bench_nvme.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -42,8 +44,8 @@ trap 'rm -f "$swap_file"' EXIT
 
 # fio: one job on the swapper's file, the swapper's offsets (zonemode=strided: each 64 MiB record,
 # then skip the other copy), sequential, O_DIRECT through io_uring, the same depth and block size,
-# and registered buffers and files where the swapper has them (fixedbufs, registerfiles; set from
-# bench_nvme's first line). The write pass writes every record, the read pass reads them back;
+# and registered buffers and files and a submission-polling thread where the swapper has them
+# (fixedbufs, registerfiles, sqthread_poll; set from bench_nvme's first line). The write pass writes every record, the read pass reads them back;
 # fio reports bytes/s in bw_bytes.
 fio_uring_options=()
 fio_gbps() {
@@ -62,13 +64,15 @@ for ((round = 1; round <= rounds; ++round)); do
   # The swapper writes then reads every record and keeps the file; fio then writes and reads the
   # same records of it.
   out=$("$bench" --path "$path" --size $((records * slot_bytes)) --slot-bytes "$slot_bytes" \
-          --block-size "$block_size" --queue-depth "$queue_depth" --keep)
+          --block-size "$block_size" --queue-depth "$queue_depth" --keep "${sqpoll[@]}")
   if ((round == 1)); then
     echo "$out" | head -1
-    fixedbufs=1 registerfiles=1
+    fixedbufs=1 registerfiles=1 sqthread_poll=0
     grep -q 'buffers NOT registered' <<<"$out" && fixedbufs=0
     grep -q 'file NOT registered' <<<"$out" && registerfiles=0
-    fio_uring_options=(--fixedbufs="$fixedbufs" --registerfiles="$registerfiles")
+    grep -q 'sqpoll on' <<<"$out" && sqthread_poll=1
+    fio_uring_options=(--fixedbufs="$fixedbufs" --registerfiles="$registerfiles"
+                       --sqthread_poll="$sqthread_poll")
     echo "fio: --ioengine=io_uring --direct=1 ${fio_uring_options[*]} --zonemode=strided, same file"
     printf '%-6s %14s %10s %6s %14s %10s %6s\n' round "swapper write" "fio write" ratio \
       "swapper read" "fio read" ratio

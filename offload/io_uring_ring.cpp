@@ -3,6 +3,7 @@
 
 #include <liburing.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -17,12 +18,43 @@ std::string describe(int negative_errno) { return std::strerror(-negative_errno)
 
 }  // namespace
 
-IoUringRing::IoUringRing(unsigned entries, const std::string& what)
+IoUringRing::IoUringRing(unsigned entries, const std::string& what, const RingOptions& options)
     : ring_(std::make_unique<io_uring>()), entries_(entries), what_(what) {
-  io_uring_params params{};
-  params.flags = IORING_SETUP_CQSIZE;
-  params.cq_entries = 2 * entries;
-  const int rc = io_uring_queue_init_params(entries, ring_.get(), &params);
+  // The kernel refuses COOP_TASKRUN beside SQPOLL: completions then run on the polling thread.
+  unsigned flags = IORING_SETUP_CQSIZE;
+  if (options.sq_poll) {
+    flags |= IORING_SETUP_SQPOLL;
+    if (options.sq_poll_cpu >= 0) flags |= IORING_SETUP_SQ_AFF;
+  } else {
+    flags |= IORING_SETUP_COOP_TASKRUN;
+  }
+  int rc = 0;
+  for (;;) {
+    io_uring_params params{};
+    params.flags = flags;
+    params.cq_entries = 2 * entries;
+    params.sq_thread_cpu = static_cast<unsigned>(std::max(options.sq_poll_cpu, 0));
+    params.sq_thread_idle = options.sq_poll_idle_ms;
+    rc = io_uring_queue_init_params(entries, ring_.get(), &params);
+    if (rc >= 0) break;
+    // Each optional flag is dropped in turn where the kernel refuses it, as fio does.
+    if ((flags & IORING_SETUP_SQPOLL) && (rc == -EPERM || rc == -EINVAL)) {
+      ZEROSHARD_LOG(kWarning, "io_uring with a submission-polling thread (IORING_SETUP_SQPOLL"
+                                  << (options.sq_poll_cpu >= 0
+                                          ? " on CPU " + std::to_string(options.sq_poll_cpu)
+                                          : std::string())
+                                  << ") for " << what_ << " refused (" << describe(rc)
+                                  << "); submitting with system calls instead");
+      flags = (flags & ~(IORING_SETUP_SQPOLL | IORING_SETUP_SQ_AFF)) | IORING_SETUP_COOP_TASKRUN;
+      continue;
+    }
+    if ((flags & IORING_SETUP_COOP_TASKRUN) && rc == -EINVAL) {
+      flags &= ~IORING_SETUP_COOP_TASKRUN;  // before Linux 5.19
+      continue;
+    }
+    break;
+  }
+  sq_polling_ = (flags & IORING_SETUP_SQPOLL) != 0;
   if (rc < 0) {
     ring_.reset();
     throw IoError("io_uring_queue_init(" + std::to_string(entries) + ") for " + what_ +
@@ -35,6 +67,8 @@ IoUringRing::IoUringRing(unsigned entries, const std::string& what)
 IoUringRing::IoUringRing(IoUringRing&& other) noexcept
     : ring_(std::move(other.ring_)),
       entries_(std::exchange(other.entries_, 0)),
+      sq_polling_(other.sq_polling_),
+      unsubmitted_(std::exchange(other.unsubmitted_, 0)),
       what_(std::move(other.what_)) {}
 
 IoUringRing& IoUringRing::operator=(IoUringRing&& other) noexcept {
@@ -42,6 +76,8 @@ IoUringRing& IoUringRing::operator=(IoUringRing&& other) noexcept {
     if (ring_) io_uring_queue_exit(ring_.get());
     ring_ = std::move(other.ring_);
     entries_ = std::exchange(other.entries_, 0);
+    sq_polling_ = other.sq_polling_;
+    unsubmitted_ = std::exchange(other.unsubmitted_, 0);
     what_ = std::move(other.what_);
   }
   return *this;
@@ -82,12 +118,15 @@ void IoUringRing::register_eventfd(int eventfd) {
 io_uring_sqe* IoUringRing::next_sqe() {
   io_uring_sqe* sqe = io_uring_get_sqe(ring_.get());
   if (!sqe) throw IoError("io_uring submission queue of " + what_ + " is full (internal error)");
+  ++unsubmitted_;
   return sqe;
 }
 
 int IoUringRing::submit() {
   const int rc = io_uring_submit(ring_.get());
-  if (rc >= 0) return rc;
+  // With SQPOLL, io_uring_submit publishes every prepared entry to the polling thread and counts
+  // those it has not taken yet, which may be none.
+  if (rc >= 0) return sq_polling_ ? static_cast<int>(std::exchange(unsubmitted_, 0)) : rc;
   if (rc == -EAGAIN || rc == -EBUSY || rc == -EINTR) return 0;
   throw IoError("io_uring_submit for " + what_ + " failed: " + describe(rc));
 }

@@ -14,6 +14,17 @@ struct io_uring_cqe;
 
 namespace zeroshard::detail {
 
+/// How a ring is set up beyond its size.
+struct RingOptions {
+  /// IORING_SETUP_SQPOLL: a kernel thread takes submissions from the queue, so submitting needs
+  /// no system call while it is awake. Where the kernel refuses (EPERM, EINVAL, e.g. an old
+  /// kernel or a container without the capability) the ring is made without it and a warning
+  /// logged.
+  bool sq_poll = false;
+  int sq_poll_cpu = -1;  ///< pins the polling thread to this CPU (IORING_SETUP_SQ_AFF); -1: any
+  unsigned sq_poll_idle_ms = 1000;  ///< the polling thread sleeps after this long without work
+};
+
 /// One completion, copied out of the ring before it is marked seen.
 struct RingCompletion {
   unsigned long long user_data = 0;
@@ -25,8 +36,10 @@ struct RingCompletion {
 class IoUringRing {
  public:
   /// Throws IoError naming `what` (the file the ring serves) when io_uring_queue_init fails, e.g.
-  /// when a container's seccomp profile blocks io_uring.
-  IoUringRing(unsigned entries, const std::string& what);
+  /// when a container's seccomp profile blocks io_uring. Without SQPOLL it asks for
+  /// IORING_SETUP_COOP_TASKRUN (completions run when the task enters the kernel, not by
+  /// interrupting it), as fio does, and goes without it on kernels before 5.19.
+  IoUringRing(unsigned entries, const std::string& what, const RingOptions& options = {});
   IoUringRing(IoUringRing&&) noexcept;
   IoUringRing& operator=(IoUringRing&&) noexcept;
   IoUringRing(const IoUringRing&) = delete;
@@ -43,6 +56,8 @@ class IoUringRing {
   void register_eventfd(int eventfd);
 
   unsigned entries() const noexcept { return entries_; }
+  /// Whether a kernel thread polls the submission queue (asked for and granted).
+  bool sq_polling() const noexcept { return sq_polling_; }
   /// A free submission entry; throws IoError if the queue is full (a bookkeeping bug).
   io_uring_sqe* next_sqe();
   /// Submits every prepared entry; returns how many. -EAGAIN/-EBUSY/-EINTR give 0 (retry later).
@@ -54,6 +69,8 @@ class IoUringRing {
  private:
   std::unique_ptr<io_uring> ring_;
   unsigned entries_ = 0;
+  bool sq_polling_ = false;
+  unsigned unsubmitted_ = 0;  // entries handed out by next_sqe() since the last submit()
   std::string what_;
 };
 

@@ -134,7 +134,7 @@ NvmeSwapper::NvmeSwapper(const NvmeSwapperOptions& options)
       file_(swap_file_path(options.directory, options.rank, options.kind),
             2 * options.slot_count * swap_record_bytes(options.slot_bytes)),
       ring_(static_cast<unsigned>(options.aio.queue_depth * options.aio.intra_op_parallelism),
-            file_.path()),
+            file_.path(), options.ring),
       slots_(static_cast<std::size_t>(options.slot_count)) {
   buffers_.reserve(static_cast<std::size_t>(options.buffer_count));
   std::vector<iovec> iovecs;

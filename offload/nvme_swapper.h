@@ -34,6 +34,9 @@ struct NvmeSwapperOptions {
   std::int64_t slot_bytes = 0;  ///< payload bytes of every slot (any size)
   int buffer_count = 4;
   AioConfig aio{};
+  /// A kernel thread polls the submission queue (see RingOptions); off by default, as it spends
+  /// a CPU while the swapper is busy.
+  RingOptions ring{};
   /// When set, the pinned buffers are charged as host bytes of `category` and the file as NVMe
   /// bytes of it, for as long as the swapper lives.
   MemoryTracker* tracker = nullptr;
@@ -118,6 +121,7 @@ class NvmeSwapper {
   std::int64_t buffer_bytes() const noexcept;
   bool buffers_registered() const noexcept { return buffers_registered_; }
   bool file_registered() const noexcept { return file_registered_; }
+  bool sq_polling() const noexcept { return ring_.sq_polling(); }
   /// Byte offset of a slot's copy (0 or 1) in the file.
   std::int64_t record_offset(std::int64_t slot, int copy) const noexcept;
   /// Which copy of `slot` is current: 0 or 1, -1 when never written.

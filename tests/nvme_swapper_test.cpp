@@ -398,6 +398,16 @@ TEST_F(NvmeSwapperTest, InterleavedReadsAndWritesEachGetTheirOwnChecksum) {
   EXPECT_TRUE(read_holds(swapper, 3, 1, 3));
 }
 
+// With sq_poll the ring has a submission-polling thread where the kernel allows it and none
+// (a logged fallback) where not; records round-trip either way.
+TEST_F(NvmeSwapperTest, RoundTripsWithASubmissionPollingThreadWhereAllowed) {
+  NvmeSwapperOptions o = options(3, 300000);
+  o.ring.sq_poll = true;
+  NvmeSwapper swapper(o);
+  for (std::int64_t slot = 0; slot < 3; ++slot) write_now(swapper, slot, 4);
+  for (std::int64_t slot = 0; slot < 3; ++slot) EXPECT_TRUE(read_holds(swapper, slot, 4));
+}
+
 // A record that is whole and of the expected slot, copy and generation but that another rank, a
 // swapper of another kind or another run wrote (its file copied over this one's) is refused by
 // what differs, and the slot reads again once rewritten.
