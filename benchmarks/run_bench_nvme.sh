@@ -3,7 +3,7 @@
 # offsets, block size and queue depth, alternating them for --rounds rounds (a shared machine's
 # noise hits both alike), and prints each round and the medians with the swapper's share of fio.
 # usage: benchmarks/run_bench_nvme.sh [--build DIR] [--path DIR] [--size 4G] [--block-size 1M]
-#                                     [--queue-depth 8] [--rounds 3] [--sqpoll]
+#                                     [--queue-depth 8] [--record-size 64M] [--rounds 3] [--sqpoll]
 set -euo pipefail
 
 build=build
@@ -11,6 +11,7 @@ path=.
 size=4G
 block_size=1M
 queue_depth=8
+record_size=64M
 rounds=3
 sqpoll=()
 while (($#)); do
@@ -20,6 +21,7 @@ while (($#)); do
     --size) size=$2; shift 2 ;;
     --block-size) block_size=$2; shift 2 ;;
     --queue-depth) queue_depth=$2; shift 2 ;;
+    --record-size) record_size=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --sqpoll) sqpoll=(--sqpoll); shift ;;
     *) echo "run_bench_nvme.sh: unknown option $1" >&2; exit 2 ;;
@@ -30,23 +32,24 @@ bench="$build/benchmarks/bench_nvme"
 [[ -x "$bench" ]] || { echo "run_bench_nvme.sh: $bench missing; build first" >&2; exit 1; }
 mkdir -p "$path"
 
-# Records of 64 MiB (a 4 KiB header and 64 MiB - 4 KiB of payload), so that every request of the
-# swapper is a whole block and fio can make the same ones: slot s's copy A is the 64 MiB at
-# 2 * s * 64 MiB, and a first write of every slot fills copies A only.
-record=$((64 << 20))
+# Records of --record-size bytes (a 4 KiB header and the rest payload), so that every request of
+# the swapper is a whole block and fio can make the same ones: slot s's copy A is the record at
+# 2 * s * record, and a first write of every slot fills copies A only.
+record=$(numfmt --from=iec "$record_size")
 size_bytes=$(numfmt --from=iec "$size")
 block_bytes=$(numfmt --from=iec "$block_size")
-((record % block_bytes == 0)) || { echo "run_bench_nvme.sh: --block-size must divide 64M" >&2; exit 2; }
+((record % block_bytes == 0 && record > 4096)) ||
+  { echo "run_bench_nvme.sh: --block-size must divide --record-size" >&2; exit 2; }
 records=$(((size_bytes + record - 1) / record))
 slot_bytes=$((record - 4096))
 swap_file="$path/zeroshard_rank0_bench.swp"
 trap 'rm -f "$swap_file"' EXIT
 
-# fio: one job on the swapper's file, the swapper's offsets (zonemode=strided: each 64 MiB record,
-# then skip the other copy), sequential, O_DIRECT through io_uring, the same depth and block size,
-# and registered buffers and files and a submission-polling thread where the swapper has them
-# (fixedbufs, registerfiles, sqthread_poll; set from bench_nvme's first line). The write pass writes every record, the read pass reads them back;
-# fio reports bytes/s in bw_bytes.
+# fio: one job on the swapper's file and offsets (zonemode=strided: each record, then skip the
+# other copy), sequential, O_DIRECT through io_uring, the same depth and block size, and
+# registered buffers and files and a submission-polling thread where the swapper has them
+# (fixedbufs, registerfiles, sqthread_poll; set from bench_nvme's first line). The write pass
+# writes every record, the read pass reads them back; fio reports bytes/s in bw_bytes.
 fio_uring_options=()
 fio_gbps() {
   fio --name=zeroshard --filename="$swap_file" --ioengine=io_uring --direct=1 --rw="$1" \
@@ -85,7 +88,7 @@ for ((round = 1; round <= rounds; ++round)); do
     "$(ratio "${sw[-1]}" "${fw[-1]}")" "${sr[-1]}" "${fr[-1]}" "$(ratio "${sr[-1]}" "${fr[-1]}")"
 done
 
-echo "medians of $rounds rounds, GB/s (1e9 bytes/s), $records records of 64 MiB, block $block_size, depth $queue_depth:"
+echo "medians of $rounds rounds, GB/s (1e9 bytes/s), $records records of $record_size, block $block_size, depth $queue_depth:"
 printf '%-8s %14s %10s %8s\n' op "swapper GB/s" "fio GB/s" ratio
 awk -v s="$(median "${sw[@]}")" -v f="$(median "${fw[@]}")" \
   'BEGIN { printf "%-8s %14.3f %10.3f %7.1f%%\n", "write", s, f, 100 * s / f }'
