@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <string>
+#include <system_error>
 
 #include "crc32c.h"
 #include "zeroshard/error.h"
@@ -18,7 +19,14 @@ constexpr std::size_t kChunkBytes = std::size_t{1} << 20;
 
 }  // namespace
 
-ChecksumThread::ChecksumThread() : thread_([this] { run(); }) {}
+ChecksumThread::ChecksumThread() {
+  try {
+    thread_ = std::thread([this] { run(); });
+  } catch (const std::system_error& e) {
+    throw IoError(std::string("the swap file's checksum thread could not start: ") + e.what() +
+                  "; raise the process's thread limit (ulimit -u)");
+  }
+}
 
 ChecksumThread::~ChecksumThread() {
   {

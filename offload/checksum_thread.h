@@ -18,6 +18,7 @@ namespace zeroshard::detail {
 /// a time, so a read waiting for the drive never holds back a write's checksum. Thread-safe.
 class ChecksumThread {
  public:
+  /// Throws IoError when the thread cannot be started.
   ChecksumThread();
   ChecksumThread(const ChecksumThread&) = delete;
   ChecksumThread& operator=(const ChecksumThread&) = delete;
@@ -59,7 +60,7 @@ class ChecksumThread {
   std::uint64_t last_served_ = 0;
   int eventfd_ = -1;
   bool stop_ = false;
-  std::thread thread_;  // last: starts once the members above exist
+  std::thread thread_;  // started in the constructor, once the members above exist
 };
 
 }  // namespace zeroshard::detail
