@@ -665,15 +665,27 @@ TEST(ConfigValidation, DeprecatedAndNewNameTogether) {
                 "zero_optimization.stage3_gather_16bit_weights_on_model_save, its new name"));
 }
 
-TEST(ConfigValidation, ZeroPlusPlusAndMicsAreRefused) {
+TEST(ConfigValidation, ZeroPlusPlusHpzAndQgzAreRefused) {
   for (const char* setting :
-       {R"("zero_quantized_weights": true)", R"("zero_quantized_gradients": true)",
-        R"("zero_hpz_partition_size": 8)"}) {
+       {R"("zero_quantized_gradients": true)", R"("zero_hpz_partition_size": 8)"}) {
     ConfigError error =
         config_error(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, )" +
                      std::string(setting) + "}}");
     EXPECT_THAT(error.key_path(), StartsWith("zero_optimization.")) << setting;
     EXPECT_THAT(error.what(), HasSubstr("not implemented in zeroshard")) << setting;
+  }
+}
+
+TEST(ConfigValidation, QuantizedWeightsAreAcceptedAtStageThreeOnly) {
+  const Config config = Config::from_json_string(
+      R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "zero_quantized_weights": true}})");
+  EXPECT_TRUE(config.zero_optimization.quantized_weights);
+  for (int stage : {0, 1, 2}) {
+    ConfigError error =
+        config_error(R"({"train_batch_size": 8, "zero_optimization": {"stage": )" +
+                     std::to_string(stage) + R"(, "zero_quantized_weights": true}})");
+    EXPECT_EQ(error.key_path(), "zero_optimization.zero_quantized_weights") << stage;
+    EXPECT_THAT(error.what(), HasSubstr("need stage 3")) << stage;
   }
 }
 

@@ -62,6 +62,10 @@ struct ZeroConfig {
   /// Each parameter's view 16-byte aligned (DeepSpeed #8277). Holds whatever the value: every
   /// tensor starts on a multiple of 16 elements.
   bool parameter_alignment = false;
+  /// zero_quantized_weights (ZeRO++ qwZ, stage 3 only): gathers send each rank's piece as int8
+  /// blocks with an fp32 scale (about a quarter of fp32's bytes); every rank, the owner included,
+  /// then reads the dequantized values. The fp32 master and the update are unchanged.
+  bool quantized_weights = false;
   OffloadConfig offload_optimizer;
   OffloadConfig offload_param = param_offload_defaults();
 

@@ -40,6 +40,16 @@ void check_offload_devices(const ZeroConfig& zero) {
                         "parameters in CPU memory with \"cpu\"");
 }
 
+// qwZ quantizes stage 3's parameter gathers; below stage 3 every rank holds the whole parameters
+// and there is no gather to quantize.
+void check_quantized_weights(const ZeroConfig& zero) {
+  if (!zero.quantized_weights || zero.stage == 3) return;
+  throw ConfigError("zero_optimization.zero_quantized_weights",
+                    "got true at zero_optimization.stage " + std::to_string(zero.stage) +
+                        "; quantized weight gathers need stage 3: set the stage to 3, or remove "
+                        "the key");
+}
+
 void check_super_offload(const OffloadConfig& offload) {
   if (!offload.super_offload || offload.device == OffloadDevice::kCpu) return;
   // NVMe's pipelined step reads each sub-group's record once, in order; updating as buckets
@@ -123,6 +133,7 @@ void check_aio(const AioConfig& aio) {
 void check_config(const Config& config) {
   check_offload_devices(config.zero_optimization);
   check_super_offload(config.zero_optimization.offload_optimizer);
+  check_quantized_weights(config.zero_optimization);
   check_aio(config.aio);
   check_gradient_types(config);
   check_rule_and_schedule(config);

@@ -530,8 +530,9 @@ std::vector<KeySpec> make_key_specs() {
       {.path = "zero_optimization.zero_quantized_weights",
        .kind = K::kBool,
        .default_json = "false",
-       .meaning = "ZeRO++ qwZ: quantised weight all-gather.",
-       .status = S::kRefused},
+       .meaning = "ZeRO++ qwZ: stage 3 gathers parameters as int8 blocks of 256 with an fp32 scale "
+                  "each and dequantizes them on arrival; needs stage 3.",
+       .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.quantized_weights)},
       {.path = "zero_optimization.zero_quantized_nontrainable_weights",
        .kind = K::kBool,
        .default_json = "false",
