@@ -11,6 +11,7 @@
 #include <span>
 #include <vector>
 
+#include "comm/quantized_block_format.h"  // QuantBits
 #include "memory/memory_tracker.h"
 #include "optim/builtin_rule.h"
 #include "zeroshard/device.h"
@@ -96,6 +97,14 @@ class ComputeBackend {
   /// destination[i] += source[i], computed in fp32 and rounded once into destination's type.
   virtual void accumulate(void* destination, DType destination_dtype, const void* source,
                           DType source_dtype, std::int64_t count) = 0;
+  /// Encodes `count` elements of `dtype` at `in` into quantized_bytes(count, bits) bytes at `out`
+  /// (4-byte aligned), the format of comm/quantized_block_format.h, and adds the number of blocks
+  /// holding inf or NaN (encoded as zeros) to the int at `nonfinite_blocks`, never clearing it.
+  virtual void quantize_blocks(const void* in, DType dtype, std::int64_t count, QuantBits bits,
+                               void* out, int* nonfinite_blocks) = 0;
+  /// Decodes `count` elements encoded by quantize_blocks at `in` into `out` of `dtype`.
+  virtual void dequantize_blocks(const void* in, QuantBits bits, std::int64_t count, void* out,
+                                 DType dtype) = 0;
   /// Sum of squares (accumulated in double) and the inf/NaN check of `count` elements; waits.
   virtual GradientScan scan(const void* data, DType dtype, std::int64_t count) = 0;
   /// Runs the engine's update rule on one slice (slice.grad unused): reads the gradient as `io`

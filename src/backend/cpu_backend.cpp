@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/compute_backend.h"
+#include "comm/block_quantizer.h"
 #include "cpu_optimizer.h"
 #include "precision/half_conversion.h"
 #include "util/check.h"
@@ -193,6 +194,16 @@ class CpuBackend final : public ComputeBackend {
     if (io.param_copy != nullptr)
       narrow(slice.param, io.param_copy, io.param_copy_dtype, slice.size);
     if (io.grad_to_clear != nullptr) zero(io.grad_to_clear, slice.size * size_of(io.grad_dtype));
+  }
+
+  void quantize_blocks(const void* in, DType dtype, std::int64_t count, QuantBits bits, void* out,
+                       int* nonfinite_blocks) override {
+    *nonfinite_blocks += static_cast<int>(detail::quantize_blocks(in, dtype, count, bits, out));
+  }
+
+  void dequantize_blocks(const void* in, QuantBits bits, std::int64_t count, void* out,
+                         DType dtype) override {
+    detail::dequantize_blocks(in, bits, count, out, dtype);
   }
 
   void synchronize() override {}

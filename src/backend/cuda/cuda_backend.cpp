@@ -231,6 +231,19 @@ class CudaBackend final : public detail::ComputeBackend {
     kernels::accumulate(destination, destination_dtype, source, source_dtype, count, stream_);
   }
 
+  // The launchers check their launch and throw CudaError; the kernels run on the compute stream.
+  void quantize_blocks(const void* in, DType dtype, std::int64_t count, detail::QuantBits bits,
+                       void* out, int* nonfinite_blocks) override {
+    const DeviceGuard guard(device_.index);
+    kernels::quantize_blocks(in, dtype, count, bits, out, nonfinite_blocks, stream_);
+  }
+
+  void dequantize_blocks(const void* in, detail::QuantBits bits, std::int64_t count, void* out,
+                         DType dtype) override {
+    const DeviceGuard guard(device_.index);
+    kernels::dequantize_blocks(in, bits, count, out, dtype, stream_);
+  }
+
   GradientScan scan(const void* data, DType dtype, std::int64_t count) override {
     if (count == 0) return {};
     const DeviceGuard guard(device_.index);
