@@ -124,6 +124,18 @@ TEST(MemoryEstimator, StageThreeGathersTheModuleInUseBeyondTheLiveBudget) {
   EXPECT_EQ(estimate(sized).transient_device_bytes, 4 * 5000);
 }
 
+TEST(MemoryEstimator, QuantizedWeightsAddThreeEncodedGathersOfTheLargestTensor) {
+  EstimateInput in = input(0, 4, 3, DType::kFloat32);
+  in.tensors = {4096, 64, 4096, 64};
+  in.max_live_parameters = 1000;
+  in.quantized_weights = true;
+  // 8320 elements, shards of 2080: the first tensor is 2080 elements on rank 0 (9 blocks, 2116
+  // bytes) and 2016 on rank 1 (8 blocks, 2048 bytes), after the 4-byte non-finite counter.
+  EXPECT_EQ(estimate(in).transient_device_bytes, 4 * 4096 + 3 * (4 + 2116 + 2048));
+  in.stage = 2;
+  EXPECT_EQ(estimate(in).transient_device_bytes, 0) << "no gathers below stage 3";
+}
+
 TEST(MemoryEstimator, BoundsTheBucketSlots) {
   EstimateInput in = input(1'048'576, 4, 2, DType::kFloat16);
   in.reduce_bucket_size = 100'000;

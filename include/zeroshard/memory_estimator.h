@@ -67,6 +67,9 @@ struct EstimateInput {
   std::int64_t model_persistence_threshold = INT64_MAX;
   /// Stage 3: at most this many gathered elements are alive at once (stage3_max_live_parameters).
   std::int64_t max_live_parameters = 1000000000;
+  /// Stage 3, zero_quantized_weights (qwZ): each gather in flight also holds the int8 encoding of
+  /// its module, counted in the transient bytes.
+  bool quantized_weights = false;
   /// offload_optimizer nvme: pinned host swap buffers, each one sub-group tile of fp32 elements.
   std::int64_t optimizer_buffer_count = 4;
   /// Elements per sub-group tile; 0 = one parameter per sub-group, taken as the largest tensor.

@@ -84,6 +84,9 @@ class ParamCoordinator {
     int users = 0;  ///< gather() calls not yet matched by release()
     TrackedBuffer gathered;
     std::vector<Request> pending;  ///< one all-gather per range
+    /// qwZ, while in flight: the non-finite block counter (one int), then for each range every
+    /// rank's int8 encoding of its piece, each padded to whole fp32 elements.
+    TrackedBuffer encoded;
   };
 
   std::int64_t module_size(ModuleId module) const;
@@ -93,6 +96,9 @@ class ParamCoordinator {
   void start_gather(ModuleId module);
   void finish_gather(ModuleId module);
   void free_module(ModuleId module);
+  /// qwZ: after the gathers, every rank's encoded piece decoded into the module's gathered copy
+  /// (UsageError when this rank's own piece held inf or NaN).
+  void decode_gathered(ModuleId module);
   /// A buffer for `bytes` of gathered parameters: a released module's of that size when one is
   /// kept, else a new one (the kept ones are freed first, so that memory never exceeds what
   /// freeing at release would hold).

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <string>
 
+#include "comm/quantized_block_format.h"  // quantized_bytes
 #include "config/config_values.h"
 #include "engine/host_staging.h"  // host_staging_half_bytes
 #include "engine/shard_layout.h"
@@ -395,6 +396,26 @@ BucketExtent bucket_extent(const EstimateInput& in, const detail::ShardLayout& l
 }
 
 /// Stage 3's choice of persistent tensors, in registration order, as the engine makes it.
+// qwZ: the bytes of the engine's encoded area for one gather of the largest tensor, taken as the
+// largest module (param_coordinator.cpp start_gather): a non-finite counter (4 bytes), then each
+// rank's int8 encoding of its piece padded to 4 bytes. Exact with the tensors' layout; without
+// it, a bound over any split of the tensor into `ranks` pieces.
+std::int64_t encoded_gather_bytes(const EstimateInput& in, const detail::ShardLayout& layout,
+                                  std::int64_t largest) {
+  const auto padded = [](std::int64_t count) {
+    return (detail::quantized_bytes(count, detail::QuantBits::kInt8) + 3) / 4 * 4;
+  };
+  std::int64_t bytes = 4;
+  if (in.tensors.empty()) {
+    // Each piece adds at most one short block's scale and 3 bytes of padding.
+    return bytes + padded(largest) + in.ranks * (4 + 3);
+  }
+  const auto it = std::max_element(in.tensors.begin(), in.tensors.end());
+  const std::int64_t begin = layout.offset(static_cast<int>(it - in.tensors.begin()));
+  for (std::int64_t count : layout.rank_counts(begin, begin + *it)) bytes += padded(count);
+  return bytes;
+}
+
 std::int64_t persistent_elements(const EstimateInput& in) {
   if (in.tensors.empty()) return in.persistent_params;
   std::int64_t total = 0;
@@ -455,6 +476,17 @@ MemoryEstimate estimate(const EstimateInput& input) {
                            std::to_string(input.max_live_parameters) +
                            " elements at once, or the module in use when it is larger, in the "
                            "peak only");
+    if (input.quantized_weights && terms.largest_tensor() > 0) {
+      // Two prefetches in flight and the module asked for: at most three encoded areas at once
+      // (param_coordinator.cpp, kMaxGathersInFlight + 1), no more than there are tensors.
+      const std::int64_t in_flight =
+          input.tensors.empty() ? 3 : std::min<std::int64_t>(3, input.tensors.size());
+      result.transient_device_bytes +=
+          in_flight * encoded_gather_bytes(input, layout, terms.largest_tensor());
+      result.notes.push_back(
+          "zero_quantized_weights: the int8 encodings of up to three gathers in flight, under "
+          "communication, in the peak only");
+    }
   }
   if (input.tensors.empty() && input.largest_tensor == 0) {
     result.notes.push_back(
@@ -494,6 +526,7 @@ EstimateInput estimate_input_from_config(const Config& config, std::int64_t para
   in.param_persistence_threshold = zero.param_persistence_threshold;
   in.model_persistence_threshold = zero.model_persistence_threshold;
   in.max_live_parameters = zero.max_live_parameters;
+  in.quantized_weights = zero.quantized_weights;
   in.optimizer_buffer_count = zero.offload_optimizer.buffer_count;
   in.sub_group_size = zero.sub_group_size;
   in.param_buffer_count = zero.offload_param.buffer_count;
