@@ -343,7 +343,7 @@ run_trainer_bytes() {
   check_placement
   # Stage 0 (a reduce-scatter and an all-gather of the gradients, a ring all-reduce's bytes) is
   # the reference.
-  local stage algorithm before log per_step stage0='' steps=20
+  local stage algorithm before log per_step stage0='' stage3='' steps=20
   for stage in 0 1 2 3; do
     for algorithm in ring mpi; do
       log=$work_dir/zero${stage}_$algorithm.log
@@ -353,10 +353,28 @@ run_trainer_bytes() {
         --device cpu >"$log" 2>&1 || { cat "$log"; say "stage $stage, $algorithm: failed"; exit 1; }
       per_step=$((($(data_bytes_sent) - before) / steps))
       stage0=${stage0:-$per_step}
+      [[ $stage == 3 && $algorithm == ring ]] && stage3=$per_step
       say "stage $stage, reduce-scatter $algorithm: $per_step bytes per step from all $hosts" \
         "hosts, $(awk -v a="$per_step" -v b="$stage0" 'BEGIN { printf "%.3f", a / b }') x stage 0"
     done
   done
+  # Stage 3 with qwZ: every gather sends int8 blocks (zero_quantized_weights), the reduce-scatter
+  # of the gradients stays fp32.
+  local qwz_config=$work_dir/zero3_qwz.json
+  python3 - "$source_dir/examples/configs/zero3.json" "$qwz_config" <<'EOF_PY'
+import json, sys
+config = json.load(open(sys.argv[1]))
+config["zero_optimization"]["zero_quantized_weights"] = True
+json.dump(config, open(sys.argv[2], "w"))
+EOF_PY
+  log=$work_dir/zero3_qwz.log
+  before=$(data_bytes_sent)
+  mpirun_on_hosts "$trainer" --config "$qwz_config" --steps "$steps" --width 256 --device cpu \
+    >"$log" 2>&1 || { cat "$log"; say "stage 3 with qwZ: failed"; exit 1; }
+  per_step=$((($(data_bytes_sent) - before) / steps))
+  say "stage 3 with qwZ, reduce-scatter ring: $per_step bytes per step from all $hosts hosts," \
+    "$(awk -v a="$per_step" -v b="$stage0" 'BEGIN { printf "%.3f", a / b }') x stage 0," \
+    "$(awk -v a="$per_step" -v b="$stage3" 'BEGIN { printf "%.3f", a / b }') x stage 3"
   say "$(grep -o -m 1 'with [0-9]* parameters' "$log") of fp32"
 }
 
