@@ -46,12 +46,6 @@ StepResult EngineState::step() {
     return result;
   }
   micro_step_ = 0;
-  try {
-    optimizer_->finish_overlapped_update();
-  } catch (...) {
-    zero_grad();
-    throw;
-  }
   params_store_->release_all_after_step();
 
   const auto update_start = std::chrono::steady_clock::now();
@@ -65,6 +59,14 @@ StepResult EngineState::step() {
   // inspects the gradients; the update then applies unscale x clip as one fp32 factor as it reads
   // them. The owned range is contiguous (padding between tensors stays zero), so it is one scan.
   const GradientScan scan = optimizer_->scan(lo, hi);
+  // After the scan, which lands the last parts of super_offload's update and reads the gradients
+  // while its thread finishes them.
+  try {
+    optimizer_->finish_overlapped_update();
+  } catch (...) {
+    zero_grad();
+    throw;
+  }
   const GroupContexts contexts = step_contexts();
   // The sum that finds the norm also carries the digest of what every rank must step with.
   std::vector<float> partial(2 + step_agreement_floats());
