@@ -16,7 +16,8 @@
 #          ring must stay within kWireMaxRatio of it
 #        run_multihost.sh trainer-bytes HOSTS
 #          one rank per host; the bytes all hosts' data interfaces send per training step of
-#          stages 0-3, with the ring reduce-scatter and with MPI's (a measurement, no check)
+#          stages 0-3, with the ring reduce-scatter and with MPI's, then of stage 3 with qwZ
+#          (a measurement, no check)
 # Environment: ZEROSHARD_TRAINER (the zeroshard-train-mlp program; equivalence, link-down),
 # ZEROSHARD_TRACE_TOOL (the zeroshard-trace program; link-down from 3 hosts on),
 # ZEROSHARD_WIRE_BENCH (the zeroshard-reduce-scatter-wire program; wire-bytes),
