@@ -2,6 +2,8 @@
 // CPU encoder on exactly the inputs whose error bound the CPU test asserts.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cfloat>
 #include <cmath>
 #include <cstddef>
@@ -9,9 +11,11 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "comm/quantized_block_format.h"
+#include "zeroshard/dtype.h"
 
 namespace zeroshard::quantizer_inputs {
 
@@ -163,6 +167,20 @@ inline std::vector<QuantizerInput> all_quantizer_inputs() {
     inputs.insert(inputs.end(), group.begin(), group.end());
   }
   return inputs;
+}
+
+/// The parameters both tests run over: each code width from each source type.
+using QuantizerCase = std::tuple<detail::QuantBits, DType>;
+
+inline auto quantizer_cases() {
+  return ::testing::Combine(::testing::Values(detail::QuantBits::kInt8, detail::QuantBits::kInt4),
+                            ::testing::Values(DType::kFloat32, DType::kFloat16, DType::kBFloat16));
+}
+
+/// "int8_fp32" and the like.
+inline std::string quantizer_case_name(const ::testing::TestParamInfo<QuantizerCase>& info) {
+  return "int" + std::to_string(static_cast<int>(std::get<0>(info.param))) + "_" +
+         to_string(std::get<1>(info.param));
 }
 
 }  // namespace zeroshard::quantizer_inputs

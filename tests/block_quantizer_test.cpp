@@ -145,7 +145,7 @@ double expect_round_trip(const std::vector<float>& x, const Encoded& encoded, Qu
   return worst;
 }
 
-using Case = std::tuple<QuantBits, DType>;
+using Case = quantizer_inputs::QuantizerCase;
 
 class BlockQuantizer : public ::testing::TestWithParam<Case> {
  protected:
@@ -239,15 +239,8 @@ TEST_P(BlockQuantizer, SixteenBitDecodeIsTheFp32DecodeRoundedOnce) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(BitsAndSources, BlockQuantizer,
-                         ::testing::Combine(::testing::Values(QuantBits::kInt8, QuantBits::kInt4),
-                                            ::testing::Values(DType::kFloat32, DType::kFloat16,
-                                                              DType::kBFloat16)),
-                         [](const ::testing::TestParamInfo<Case>& info) {
-                           return "int" +
-                                  std::to_string(static_cast<int>(std::get<0>(info.param))) + "_" +
-                                  to_string(std::get<1>(info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(BitsAndSources, BlockQuantizer, quantizer_inputs::quantizer_cases(),
+                         quantizer_inputs::quantizer_case_name);
 
 TEST(BlockQuantizerFormat, ByteSizeIsScalesPlusCodes) {
   for (const std::int64_t count : {0, 1, 2, 255, 256, 257, 511, 1000, 4099}) {

@@ -48,7 +48,7 @@ std::int64_t first_difference(const std::vector<std::uint8_t>& a,
   return a.size() == b.size() ? -1 : static_cast<std::int64_t>(std::min(a.size(), b.size()));
 }
 
-using Case = std::tuple<QuantBits, DType>;
+using Case = quantizer_inputs::QuantizerCase;
 
 class CudaBlockQuantizer : public ::testing::TestWithParam<Case> {
  protected:
@@ -126,15 +126,8 @@ TEST_P(CudaBlockQuantizer, AddsNonFiniteBlocksToTheCounterWithoutClearingIt) {
   EXPECT_EQ(total, start + 2 * 4);
 }
 
-INSTANTIATE_TEST_SUITE_P(BitsAndSources, CudaBlockQuantizer,
-                         ::testing::Combine(::testing::Values(QuantBits::kInt8, QuantBits::kInt4),
-                                            ::testing::Values(DType::kFloat32, DType::kFloat16,
-                                                              DType::kBFloat16)),
-                         [](const ::testing::TestParamInfo<Case>& info) {
-                           return "int" +
-                                  std::to_string(static_cast<int>(std::get<0>(info.param))) + "_" +
-                                  to_string(std::get<1>(info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(BitsAndSources, CudaBlockQuantizer, quantizer_inputs::quantizer_cases(),
+                         quantizer_inputs::quantizer_case_name);
 
 TEST(CudaBlockQuantizerArguments, BadArgumentsAreUsageErrors) {
   int counter = 0;
