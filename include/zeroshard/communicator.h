@@ -25,14 +25,15 @@ class CollectiveTracker;  // sequence numbers, flight recorder and failure state
 }  // namespace detail
 
 /// Which collective a counter or an error refers to.
-enum class Collective { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kBarrier };
-inline constexpr int kCollectiveCount = 5;
+enum class Collective { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kBarrier, kAllToAll };
+inline constexpr int kCollectiveCount = 6;
 ZEROSHARD_API const char* to_string(Collective collective) noexcept;
 
 /// Elements and bytes this rank has sent, per collective, under the convention stated in
 /// docs/architecture.md: an all-reduce of n elements counts 2n (its reduce-scatter and
 /// all-gather halves), a reduce-scatter of n input elements counts n, an all-gather producing n
-/// output elements counts n, a broadcast of n counts n, a barrier counts a call and no elements.
+/// output elements counts n, a broadcast of n counts n, a barrier counts a call and no elements,
+/// an all-to-all counts the elements it sends to the other ranks (not its own block).
 /// Ring factors (N-1)/N are not applied, so the counts do not depend on the algorithm the
 /// transport picks.
 struct ZEROSHARD_API TrafficCounters {
@@ -177,7 +178,18 @@ class ZEROSHARD_API Communicator {
 
   Request broadcast_async(void* data, std::int64_t count, DType dtype, int root);
 
+  /// `input` holds, rank after rank, send_counts[r] elements for rank r; `output` receives, rank
+  /// after rank, recv_counts[r] elements from rank r. What this rank sends to r must be what r
+  /// expects from it (its recv_counts[this rank]). The buffers must not overlap.
+  Request all_to_all_async(const void* input, std::span<const std::int64_t> send_counts,
+                           void* output, std::span<const std::int64_t> recv_counts, DType dtype);
+
   void barrier();
+
+  /// Collective: the ranks passing the same `color` (>= 0) form a new communicator of the same
+  /// transport, ranked by `key` and then by rank here; for groups inside a data-parallel world,
+  /// such as the ranks of one host.
+  std::unique_ptr<Communicator> split(int color, int key);
 
   /// Ends every rank's process with `error_code` (MPI_Abort under MPI): for a rank that fails
   /// alone, so that the others do not wait for it in their next collective for ever. Writes the
@@ -200,6 +212,10 @@ class ZEROSHARD_API Communicator {
   }
   void broadcast(void* data, std::int64_t count, DType dtype, int root) {
     broadcast_async(data, count, dtype, root).wait();
+  }
+  void all_to_all(const void* input, std::span<const std::int64_t> send_counts, void* output,
+                  std::span<const std::int64_t> recv_counts, DType dtype) {
+    all_to_all_async(input, send_counts, output, recv_counts, dtype).wait();
   }
 
   /// Typed overloads for fp32 and fp64: the element type gives the DType, so a buffer of another
@@ -253,6 +269,12 @@ class ZEROSHARD_API Communicator {
   virtual Request start_all_gather(void* data, std::span<const std::int64_t> counts,
                                    DType dtype) = 0;
   virtual Request start_broadcast(void* data, std::int64_t count, DType dtype, int root) = 0;
+  /// All-to-all and split are newer than the other collectives: a transport that lacks them
+  /// inherits these defaults, which throw UsageError naming the backend.
+  virtual Request start_all_to_all(const void* input, std::span<const std::int64_t> send_counts,
+                                   void* output, std::span<const std::int64_t> recv_counts,
+                                   DType dtype);
+  virtual std::unique_ptr<Communicator> make_split(int color, int key);
   virtual void run_barrier() = 0;
   [[noreturn]] virtual void end_job(int error_code) noexcept = 0;
 

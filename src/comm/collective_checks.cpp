@@ -51,4 +51,21 @@ bool check_in_place(const void* input, std::int64_t input_bytes, std::int64_t ow
   return false;
 }
 
+std::int64_t check_all_to_all(const void* input, std::span<const std::int64_t> send_counts,
+                              const void* output, std::span<const std::int64_t> recv_counts,
+                              DType dtype, int rank, int world_size) {
+  const std::int64_t sent = checked_total(Collective::kAllToAll, send_counts, world_size);
+  const std::int64_t received = checked_total(Collective::kAllToAll, recv_counts, world_size);
+  check_buffer(Collective::kAllToAll, input, sent);
+  check_buffer(Collective::kAllToAll, output, received);
+  const auto in = reinterpret_cast<std::uintptr_t>(input);
+  const auto out = reinterpret_cast<std::uintptr_t>(output);
+  const auto in_bytes = static_cast<std::uintptr_t>(sent) * size_of(dtype);
+  const auto out_bytes = static_cast<std::uintptr_t>(received) * size_of(dtype);
+  ZEROSHARD_CHECK_USAGE(
+      in_bytes == 0 || out_bytes == 0 || in + in_bytes <= out || out + out_bytes <= in,
+      "all-to-all: the output overlaps the input; pass separate buffers");
+  return sent - send_counts[static_cast<std::size_t>(rank)];
+}
+
 }  // namespace zeroshard::detail

@@ -26,4 +26,10 @@ void check_root(int root, int world_size);
 bool check_in_place(const void* input, std::int64_t input_bytes, std::int64_t own_offset,
                     const void* output, std::int64_t output_bytes);
 
+/// An all-to-all's arguments: one count per rank on each side, buffers for them, and `input`
+/// and `output` apart. Returns the elements this rank sends to the other ranks (its traffic).
+std::int64_t check_all_to_all(const void* input, std::span<const std::int64_t> send_counts,
+                              const void* output, std::span<const std::int64_t> recv_counts,
+                              DType dtype, int rank, int world_size);
+
 }  // namespace zeroshard::detail

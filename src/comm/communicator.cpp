@@ -58,6 +58,8 @@ const char* to_string(Collective collective) noexcept {
       return "broadcast";
     case Collective::kBarrier:
       return "barrier";
+    case Collective::kAllToAll:
+      return "all-to-all";
   }
   return "unknown collective";
 }
@@ -178,6 +180,31 @@ Request Communicator::all_gather_async(void* data, std::span<const std::int64_t>
 Request Communicator::broadcast_async(void* data, std::int64_t count, DType dtype, int root) {
   return tracked(Collective::kBroadcast, count, dtype,
                  [&] { return start_broadcast(data, count, dtype, root); });
+}
+
+Request Communicator::all_to_all_async(const void* input, std::span<const std::int64_t> send_counts,
+                                       void* output, std::span<const std::int64_t> recv_counts,
+                                       DType dtype) {
+  return tracked(Collective::kAllToAll, detail::total_of(send_counts), dtype,
+                 [&] { return start_all_to_all(input, send_counts, output, recv_counts, dtype); });
+}
+
+std::unique_ptr<Communicator> Communicator::split(int color, int key) {
+  ZEROSHARD_CHECK_USAGE(color >= 0, "Communicator::split: got color "
+                                        << color << " on rank " << rank() << ", expected >= 0");
+  return make_split(color, key);
+}
+
+Request Communicator::start_all_to_all(const void*, std::span<const std::int64_t>, void*,
+                                       std::span<const std::int64_t>, DType) {
+  throw UsageError("the '" + backend() + "' communicator has no all-to-all (rank " +
+                   std::to_string(rank()) + "); zero_quantized_gradients needs one");
+}
+
+std::unique_ptr<Communicator> Communicator::make_split(int, int) {
+  throw UsageError("the '" + backend() + "' communicator cannot be split (rank " +
+                   std::to_string(rank()) +
+                   "); zero_hpz_partition_size and zero_quantized_gradients need node groups");
 }
 
 // A barrier is a collective that completes before it returns: an empty request.

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/collective_checks.h"
 #include "comm/rank_counts.h"
 #include "util/check.h"
 
@@ -274,6 +275,33 @@ Request HostStagedCommunicator::start_broadcast(void* data, std::int64_t count, 
                  return host.broadcast_async(staged, count, dtype, root);
                },
                {data, 0, is_root ? 0 : bytes});
+}
+
+Request HostStagedCommunicator::start_all_to_all(const void* input,
+                                                 std::span<const std::int64_t> send_counts,
+                                                 void* output,
+                                                 std::span<const std::int64_t> recv_counts,
+                                                 DType dtype) {
+  const std::int64_t to_others =
+      check_all_to_all(input, send_counts, output, recv_counts, dtype, rank_, size_);
+  count_traffic(Collective::kAllToAll, to_others, dtype);
+  const std::size_t in_bytes = bytes_of(total_of(send_counts), dtype);
+  const std::size_t out_bytes = bytes_of(total_of(recv_counts), dtype);
+  Communicator& host = *core_->host;
+  // One staging buffer: what is sent, then what is received.
+  return stage(
+      core_, in_bytes + out_bytes, input, 0, in_bytes,
+      [&host, in_bytes, dtype,
+       sends = std::vector<std::int64_t>(send_counts.begin(), send_counts.end()),
+       receives = std::vector<std::int64_t>(recv_counts.begin(), recv_counts.end())](char* staged) {
+        return host.all_to_all_async(staged, sends, staged + in_bytes, receives, dtype);
+      },
+      {output, in_bytes, out_bytes});
+}
+
+std::unique_ptr<Communicator> HostStagedCommunicator::make_split(int color, int key) {
+  return std::make_unique<HostStagedCommunicator>(core_->host->split(color, key),
+                                                  core_->copier->another());
 }
 
 void HostStagedCommunicator::run_barrier() {

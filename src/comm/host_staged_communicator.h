@@ -42,6 +42,8 @@ class StagingCopier {
                                                  std::size_t bytes) = 0;
   /// The stream copies to the host wait for (a cudaStream_t; null is the legacy default stream).
   virtual void set_compute_stream(void* stream) noexcept = 0;
+  /// A copier of the same kind, on the same device, for a communicator split from this one.
+  virtual std::unique_ptr<StagingCopier> another() const = 0;
 };
 
 /// Communicator over device buffers (backend "mpi+staging"): every collective stages through a
@@ -80,6 +82,11 @@ class HostStagedCommunicator final : public Communicator {
                                ReduceOp op) override;
   Request start_all_gather(void* data, std::span<const std::int64_t> counts, DType dtype) override;
   Request start_broadcast(void* data, std::int64_t count, DType dtype, int root) override;
+  Request start_all_to_all(const void* input, std::span<const std::int64_t> send_counts,
+                           void* output, std::span<const std::int64_t> recv_counts,
+                           DType dtype) override;
+  /// The host communicator split, staged through a copier of the same kind.
+  std::unique_ptr<Communicator> make_split(int color, int key) override;
   void run_barrier() override;
   [[noreturn]] void end_job(int error_code) noexcept override;
 

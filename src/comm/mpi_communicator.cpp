@@ -56,6 +56,8 @@ struct Operation {
 // Tags of ring messages cycle below the smallest MPI_TAG_UB the standard allows; rings in flight
 // at once on one communicator get different tags as long as fewer than this many are.
 constexpr int kRingTags = 32767;
+// The all-to-all's messages, above every ring's tag.
+constexpr int kAllToAllTag = kRingTags;
 
 // Messages of 1 MiB: large enough that per-message overhead is small on TCP, small enough that a
 // slice's chunks pipeline (chunk c+1 is on the wire while chunk c is reduced).
@@ -282,6 +284,7 @@ class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator(const MpiCommunicatorOptions& options, MPI_Comm parent, const char* what)
       : runtime_(MpiRuntime::instance()),
+        options_(options),
         timeout_(options.timeout),
         max_elements_per_call_(options.max_elements_per_call),
         reduce_scatter_(options.reduce_scatter),
@@ -434,6 +437,60 @@ class MpiCommunicator final : public Communicator {
     return finish(std::move(request));
   }
 
+  Request start_all_to_all(const void* input, std::span<const std::int64_t> send_counts,
+                           void* output, std::span<const std::int64_t> recv_counts,
+                           DType dtype) override {
+    const std::int64_t to_others =
+        check_all_to_all(input, send_counts, output, recv_counts, dtype, rank_, size_);
+    const auto own = static_cast<std::size_t>(rank_);
+    ZEROSHARD_CHECK_USAGE(send_counts[own] == recv_counts[own],
+                          "all-to-all: rank " << rank_ << " sends " << send_counts[own]
+                                              << " elements to itself but expects "
+                                              << recv_counts[own]);
+    auto request = start(Collective::kAllToAll, total_of(send_counts), dtype);
+    const MPI_Datatype type = runtime_.datatype(dtype);
+    // Point-to-point messages in pieces that fit an int count, at offsets of any size, rather
+    // than MPI_Ialltoallv, whose counts and displacements are int. Pieces between two ranks match
+    // in the order they are posted (MPI's non-overtaking rule), and every rank posts its
+    // all-to-alls in the same order.
+    std::int64_t sent_before = 0;
+    std::int64_t received_before = 0;
+    for (int peer = 0; peer < size_; ++peer) {
+      const auto p = static_cast<std::size_t>(peer);
+      if (peer == rank_) {
+        if (send_counts[p] > 0) {
+          std::memcpy(element_at(output, received_before, dtype),
+                      element_at(input, sent_before, dtype),
+                      static_cast<std::size_t>(send_counts[p]) * size_of(dtype));
+        }
+      } else {
+        for_each_piece(recv_counts[p], [&](std::int64_t offset, int n) {
+          request->check_started(MPI_Irecv(element_at(output, received_before + offset, dtype), n,
+                                           type, peer, kAllToAllTag, comm_.get(), &request->add()),
+                                 "MPI_Irecv");
+        });
+        for_each_piece(send_counts[p], [&](std::int64_t offset, int n) {
+          request->check_started(MPI_Isend(element_at(input, sent_before + offset, dtype), n, type,
+                                           peer, kAllToAllTag, comm_.get(), &request->add()),
+                                 "MPI_Isend");
+        });
+      }
+      sent_before += send_counts[p];
+      received_before += recv_counts[p];
+    }
+    count_traffic(Collective::kAllToAll, to_others, dtype);
+    return finish(std::move(request));
+  }
+
+  std::unique_ptr<Communicator> make_split(int color, int key) override {
+    MPI_Comm split = MPI_COMM_NULL;
+    throw_if_failed(MPI_Comm_split(comm_.get(), color, key, &split), "MPI_Comm_split",
+                    "on rank " + std::to_string(rank_) + " (color " + std::to_string(color) + ")");
+    // The new communicator works on duplicates of its own, like every MPI communicator here.
+    const OwnedComm owned(split);
+    return std::make_unique<MpiCommunicator>(options_, owned.get(), "duplication of a split");
+  }
+
   [[noreturn]] void end_job(int error_code) noexcept override {
     MPI_Abort(comm_.get(), error_code);
     std::_Exit(error_code);
@@ -469,6 +526,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   const MpiRuntime& runtime_;
+  MpiCommunicatorOptions options_;
   Seconds timeout_;
   std::int64_t max_elements_per_call_;
   ReduceScatterAlgorithm reduce_scatter_;

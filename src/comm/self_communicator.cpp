@@ -4,8 +4,10 @@
 #include "comm/self_communicator.h"
 
 #include <cstring>
+#include <memory>
 
 #include "comm/collective_checks.h"
+#include "util/check.h"
 
 namespace zeroshard::detail {
 namespace {
@@ -47,6 +49,24 @@ class SelfCommunicator final : public Communicator {
     check_root(root, size());
     count_traffic(Collective::kBroadcast, count, dtype);
     return Request{};
+  }
+
+  Request start_all_to_all(const void* input, std::span<const std::int64_t> send_counts,
+                           void* output, std::span<const std::int64_t> recv_counts,
+                           DType dtype) override {
+    check_all_to_all(input, send_counts, output, recv_counts, dtype, 0, size());
+    ZEROSHARD_CHECK_USAGE(send_counts[0] == recv_counts[0],
+                          "all-to-all: rank 0 sends " << send_counts[0] << " elements to itself "
+                                                      << "but expects " << recv_counts[0]);
+    if (send_counts[0] > 0) {
+      std::memcpy(output, input, static_cast<std::size_t>(send_counts[0]) * size_of(dtype));
+    }
+    count_traffic(Collective::kAllToAll, 0, dtype);
+    return Request{};
+  }
+
+  std::unique_ptr<Communicator> make_split(int, int) override {
+    return std::make_unique<SelfCommunicator>();
   }
 
   void run_barrier() override { count_traffic(Collective::kBarrier, 0, DType::kFloat32); }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "comm/mpi_communicator.h"
+#include "comm/node_groups.h"
 #include "precision/half_conversion.h"
 #include "zeroshard/communicator.h"
 #include "zeroshard/error.h"
@@ -380,6 +381,51 @@ TEST_P(MpiCollective, RejectsCountsThatDoNotMatchTheWorld) {
   EXPECT_EQ(comm_->traffic().total_elements(), 0);
 }
 
+// What rank `from` sends rank `to` in the all-to-all tests: uneven, some blocks empty.
+std::int64_t block_count(int from, int to) { return (from + 2 * to) % 4 + (from == to ? 1 : 0); }
+float block_value(int from, int to, std::int64_t k) {
+  return static_cast<float>(from * 1000 + to * 100) + static_cast<float>(k);
+}
+
+TEST_P(MpiCollective, AllToAllDeliversEveryRanksBlockInRankOrder) {
+  std::vector<std::int64_t> sends(static_cast<std::size_t>(size_));
+  std::vector<std::int64_t> receives(static_cast<std::size_t>(size_));
+  std::vector<float> input;
+  for (int to = 0; to < size_; ++to) {
+    sends[static_cast<std::size_t>(to)] = block_count(rank_, to);
+    receives[static_cast<std::size_t>(to)] = block_count(to, rank_);
+    for (std::int64_t k = 0; k < block_count(rank_, to); ++k) {
+      input.push_back(block_value(rank_, to, k));
+    }
+  }
+  const std::int64_t received = std::accumulate(receives.begin(), receives.end(), std::int64_t{0});
+  std::vector<float> output(static_cast<std::size_t>(received), -1.0f);
+
+  comm_->all_to_all(input.data(), sends, output.data(), receives, DType::kFloat32);
+
+  std::size_t at = 0;
+  for (int from = 0; from < size_; ++from) {
+    for (std::int64_t k = 0; k < block_count(from, rank_); ++k, ++at) {
+      EXPECT_EQ(output[at], block_value(from, rank_, k)) << "element " << k << " from " << from;
+    }
+  }
+  const std::int64_t to_others =
+      static_cast<std::int64_t>(input.size()) - block_count(rank_, rank_);
+  EXPECT_EQ(comm_->traffic().elements[static_cast<std::size_t>(Collective::kAllToAll)], to_others);
+  EXPECT_EQ(comm_->traffic().bytes[static_cast<std::size_t>(Collective::kAllToAll)], 4 * to_others);
+}
+
+TEST_P(MpiCollective, AllToAllRejectsOverlappingBuffersAndAMismatchedOwnBlock) {
+  std::vector<float> data(64);
+  const std::vector<std::int64_t> twos(static_cast<std::size_t>(size_), 2);
+  EXPECT_THROW(comm_->all_to_all(data.data(), twos, data.data() + 1, twos, DType::kFloat32),
+               UsageError);
+  std::vector<std::int64_t> more = twos;
+  more[static_cast<std::size_t>(rank_)] = 3;
+  std::vector<float> out(64);
+  EXPECT_THROW(comm_->all_to_all(data.data(), twos, out.data(), more, DType::kFloat32), UsageError);
+}
+
 INSTANTIATE_TEST_SUITE_P(OneMpiCallOrSplit, MpiCollective, ::testing::Values(INT_MAX, 3),
                          [](const ::testing::TestParamInfo<std::int64_t>& info) {
                            return info.param == INT_MAX ? std::string("OneCall")
@@ -523,6 +569,92 @@ TEST(CommunicatorText, EmptyTextsOnEveryRankGiveEmptyTexts) {
   const std::vector<std::string> texts = comm->all_gather_text("");
   ASSERT_EQ(static_cast<int>(texts.size()), comm->size());
   for (const std::string& text : texts) EXPECT_TRUE(text.empty());
+}
+
+}  // namespace
+}  // namespace zeroshard
+
+namespace zeroshard {
+namespace {
+
+TEST(CommunicatorSplit, RanksOfAColorFormACommunicatorOrderedByKey) {
+  const std::unique_ptr<Communicator> world = Communicator::from_environment();
+  const int rank = world->rank();
+  const int size = world->size();
+  // Odd and even ranks apart, each group ranked from its highest world rank down.
+  const std::unique_ptr<Communicator> group = world->split(rank % 2, -rank);
+  int members = 0;
+  int above = 0;
+  for (int r = rank % 2; r < size; r += 2) {
+    ++members;
+    if (r > rank) ++above;
+  }
+  EXPECT_EQ(group->backend(), "mpi");
+  EXPECT_EQ(group->size(), members);
+  EXPECT_EQ(group->rank(), above);
+  std::vector<float> value{static_cast<float>(rank)};
+  group->all_reduce(value);
+  float expected = 0;
+  for (int r = rank % 2; r < size; r += 2) expected += static_cast<float>(r);
+  EXPECT_EQ(value[0], expected);
+  // The world still works, and its messages do not mix with the group's.
+  std::vector<float> one{1.0f};
+  world->all_reduce(one);
+  EXPECT_EQ(one[0], static_cast<float>(size));
+  EXPECT_THROW(world->split(-1, 0), UsageError);
+}
+
+// Pretends ranks 2h and 2h+1 share host h.
+class PairedHosts : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    world_ = Communicator::from_environment();
+    const std::string host = "host" + std::to_string(world_->rank() / 2);
+    setenv("ZEROSHARD_HOST_NAME", host.c_str(), 1);
+  }
+  void TearDown() override { unsetenv("ZEROSHARD_HOST_NAME"); }
+  std::unique_ptr<Communicator> world_;
+};
+
+TEST_F(PairedHosts, NodeGroupsHoldTheRanksOfOneHost) {
+  const int size = world_->size();
+  if (size % 2 != 0) {
+    // A host with one rank cannot hold a group of two.
+    EXPECT_THROW(detail::make_node_groups(*world_, 2, "zero_optimization.zero_hpz_partition_size"),
+                 ConfigError);
+    return;
+  }
+  const detail::NodeGroups groups =
+      detail::make_node_groups(*world_, 2, "zero_optimization.zero_hpz_partition_size");
+  const int rank = world_->rank();
+  EXPECT_EQ(groups.group_size, 2);
+  EXPECT_EQ(groups.group_count, size / 2);
+  EXPECT_EQ(groups.group, rank / 2);
+  EXPECT_EQ(groups.index, rank % 2);
+  for (int g = 0; g < groups.group_count; ++g) {
+    EXPECT_EQ(groups.members[g], (std::vector<int>{2 * g, 2 * g + 1}));
+  }
+  EXPECT_EQ(groups.within->size(), 2);
+  EXPECT_EQ(groups.within->rank(), rank % 2);
+  EXPECT_EQ(groups.across->size(), size / 2);
+  EXPECT_EQ(groups.across->rank(), rank / 2);
+  std::vector<float> value{static_cast<float>(rank)};
+  groups.within->all_reduce(value);
+  EXPECT_EQ(value[0], static_cast<float>(rank / 2 * 4 + 1));
+}
+
+TEST_F(PairedHosts, AGroupLargerThanAHostIsRefusedNamingTheKeyAndTheHost) {
+  try {
+    detail::make_node_groups(*world_, 3, "zero_optimization.zero_hpz_partition_size");
+    ADD_FAILURE() << "groups of 3 on hosts of 2 were accepted";
+  } catch (const ConfigError& error) {
+    EXPECT_THAT(error.what(), HasSubstr("zero_optimization.zero_hpz_partition_size"));
+    EXPECT_THAT(error.what(), HasSubstr("host 'host0'"));
+  }
+  const detail::NodeGroups single =
+      detail::make_node_groups(*world_, 1, "zero_optimization.zero_hpz_partition_size");
+  EXPECT_EQ(single.within->size(), 1);
+  EXPECT_EQ(single.across->size(), world_->size());
 }
 
 }  // namespace

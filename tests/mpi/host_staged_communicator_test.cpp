@@ -81,6 +81,9 @@ class DeferredCopier final : public detail::StagingCopier {
     return std::make_unique<DeferredCopy>(device, host, bytes, polls_);
   }
   void set_compute_stream(void*) noexcept override {}
+  std::unique_ptr<StagingCopier> another() const override {
+    return std::make_unique<DeferredCopier>(polls_);
+  }
 
  private:
   int polls_;
@@ -129,14 +132,18 @@ class HostStaged : public ::testing::TestWithParam<DType> {
         std::accumulate(counts.begin(), counts.begin() + rank_, std::int64_t{0});
     const std::size_t element = size_of(dtype);
 
+    // The all-to-all sends counts[r] elements to rank r and receives own elements from each.
+    const std::int64_t own_from_all = own * size_;
     struct Buffers {
-      std::vector<std::byte> all_reduce, scatter_in, scatter_out, gather, broadcast;
+      std::vector<std::byte> all_reduce, scatter_in, scatter_out, gather, broadcast, to_all_out;
     };
     auto fresh = [&] {
-      Buffers b{values(11, dtype, rank_, salt), values(total, dtype, rank_, salt + 1),
+      Buffers b{values(11, dtype, rank_, salt),
+                values(total, dtype, rank_, salt + 1),
                 std::vector<std::byte>(static_cast<std::size_t>(own) * element),
                 std::vector<std::byte>(static_cast<std::size_t>(total) * element),
-                values(9, dtype, rank_, salt + 2)};
+                values(9, dtype, rank_, salt + 2),
+                std::vector<std::byte>(static_cast<std::size_t>(own_from_all) * element)};
       const std::vector<std::byte> mine = values(own, dtype, rank_, salt + 3);
       std::copy(mine.begin(), mine.end(),
                 b.gather.begin() + static_cast<std::ptrdiff_t>(own_offset * element));
@@ -151,20 +158,25 @@ class HostStaged : public ::testing::TestWithParam<DType> {
     plain_->reduce_scatter(want.scatter_in.data(), want.scatter_out.data(), counts, dtype, op);
     plain_->all_gather(want.gather.data(), counts, dtype);
     plain_->broadcast(want.broadcast.data(), 9, dtype, root);
+    const std::vector<std::int64_t> from_each(static_cast<std::size_t>(size_), own);
+    plain_->all_to_all(want.scatter_in.data(), counts, want.to_all_out.data(), from_each, dtype);
 
     Request requests[] = {staged_->all_reduce_async(got.all_reduce.data(), 11, dtype, op),
                           staged_->reduce_scatter_async(got.scatter_in.data(),
                                                         got.scatter_out.data(), counts, dtype, op),
                           staged_->all_gather_async(got.gather.data(), counts, dtype),
-                          staged_->broadcast_async(got.broadcast.data(), 9, dtype, root)};
+                          staged_->broadcast_async(got.broadcast.data(), 9, dtype, root),
+                          staged_->all_to_all_async(got.scatter_in.data(), counts,
+                                                    got.to_all_out.data(), from_each, dtype)};
     // The copies in take several polls, so nothing can be complete yet.
     EXPECT_FALSE(requests[0].test());
-    for (int i = 3; i >= 0; --i) requests[i].wait();
+    for (int i = 4; i >= 0; --i) requests[i].wait();
 
     EXPECT_EQ(got.all_reduce, want.all_reduce) << "all-reduce";
     EXPECT_EQ(got.scatter_out, want.scatter_out) << "reduce-scatter";
     EXPECT_EQ(got.gather, want.gather) << "all-gather";
     EXPECT_EQ(got.broadcast, want.broadcast) << "broadcast";
+    EXPECT_EQ(got.to_all_out, want.to_all_out) << "all-to-all";
   }
 
   std::unique_ptr<Communicator> plain_;
@@ -183,7 +195,7 @@ TEST_P(HostStaged, EveryCollectiveGivesThePlainMpiResultWithRequestsInFlightToge
 // after the compute stream: its output may still be being allocated or zeroed there.
 TEST_P(HostStaged, EveryCollectiveFollowsTheComputeStream) {
   run_step(11);
-  EXPECT_EQ(copier_->follows(), 4);
+  EXPECT_EQ(copier_->follows(), 5);
 }
 
 TEST_P(HostStaged, CountsTheSameTrafficAsPlainMpi) {
@@ -197,6 +209,17 @@ TEST_P(HostStaged, CountsTheSameTrafficAsPlainMpi) {
     EXPECT_EQ(staged.bytes[c], plain.bytes[c]) << to_string(static_cast<Collective>(c));
     EXPECT_EQ(staged.calls[c], plain.calls[c]) << to_string(static_cast<Collective>(c));
   }
+}
+
+TEST_P(HostStaged, ASplitStagesItsGroupsCollectives) {
+  const std::unique_ptr<Communicator> group = staged_->split(rank_ % 2, rank_);
+  EXPECT_EQ(group->backend(), "mpi+staging");
+  std::vector<std::byte> data = values(5, GetParam(), rank_, 7);
+  std::vector<std::byte> want = data;
+  const std::unique_ptr<Communicator> plain_group = plain_->split(rank_ % 2, rank_);
+  plain_group->all_reduce(want.data(), 5, GetParam(), ReduceOp::kMax);
+  group->all_reduce(data.data(), 5, GetParam(), ReduceOp::kMax);
+  EXPECT_EQ(data, want);
 }
 
 TEST_P(HostStaged, TheStagingPoolStopsGrowingAfterTheFirstStep) {

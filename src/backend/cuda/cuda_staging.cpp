@@ -68,6 +68,10 @@ class CudaStagingCopier final : public detail::StagingCopier {
     compute_stream_ = stream == nullptr ? cudaStreamLegacy : static_cast<cudaStream_t>(stream);
   }
 
+  std::unique_ptr<detail::StagingCopier> another() const override {
+    return std::make_unique<CudaStagingCopier>(device_);
+  }
+
  private:
   static CudaStream stream_on(int device) {
     const DeviceGuard guard(device);

@@ -18,6 +18,7 @@
 #include "backend/cuda/cuda_stream.h"
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/rendezvous_file.h"
+#include "comm/collective_checks.h"
 #include "comm/mpi_communicator.h"
 #include "comm/wait_deadline.h"
 #include "util/check.h"
@@ -413,6 +414,44 @@ Request NcclCommunicator::start_broadcast(void* data, std::int64_t count, DType 
   }
   count_traffic(Collective::kBroadcast, count, dtype);
   return finish(Collective::kBroadcast);
+}
+
+Request NcclCommunicator::start_all_to_all(const void* input,
+                                           std::span<const std::int64_t> send_counts, void* output,
+                                           std::span<const std::int64_t> recv_counts, DType dtype) {
+  const std::int64_t to_others = detail::check_all_to_all(input, send_counts, output, recv_counts,
+                                                          dtype, state_->rank, state_->world);
+  const std::vector<std::int64_t> send_offsets =
+      slice_offsets(send_counts, state_->world, "all_to_all");
+  const std::vector<std::int64_t> recv_offsets =
+      slice_offsets(recv_counts, state_->world, "all_to_all");
+  DeviceGuard guard(state_->device);
+  state_->require_usable("all-to-all");
+  order_after_compute();
+  // NCCL has no all-to-all with counts: one send and one receive per peer, grouped so that NCCL
+  // runs them together.
+  NcclGroup group;
+  for (int peer = 0; peer < state_->world; ++peer) {
+    if (send_counts[peer] > 0) {
+      ZEROSHARD_NCCL_CHECK(ncclSend(element_at(input, send_offsets[peer], dtype),
+                                    static_cast<std::size_t>(send_counts[peer]), nccl_type(dtype),
+                                    peer, state_->comm, state_->stream.get()));
+    }
+    if (recv_counts[peer] > 0) {
+      ZEROSHARD_NCCL_CHECK(ncclRecv(element_at(output, recv_offsets[peer], dtype),
+                                    static_cast<std::size_t>(recv_counts[peer]), nccl_type(dtype),
+                                    peer, state_->comm, state_->stream.get()));
+    }
+  }
+  group.end();
+  count_traffic(Collective::kAllToAll, to_others, dtype);
+  return finish(Collective::kAllToAll);
+}
+
+std::unique_ptr<Communicator> NcclCommunicator::make_split(int color, int key) {
+  DeviceGuard guard(state_->device);
+  state_->require_usable("split");
+  return split_nccl_communicator(state_->comm, color, key);
 }
 
 void NcclCommunicator::end_job(int error_code) noexcept {

@@ -69,6 +69,10 @@ class NcclCommunicator final : public Communicator {
                                ReduceOp op) override;
   Request start_all_gather(void* data, std::span<const std::int64_t> counts, DType dtype) override;
   Request start_broadcast(void* data, std::int64_t count, DType dtype, int root) override;
+  Request start_all_to_all(const void* input, std::span<const std::int64_t> send_counts,
+                           void* output, std::span<const std::int64_t> recv_counts,
+                           DType dtype) override;
+  std::unique_ptr<Communicator> make_split(int color, int key) override;
   void run_barrier() override;
   [[noreturn]] void end_job(int error_code) noexcept override;
 
