@@ -665,15 +665,25 @@ TEST(ConfigValidation, DeprecatedAndNewNameTogether) {
                 "zero_optimization.stage3_gather_16bit_weights_on_model_save, its new name"));
 }
 
-TEST(ConfigValidation, ZeroPlusPlusHpzAndQgzAreRefused) {
-  for (const char* setting :
-       {R"("zero_quantized_gradients": true)", R"("zero_hpz_partition_size": 8)"}) {
-    ConfigError error =
-        config_error(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, )" +
-                     std::string(setting) + "}}");
-    EXPECT_THAT(error.key_path(), StartsWith("zero_optimization.")) << setting;
-    EXPECT_THAT(error.what(), HasSubstr("not implemented in zeroshard")) << setting;
+TEST(ConfigValidation, HpzIsAcceptedAtStageThreeOnly) {
+  const Config config = Config::from_json_string(
+      R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "zero_hpz_partition_size": 8}})");
+  EXPECT_EQ(config.zero_optimization.hpz_partition_size, 8);
+  for (int stage : {0, 1, 2}) {
+    ConfigError error = config_error(R"({"train_batch_size": 8, "zero_optimization": {"stage": )" +
+                                     std::to_string(stage) + R"(, "zero_hpz_partition_size": 2}})");
+    EXPECT_EQ(error.key_path(), "zero_optimization.zero_hpz_partition_size") << stage;
+    EXPECT_THAT(error.what(), HasSubstr("needs stage 3")) << stage;
   }
+  // Below stage 3, 1 (off, the default) is accepted.
+  EXPECT_EQ(Config::from_json_string(R"({"train_batch_size": 8, "zero_optimization": )"
+                                     R"({"stage": 2, "zero_hpz_partition_size": 1}})")
+                .zero_optimization.hpz_partition_size,
+            1);
+  EXPECT_EQ(config_error(R"({"train_batch_size": 8, "zero_optimization": )"
+                         R"({"stage": 3, "zero_hpz_partition_size": 0}})")
+                .key_path(),
+            "zero_optimization.zero_hpz_partition_size");
 }
 
 TEST(ConfigValidation, QuantizedWeightsAreAcceptedAtStageThreeOnly) {

@@ -50,6 +50,17 @@ void check_quantized_weights(const ZeroConfig& zero) {
                         "the key");
 }
 
+// hpZ keeps a secondary partition of stage 3's gathered parameters; below stage 3 nothing is
+// gathered per module.
+void check_hpz(const ZeroConfig& zero) {
+  if (zero.hpz_partition_size == 1 || zero.stage == 3) return;
+  throw ConfigError("zero_optimization.zero_hpz_partition_size",
+                    "got " + std::to_string(zero.hpz_partition_size) +
+                        " at zero_optimization.stage " + std::to_string(zero.stage) +
+                        "; the secondary parameter partition needs stage 3: set the stage to 3, "
+                        "or set the key to 1");
+}
+
 void check_super_offload(const OffloadConfig& offload) {
   if (!offload.super_offload || offload.device == OffloadDevice::kCpu) return;
   // NVMe's pipelined step reads each sub-group's record once, in order; updating as buckets
@@ -134,6 +145,7 @@ void check_config(const Config& config) {
   check_offload_devices(config.zero_optimization);
   check_super_offload(config.zero_optimization.offload_optimizer);
   check_quantized_weights(config.zero_optimization);
+  check_hpz(config.zero_optimization);
   check_aio(config.aio);
   check_gradient_types(config);
   check_rule_and_schedule(config);

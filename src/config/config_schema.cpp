@@ -18,7 +18,6 @@ constexpr Range kFraction{.min = 0, .max = 1};
 
 const char* const kIntegration = "a Python-side integration";
 
-bool enables_hpz(const nlohmann::json& value) { return value.get<double>() > 1; }
 bool enables_autocast(const nlohmann::json& value) {
   const auto enabled = value.find("enabled");
   return enabled != value.end() && *enabled != false;
@@ -522,11 +521,12 @@ std::vector<KeySpec> make_key_specs() {
       {.path = "zero_optimization.zero_hpz_partition_size",
        .kind = K::kInteger,
        .default_json = "1",
-       .meaning = "ZeRO++ hpZ: size of the secondary parameter partition group; > 1 enables "
-                  "it.",
-       .status = S::kRefused,
-       .range = kAtLeastOne,
-       .is_active = enables_hpz},
+       .meaning = "ZeRO++ hpZ (stage 3): after a module's gather, each group of this many "
+                  "ranks of one host keeps a secondary copy of its parameters partitioned "
+                  "over the group, and later gathers of it in the step (backward) run inside "
+                  "the group; 1 turns it off.",
+       .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.hpz_partition_size),
+       .range = kAtLeastOne},
       {.path = "zero_optimization.zero_quantized_weights",
        .kind = K::kBool,
        .default_json = "false",

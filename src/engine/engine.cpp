@@ -93,7 +93,7 @@ EngineState::~EngineState() {
   // The model's compute stream may already be destroyed; the buffers the components free must
   // not be freed on it, nor may the communicator order anything after it.
   backend_->detach_stream();
-  comm_->set_compute_stream(nullptr);
+  set_communicators_stream(nullptr);
   activations_->free_all();
 }
 
@@ -216,6 +216,12 @@ void EngineState::finalize() {
                           "the same call");
   }
 
+  if (stage_ == 3 && zero.hpz_partition_size > 1) {
+    hpz_groups_ = std::make_unique<NodeGroups>(
+        make_node_groups(*comm_, static_cast<int>(zero.hpz_partition_size),
+                         "zero_optimization.zero_hpz_partition_size"));
+    set_communicators_stream(backend_->stream());
+  }
   const bool swaps = zero.offload_optimizer.device == OffloadDevice::kNvme ||
                      zero.offload_param.device == OffloadDevice::kNvme;
   context_ = std::make_unique<EngineContext>(EngineContext{.config = config_,
@@ -230,6 +236,7 @@ void EngineState::finalize() {
                                                            .modules = modules_,
                                                            .tensor_param = tensor_param_,
                                                            .comm = *comm_,
+                                                           .parameter_groups = hpz_groups_.get(),
                                                            .backend = *backend_,
                                                            .tracker = tracker_,
                                                            .times = times_});
@@ -363,6 +370,14 @@ void EngineState::copy_param_from(int index, const float* values) {
 
 TrackedBuffer EngineState::allocate(MemoryCategory category, std::size_t bytes) {
   return TrackedBuffer(tracker_, category, bytes, backend_->memory());
+}
+
+void EngineState::set_communicators_stream(void* stream) noexcept {
+  comm_->set_compute_stream(stream);
+  if (hpz_groups_) {
+    hpz_groups_->within->set_compute_stream(stream);
+    hpz_groups_->across->set_compute_stream(stream);
+  }
 }
 
 void EngineState::all_reduce_host(float* values, int count, ReduceOp op) {
@@ -691,7 +706,7 @@ const Config& Engine::config() const { return live().config_; }
 Device Engine::device() const { return live().device_; }
 void Engine::set_compute_stream(void* stream) {
   live().backend_->set_stream(stream);
-  live().comm_->set_compute_stream(stream);
+  live().set_communicators_stream(stream);
 }
 void* Engine::compute_stream() const { return live().backend_->stream(); }
 Communicator& Engine::communicator() { return *live().comm_; }

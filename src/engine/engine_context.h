@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/compute_backend.h"
+#include "comm/node_groups.h"
 #include "engine/shard_layout.h"
 #include "memory/memory_tracker.h"
 #include "zeroshard/communicator.h"
@@ -104,6 +105,8 @@ struct EngineContext {
   const std::vector<ModuleInfo>& modules;
   const std::vector<int>& tensor_param;  ///< trainable tensor index -> parameter index
   Communicator& comm;
+  /// hpZ: the node groups of zero_hpz_partition_size ranks; null when hpZ is off.
+  const NodeGroups* parameter_groups = nullptr;
   ComputeBackend& backend;  ///< the device's: buckets, gathers and the model's buffers
   MemoryTracker& tracker;
   StepTimes& times;

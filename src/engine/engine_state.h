@@ -72,6 +72,8 @@ class EngineState {
   /// Sums (or maxes) a few host floats over the ranks through engine memory, which is where the
   /// communicator expects its buffers.
   void all_reduce_host(float* values, int count, ReduceOp op);
+  /// Orders the collectives of comm_ and of the communicators split from it after `stream`.
+  void set_communicators_stream(void* stream) noexcept;
 
   // --- consolidated_parameters.cpp: the master values gathered one bounded chunk at a time ---
   /// Collective: calls use(piece, its values) for every tensor piece of the flat layout in order,
@@ -137,6 +139,8 @@ class EngineState {
   /// Before comm_ and backend_, which may charge memory of their own to it.
   MemoryTracker tracker_;
   std::unique_ptr<Communicator> comm_;
+  /// hpZ's node groups (zero_hpz_partition_size > 1), split from comm_; null otherwise.
+  std::unique_ptr<NodeGroups> hpz_groups_;
   std::unique_ptr<UpdateRule> rule_;
   std::unique_ptr<ComputeBackend> backend_;
   int rank_ = 0;

@@ -7,7 +7,9 @@
 #include <cstring>
 #include <limits>
 
+#include "comm/node_groups.h"
 #include "comm/quantized_block_format.h"  // quantized_bytes, QuantBits
+#include "comm/rank_counts.h"
 #include "util/check.h"
 
 namespace zeroshard::detail {
@@ -262,6 +264,9 @@ void ParamCoordinator::store(int index, const float* values) {
   const std::int64_t a = std::max(lo, context_.layout.shard_begin(context_.rank));
   const std::int64_t b = std::min(hi, context_.layout.shard_end(context_.rank));
   if (b > a) store_owned(a, values + (a - lo), b - a);
+  if (context_.parameter_groups != nullptr && !p.persistent) {
+    store_secondary(p.module, lo, values, p.numel);
+  }
   if (!adopted_full_.empty()) {
     // The model's whole copy takes the values whether its module is gathered or not.
     context_.store_host_values(values, adopted_full_.as<char>() + lo * dsize, device, p.numel);
@@ -275,6 +280,57 @@ void ParamCoordinator::store(int index, const float* values) {
   if (m.residency == Residency::kAvailable) {
     context_.store_host_values(values, m.gathered.as<char>() + (lo - info.flat_begin) * dsize,
                                device, p.numel);
+  }
+}
+
+std::vector<std::int64_t> ParamCoordinator::group_counts(std::int64_t elements) const {
+  const int k = context_.parameter_groups->group_size;
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(k), elements / k);
+  for (std::int64_t i = 0; i < elements % k; ++i) ++counts[static_cast<std::size_t>(i)];
+  return counts;
+}
+
+void ParamCoordinator::keep_secondary(ModuleId module) {
+  const ModuleInfo& info = context_.modules[module];
+  ModuleState& m = modules_[module];
+  const int index = context_.parameter_groups->index;
+  const auto dsize = static_cast<std::int64_t>(context_.dsize);
+  std::int64_t kept = 0;
+  for (const FlatRange& range : info.ranges) kept += group_counts(range.end - range.begin)[index];
+  m.secondary = TrackedBuffer::uninitialized(context_.tracker, MemoryCategory::kParameters,
+                                             static_cast<std::size_t>(kept * dsize),
+                                             context_.resource(Tier::kDevice));
+  const char* gathered = gathered_base(module);
+  char* piece = m.secondary.as<char>();
+  for (const FlatRange& range : info.ranges) {
+    const auto counts = group_counts(range.end - range.begin);
+    const std::int64_t before = offset_of(counts, index);
+    const std::int64_t n = counts[static_cast<std::size_t>(index)];
+    if (n > 0) {
+      context_.backend.copy(piece, gathered + (range.begin - info.flat_begin + before) * dsize,
+                            static_cast<std::size_t>(n * dsize));
+    }
+    piece += n * dsize;
+  }
+}
+
+void ParamCoordinator::store_secondary(ModuleId module, std::int64_t lo, const float* values,
+                                       std::int64_t count) {
+  ModuleState& m = modules_[module];
+  if (m.secondary.empty()) return;
+  const int index = context_.parameter_groups->index;
+  const auto dsize = static_cast<std::int64_t>(context_.dsize);
+  const MemoryLocation location = context_.backend.memory().location();
+  char* piece = m.secondary.as<char>();
+  for (const FlatRange& range : context_.modules[module].ranges) {
+    const auto counts = group_counts(range.end - range.begin);
+    const std::int64_t begin = range.begin + offset_of(counts, index);
+    const std::int64_t n = counts[static_cast<std::size_t>(index)];
+    const std::int64_t a = std::max(lo, begin);
+    const std::int64_t b = std::min(lo + count, begin + n);
+    if (b > a)
+      context_.store_host_values(values + (a - lo), piece + (a - begin) * dsize, location, b - a);
+    piece += n * dsize;
   }
 }
 
@@ -354,6 +410,39 @@ void ParamCoordinator::start_gather(ModuleId module) {
     m.gathered = take_gathered_buffer(static_cast<std::size_t>(module_size(module) * dsize));
   }
   char* gathered = gathered_base(module);
+  if (!m.secondary.empty()) {
+    // hpZ: the module was gathered earlier in this step (forward), so the ranks of the node group
+    // hold all of it between them: the gather stays inside the group, unquantized, and gives
+    // the values the first gather gave.
+    Communicator& group = *context_.parameter_groups->within;
+    const int index = context_.parameter_groups->index;
+    const char* piece = m.secondary.as<char>();
+    for (const FlatRange& range : info.ranges) {
+      const auto counts = group_counts(range.end - range.begin);
+      char* target = gathered + (range.begin - info.flat_begin) * dsize;
+      const std::int64_t n = counts[static_cast<std::size_t>(index)];
+      if (n > 0) {
+        context_.backend.copy(target + offset_of(counts, index) * dsize, piece,
+                              static_cast<std::size_t>(n * dsize));
+      }
+      piece += n * dsize;
+      m.pending.push_back(group.all_gather_async(target, counts, context_.dtype));
+    }
+    m.from_secondary = true;
+  } else {
+    start_gather_from_shards(module, gathered);
+  }
+  m.residency = Residency::kInFlight;
+  live_elements_ += module_size(module);
+  peak_live_elements_ = std::max(peak_live_elements_, live_elements_);
+  context_.times.gather += seconds_since(start);
+}
+
+void ParamCoordinator::start_gather_from_shards(ModuleId module, char* gathered) {
+  const ModuleInfo& info = context_.modules[module];
+  ModuleState& m = modules_[module];
+  const auto dsize = static_cast<std::int64_t>(context_.dsize);
+  m.from_secondary = false;
   const MemoryLocation gathered_location = context_.backend.memory().location();
   const bool quantized = context_.config.zero_optimization.quantized_weights;
   int* nonfinite = nullptr;
@@ -396,10 +485,6 @@ void ParamCoordinator::start_gather(ModuleId module) {
     m.pending.push_back(context_.comm.all_gather_async(encoded, units, DType::kFloat32));
     encoded += sum(units);
   }
-  m.residency = Residency::kInFlight;
-  live_elements_ += module_size(module);
-  peak_live_elements_ = std::max(peak_live_elements_, live_elements_);
-  context_.times.gather += seconds_since(start);
 }
 
 void ParamCoordinator::finish_gather(ModuleId module) {
@@ -408,6 +493,7 @@ void ParamCoordinator::finish_gather(ModuleId module) {
   for (Request& request : m.pending) request.wait();
   m.pending.clear();
   if (!m.encoded.empty()) decode_gathered(module);
+  if (context_.parameter_groups != nullptr && !m.from_secondary) keep_secondary(module);
   m.residency = Residency::kAvailable;
   context_.times.gather += seconds_since(start);
 }
@@ -553,10 +639,12 @@ void ParamCoordinator::release_all_after_step(const char* caller) {
     ZEROSHARD_CHECK_USAGE(m.users == 0, caller << " while module '" << context_.modules[i].name
                                                << "' is still gathered: release every module "
                                                   "(or end every GatheredModule) first");
-    // The update changes the shards, so a kept copy would be stale.
+    // The update changes the shards, so a kept copy would be stale, and so would the secondary
+    // partition.
     if (context_.modules[i].sharded && m.residency != Residency::kReleased) {
       free_module(static_cast<ModuleId>(i));
     }
+    modules_[i].secondary = TrackedBuffer{};
   }
   // Nothing gathered outlives the step as a parameter: the update changes the shards. A device's
   // allocator (CUDA's stream-ordered pool) hands freed bytes to the next gathers, so there the

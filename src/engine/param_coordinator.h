@@ -87,13 +87,27 @@ class ParamCoordinator {
     /// qwZ, while in flight: the non-finite block counter (one int), then for each range every
     /// rank's int8 encoding of its piece, each padded to whole fp32 elements.
     TrackedBuffer encoded;
+    /// hpZ: this rank's piece of each range for its node group, from the module's first gather
+    /// of the step until the update; empty otherwise. Its gathers then run inside the group.
+    TrackedBuffer secondary;
+    /// hpZ: the gather in flight reads the secondary partition, not the shards.
+    bool from_secondary = false;
   };
 
   std::int64_t module_size(ModuleId module) const;
+  /// hpZ: how a range of `elements` splits over the ranks of a node group.
+  std::vector<std::int64_t> group_counts(std::int64_t elements) const;
+  /// hpZ: copies this rank's pieces of the module's gathered copy into its secondary partition.
+  void keep_secondary(ModuleId module);
+  /// hpZ: writes host fp32 `values` of elements [lo, lo + count) into the module's secondary
+  /// partition where it holds them.
+  void store_secondary(ModuleId module, std::int64_t lo, const float* values, std::int64_t count);
   /// Frees gathered copies no caller holds (kept for reuse, prefetched) until `incoming` more
   /// elements fit stage3_max_live_parameters, or none is left to free.
   void free_unused_over_budget(std::int64_t incoming);
   void start_gather(ModuleId module);
+  /// start_gather's all-gather of every rank's shard of the module (int8 blocks under qwZ).
+  void start_gather_from_shards(ModuleId module, char* gathered);
   void finish_gather(ModuleId module);
   void free_module(ModuleId module);
   /// qwZ: after the gathers, every rank's encoded piece decoded into the module's gathered copy

@@ -131,6 +131,24 @@ struct Terms {
   std::int64_t swap_tile() const {
     return std::max<std::int64_t>(1, std::min(sub_group(), updated()));
   }
+  /// hpZ: the elements of this rank's piece of every gathered tensor.
+  std::int64_t secondary_partition() const {
+    const std::int64_t k = in.hpz_partition_size;
+    if (stage != 3 || k <= 1) return 0;
+    if (in.tensors.empty()) return (in.params - persistent + k - 1) / k;
+    std::int64_t total = 0;
+    std::int64_t kept_whole = 0;
+    for (std::int64_t numel : in.tensors) {
+      // persistent_elements' rule: these tensors are never gathered.
+      if (numel < in.param_persistence_threshold &&
+          kept_whole + numel <= in.model_persistence_threshold) {
+        kept_whole += numel;
+        continue;
+      }
+      total += (numel + k - 1) / k;
+    }
+    return total;
+  }
   /// offload_param nvme: shard elements past max_in_cpu, in the parameter swap file.
   std::int64_t params_swapped() const {
     if (stage != 3 || in.offload_param != OffloadDevice::kNvme) return 0;
@@ -184,6 +202,11 @@ constexpr Rule kRules[] = {
     // Stage 3 also keeps tensors below the persistence threshold whole on every rank.
     {MemoryCategory::kParameters,
      [](const Terms& t) { return t.stage == 3 ? t.d * t.persistent : 0; }, on_device},
+    // hpZ: the secondary partition, 1/K of every module gathered in the step, from its first
+    // gather to the update, each module's range rounded up on its own. The input knows tensors,
+    // not modules: this is exact for modules of one tensor each.
+    {MemoryCategory::kParameters, [](const Terms& t) { return t.d * t.secondary_partition(); },
+     on_device},
     // Frozen parameters: whole on every rank at every stage.
     {MemoryCategory::kParameters, [](const Terms& t) { return t.d * t.in.frozen_params; },
      on_device},
@@ -327,6 +350,7 @@ void check_input(const EstimateInput& in) {
   positive("frozen_params", in.frozen_params, 0);
   positive("ranks", in.ranks, 1);
   positive("zero_optimization.reduce_bucket_size", in.reduce_bucket_size, 1);
+  positive("zero_optimization.zero_hpz_partition_size", in.hpz_partition_size, 1);
   for (std::int64_t numel : in.tensors) positive("tensors", numel, 0);
   if (in.nodes < 1 || in.ranks % in.nodes != 0) {
     throw ConfigError("nodes", "got " + std::to_string(in.nodes) +
@@ -527,6 +551,7 @@ EstimateInput estimate_input_from_config(const Config& config, std::int64_t para
   in.model_persistence_threshold = zero.model_persistence_threshold;
   in.max_live_parameters = zero.max_live_parameters;
   in.quantized_weights = zero.quantized_weights;
+  in.hpz_partition_size = zero.hpz_partition_size;
   in.optimizer_buffer_count = zero.offload_optimizer.buffer_count;
   in.sub_group_size = zero.sub_group_size;
   in.param_buffer_count = zero.offload_param.buffer_count;
