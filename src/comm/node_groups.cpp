@@ -21,7 +21,7 @@ std::string this_host_name() {
 }
 
 NodeGroups make_node_groups(Communicator& world, int group_size, const std::string& key) {
-  ZEROSHARD_CHECK_USAGE(group_size >= 1, key << ": got " << group_size << ", expected >= 1");
+  ZEROSHARD_CHECK_USAGE(group_size >= 0, key << ": got " << group_size << ", expected >= 0");
   const std::vector<std::string> hosts = world.all_gather_text(this_host_name());
   // Hosts in the order of their lowest rank, each with its ranks in order.
   std::vector<std::string> order;
@@ -30,6 +30,20 @@ NodeGroups make_node_groups(Communicator& world, int group_size, const std::stri
     auto& ranks = ranks_of[hosts[r]];
     if (ranks.empty()) order.push_back(hosts[r]);
     ranks.push_back(r);
+  }
+  if (group_size == 0) {
+    // Every rank of a host: the hosts must run equally many, or the groups would differ in size
+    // and the ranks at one place would not form one group per host.
+    const std::size_t per_host = ranks_of[order.front()].size();
+    for (const std::string& host : order) {
+      if (ranks_of[host].size() == per_host) continue;
+      std::ostringstream os;
+      os << "groups of every rank of a host need the same number of ranks on each host, but host '"
+         << order.front() << "' runs " << per_host << " and host '" << host << "' runs "
+         << ranks_of[host].size() << "; start as many ranks on every host";
+      throw ConfigError(key, os.str());
+    }
+    group_size = static_cast<int>(per_host);
   }
   NodeGroups groups;
   groups.group_size = group_size;

@@ -29,8 +29,9 @@ struct NodeGroups {
 std::string this_host_name();
 
 /// Collective over `world`: groups of `group_size` ranks of one host, in rank order within each
-/// host and hosts in the order of their lowest rank. Throws ConfigError under `key` when
-/// `group_size` does not divide some host's count of ranks, since a group would then span hosts.
+/// host and hosts in the order of their lowest rank; `group_size` 0 groups every rank of a host.
+/// Throws ConfigError under `key` when `group_size` does not divide some host's count of ranks,
+/// since a group would then span hosts, or, for 0, when the hosts run different counts of ranks.
 NodeGroups make_node_groups(Communicator& world, int group_size, const std::string& key);
 
 }  // namespace zeroshard::detail

@@ -657,5 +657,28 @@ TEST_F(PairedHosts, AGroupLargerThanAHostIsRefusedNamingTheKeyAndTheHost) {
   EXPECT_EQ(single.across->size(), world_->size());
 }
 
+TEST_F(PairedHosts, GroupSizeZeroGroupsEveryRankOfAHost) {
+  const int size = world_->size();
+  const char* key = "zero_optimization.zero_quantized_gradients";
+  if (size > 1 && size % 2 != 0) {
+    // The last host runs one rank where the others run two.
+    try {
+      detail::make_node_groups(*world_, 0, key);
+      ADD_FAILURE() << "hosts of 2 and 1 ranks were accepted";
+    } catch (const ConfigError& error) {
+      EXPECT_EQ(error.key_path(), key);
+      EXPECT_THAT(error.what(), HasSubstr("host 'host" + std::to_string(size / 2) + "' runs 1"));
+    }
+    return;
+  }
+  const detail::NodeGroups groups = detail::make_node_groups(*world_, 0, key);
+  const int per_host = std::min(size, 2);
+  EXPECT_EQ(groups.group_size, per_host);
+  EXPECT_EQ(groups.group_count, size / per_host);
+  EXPECT_EQ(groups.group, world_->rank() / per_host);
+  EXPECT_EQ(groups.within->size(), per_host);
+  EXPECT_EQ(groups.across->size(), size / per_host);
+}
+
 }  // namespace
 }  // namespace zeroshard
