@@ -686,6 +686,19 @@ TEST(ConfigValidation, HpzIsAcceptedAtStageThreeOnly) {
             "zero_optimization.zero_hpz_partition_size");
 }
 
+TEST(ConfigValidation, QuantizedGradientsAreAcceptedAtStageThreeOnly) {
+  const Config config = Config::from_json_string(
+      R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "zero_quantized_gradients": true}})");
+  EXPECT_TRUE(config.zero_optimization.quantized_gradients);
+  for (int stage : {0, 1, 2}) {
+    ConfigError error =
+        config_error(R"({"train_batch_size": 8, "zero_optimization": {"stage": )" +
+                     std::to_string(stage) + R"(, "zero_quantized_gradients": true}})");
+    EXPECT_EQ(error.key_path(), "zero_optimization.zero_quantized_gradients") << stage;
+    EXPECT_THAT(error.what(), HasSubstr("needs stage 3")) << stage;
+  }
+}
+
 TEST(ConfigValidation, QuantizedWeightsAreAcceptedAtStageThreeOnly) {
   const Config config = Config::from_json_string(
       R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "zero_quantized_weights": true}})");

@@ -70,6 +70,10 @@ struct ZeroConfig {
   /// rank keeps 1/K of its parameters for its group of K ranks on one host, and the module's
   /// later gathers in the step (backward, recomputation) are all-gathers inside the group.
   std::int64_t hpz_partition_size = 1;
+  /// zero_quantized_gradients (ZeRO++ qgZ, stage 3 only): each bucket's reduce-scatter runs as
+  /// two all-to-alls, int8 blocks among the ranks of a host, then int4 blocks of the partial sums
+  /// across hosts. The reduced gradient carries the quantization error; no error feedback.
+  bool quantized_gradients = false;
   OffloadConfig offload_optimizer;
   OffloadConfig offload_param = param_offload_defaults();
 

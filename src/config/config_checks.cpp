@@ -61,6 +61,16 @@ void check_hpz(const ZeroConfig& zero) {
                         "or set the key to 1");
 }
 
+// qgZ quantizes stage 3's gradient reduce-scatter; DeepSpeed offers it at stage 3 only, and
+// below it the engine's reductions keep their fp32 or 16-bit reduce-scatter.
+void check_quantized_gradients(const ZeroConfig& zero) {
+  if (!zero.quantized_gradients || zero.stage == 3) return;
+  throw ConfigError("zero_optimization.zero_quantized_gradients",
+                    "got true at zero_optimization.stage " + std::to_string(zero.stage) +
+                        "; quantized gradient reduction needs stage 3: set the stage to 3, or "
+                        "remove the key");
+}
+
 void check_super_offload(const OffloadConfig& offload) {
   if (!offload.super_offload || offload.device == OffloadDevice::kCpu) return;
   // NVMe's pipelined step reads each sub-group's record once, in order; updating as buckets
@@ -146,6 +156,7 @@ void check_config(const Config& config) {
   check_super_offload(config.zero_optimization.offload_optimizer);
   check_quantized_weights(config.zero_optimization);
   check_hpz(config.zero_optimization);
+  check_quantized_gradients(config.zero_optimization);
   check_aio(config.aio);
   check_gradient_types(config);
   check_rule_and_schedule(config);

@@ -541,8 +541,10 @@ std::vector<KeySpec> make_key_specs() {
       {.path = "zero_optimization.zero_quantized_gradients",
        .kind = K::kBool,
        .default_json = "false",
-       .meaning = "ZeRO++ qgZ: quantised gradient reduction.",
-       .status = S::kRefused},
+       .meaning = "ZeRO++ qgZ: stage 3 reduces gradients as int8 blocks among the ranks of a "
+                  "host, then int4 blocks of the partial sums across hosts (all-to-all); needs "
+                  "stage 3.",
+       .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.quantized_gradients)},
       {.path = "zero_optimization.zeropp_loco_param",
        .kind = K::kOpaqueSection,
        .default_json = "null",

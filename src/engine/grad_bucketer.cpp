@@ -41,6 +41,14 @@ GradBucketer::GradBucketer(const EngineContext& context, DType comm_dtype, bool 
   // On one rank a reduce-scatter only copies into a receive area as large as the bucket; stages
   // 2-3 with whole gradients reduce in place instead, so that they never hold more than stage 0.
   if (whole_ && context_.stage >= 2 && context_.world == 1) scatter_ = false;
+  // qgZ replaces stage 3's reduce-scatter; one rank has no reduction to quantize.
+  if (context_.stage == 3 && context_.config.zero_optimization.quantized_gradients &&
+      context_.world > 1) {
+    quantized_ = std::make_unique<QuantizedReduceScatter>(
+        make_node_groups(context_.comm, 0, "zero_optimization.zero_quantized_gradients"),
+        context_.backend, context_.tracker, context_.resource(Tier::kDevice));
+    scatter_ = true;
+  }
   const std::size_t full_bytes = context_.layout.padded_total() * context_.dsize;
   if (adopted != nullptr) {
     grads_full_ = TrackedBuffer::adopt(context_.tracker, MemoryCategory::kGradients, full_bytes,
@@ -299,8 +307,9 @@ void GradBucketer::launch(int b) {
       bucket.output =
           static_cast<char*>(input) + before * static_cast<std::int64_t>(size_of(comm_dtype_));
     }
-    bucket.request = context_.comm.reduce_scatter_async(input, bucket.output, counts, comm_dtype_,
-                                                        ReduceOp::kSum);
+    bucket.request = quantized_ ? quantized_->start(input, bucket.output, counts, comm_dtype_)
+                                : context_.comm.reduce_scatter_async(input, bucket.output, counts,
+                                                                     comm_dtype_, ReduceOp::kSum);
   } else {
     bucket.request = context_.comm.all_reduce_async(input, length, comm_dtype_, ReduceOp::kSum);
   }

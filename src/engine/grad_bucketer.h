@@ -8,8 +8,10 @@
 
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <vector>
 
+#include "comm/quantized_reduce_scatter.h"
 #include "engine/engine_context.h"
 
 namespace zeroshard::detail {
@@ -119,6 +121,8 @@ class GradBucketer {
   bool full_grads_left_ = false;
   bool gather_back_ = false;  ///< stage 0 reduces as stages 1-3 do, then all-gathers the sums
   bool scatter_ = false;      ///< reduce-scatter: each rank receives its part only
+  /// zero_quantized_gradients: the reduce-scatters run quantized over the hosts' node groups.
+  std::unique_ptr<QuantizedReduceScatter> quantized_;
   ReducedGradientSink* sink_ = nullptr;
   TrackedBuffer grads_full_;
   std::vector<Bucket> buckets_;           ///< in launch order (last registered parameters first)
