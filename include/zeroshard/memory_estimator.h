@@ -73,6 +73,9 @@ struct EstimateInput {
   /// Stage 3, zero_hpz_partition_size (hpZ) when > 1: each rank keeps 1/K of the gathered
   /// (non-persistent) parameters as its node group's secondary partition until the update.
   std::int64_t hpz_partition_size = 1;
+  /// Stage 3, zero_quantized_gradients (qgZ): each reduction in flight also holds the encodings
+  /// and partial sums of its bucket (ranks grouped by node), counted in the transient bytes.
+  bool quantized_gradients = false;
   /// offload_optimizer nvme: pinned host swap buffers, each one sub-group tile of fp32 elements.
   std::int64_t optimizer_buffer_count = 4;
   /// Elements per sub-group tile; 0 = one parameter per sub-group, taken as the largest tensor.

@@ -5,7 +5,8 @@
 #include <algorithm>
 #include <string>
 
-#include "comm/quantized_block_format.h"  // quantized_bytes
+#include "comm/quantized_block_format.h"    // quantized_bytes
+#include "comm/quantized_reduce_scatter.h"  // quantized_reduce_scatter_bytes
 #include "config/config_values.h"
 #include "engine/host_staging.h"  // host_staging_half_bytes
 #include "engine/shard_layout.h"
@@ -384,6 +385,7 @@ std::string offload_restriction(const EstimateInput& in) {
 struct BucketExtent {
   std::int64_t widest = 0;
   std::int64_t receive = 0;
+  std::int64_t count = 0;  ///< buckets, when the tensors are known
 };
 
 /// The widest gradient bucket and the largest share of one that a rank receives. With the
@@ -401,6 +403,7 @@ BucketExtent bucket_extent(const EstimateInput& in, const detail::ShardLayout& l
     return extent;
   }
   const auto add = [&](std::int64_t begin, std::int64_t end) {
+    ++extent.count;
     extent.widest = std::max(extent.widest, end - begin);
     for (std::int64_t share : layout.rank_counts(begin, end)) {
       extent.receive = std::max(extent.receive, share);
@@ -438,6 +441,45 @@ std::int64_t encoded_gather_bytes(const EstimateInput& in, const detail::ShardLa
   const std::int64_t begin = layout.offset(static_cast<int>(it - in.tensors.begin()));
   for (std::int64_t count : layout.rank_counts(begin, begin + *it)) bytes += padded(count);
   return bytes;
+}
+
+// qgZ: the working memory of one quantized reduction of the bucket that needs the most
+// (comm/quantized_reduce_scatter.cpp), for ranks grouped by node as the engine groups them by
+// host, on the first and the last group (the last holds the flat buffer's final padding). With
+// the tensors unknown, a bucket of the widest extent at the top of the flat buffer stands for it.
+std::int64_t quantized_reduction_bytes(const EstimateInput& in, const detail::ShardLayout& layout,
+                                       std::int64_t widest) {
+  const int per_node = in.ranks / in.nodes;
+  std::vector<std::vector<int>> members(in.nodes);
+  for (int g = 0; g < in.nodes; ++g) {
+    for (int i = 0; i < per_node; ++i) members[g].push_back(g * per_node + i);
+  }
+  const DType dtype = in.fp32_communication ? DType::kFloat32 : in.precision;
+  std::int64_t most = 0;
+  const auto add = [&](std::int64_t begin, std::int64_t end) {
+    const auto counts = layout.rank_counts(begin, end);
+    for (int g : {0, in.nodes - 1}) {
+      for (int i = 0; i < per_node; ++i) {
+        most = std::max(most, detail::quantized_reduce_scatter_bytes(counts, dtype, members, g, i));
+      }
+    }
+  };
+  if (in.tensors.empty()) {
+    add(layout.padded_total() - widest, layout.padded_total());
+    return most;
+  }
+  const std::int64_t limit = in.reduce_bucket_size;
+  std::int64_t end = layout.padded_total();
+  int lowest = -1;
+  for (int t = layout.tensor_count() - 1; t >= 0; --t) {
+    if (lowest >= 0 && end - layout.offset(t) > limit) {
+      add(layout.offset(lowest), end);
+      end = layout.offset(lowest);
+    }
+    lowest = t;
+  }
+  add(0, end);
+  return most;
 }
 
 std::int64_t persistent_elements(const EstimateInput& in) {
@@ -511,6 +553,16 @@ MemoryEstimate estimate(const EstimateInput& input) {
           "zero_quantized_weights: the int8 encodings of up to three gathers in flight, under "
           "communication, in the peak only");
     }
+    if (input.quantized_gradients && input.ranks > 1) {
+      // Up to two reductions in flight (grad_bucketer.cpp, kMaxInFlight), one per bucket.
+      const std::int64_t in_flight =
+          input.tensors.empty() ? 2 : std::min<std::int64_t>(2, buckets.count);
+      result.transient_device_bytes +=
+          in_flight * quantized_reduction_bytes(input, layout, buckets.widest);
+      result.notes.push_back(
+          "zero_quantized_gradients: the encodings and partial sums of up to two reductions in "
+          "flight, under communication, in the peak only");
+    }
   }
   if (input.tensors.empty() && input.largest_tensor == 0) {
     result.notes.push_back(
@@ -552,6 +604,7 @@ EstimateInput estimate_input_from_config(const Config& config, std::int64_t para
   in.max_live_parameters = zero.max_live_parameters;
   in.quantized_weights = zero.quantized_weights;
   in.hpz_partition_size = zero.hpz_partition_size;
+  in.quantized_gradients = zero.quantized_gradients;
   in.optimizer_buffer_count = zero.offload_optimizer.buffer_count;
   in.sub_group_size = zero.sub_group_size;
   in.param_buffer_count = zero.offload_param.buffer_count;

@@ -333,6 +333,36 @@ INSTANTIATE_TEST_SUITE_P(Hosts, QuantizedGradients,
                          ::testing::Values(Hosts::kOne, Hosts::kPairs, Hosts::kEach),
                          [](const auto& info) { return hosts_name(info.param); });
 
+// The estimator's transient bytes grow by what the engine's report shows for a reduction's
+// working memory: one tensor, so one bucket and one reduction in flight, whose layout the
+// estimate follows exactly.
+TEST_P(QuantizedGradients, EstimatedWorkingBytesMatchTheReport) {
+  auto world = Communicator::from_environment();
+  HostNames names(GetParam(), world->rank(), world->size());
+  if (!names.valid()) GTEST_SKIP() << "paired hosts need an even number of ranks";
+  const int nodes = GetParam() == Hosts::kOne     ? 1
+                    : GetParam() == Hosts::kPairs ? world->size() / 2
+                                                  : world->size();
+  world.reset();
+  const std::vector<ToyTensor> tensors = {{"a.weight", 4000}};
+  std::int64_t peak[2] = {};
+  std::int64_t estimated[2] = {};
+  for (const bool quantized : {false, true}) {
+    const Config config = quantized_config(quantized);
+    Engine engine = make_engine(config, adamw());
+    const auto handles = register_toy(engine, tensors);
+    toy_micro_step(engine, tensors, handles, 0);
+    engine.step();
+    peak[quantized] =
+        engine.memory_report().at(MemoryCategory::kCommunication, engine_memory(engine)).peak;
+    EstimateInput in = estimate_input_from_config(config, 0, engine.world_size());
+    in.nodes = nodes;
+    in.tensors = {4000};
+    estimated[quantized] = estimate(in).transient_device_bytes;
+  }
+  EXPECT_EQ(peak[1] - peak[0], estimated[1] - estimated[0]);
+}
+
 TEST(QuantizedGradientsConfig, StageTwoIsRefusedByName) {
   Config config = quantized_config(true);
   config.zero_optimization.stage = 2;
