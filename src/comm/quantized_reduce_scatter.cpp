@@ -3,6 +3,7 @@
 #include "comm/quantized_reduce_scatter.h"
 
 #include <algorithm>
+#include <deque>
 #include <limits>
 #include <utility>
 
@@ -123,20 +124,25 @@ Plan make_plan(std::span<const std::int64_t> counts, DType dtype,
 
 class QuantizedReduceScatterRequest final : public Request::Impl {
  public:
-  QuantizedReduceScatterRequest(const NodeGroups& groups, ComputeBackend& backend, Plan plan,
+  QuantizedReduceScatterRequest(const NodeGroups& groups, ComputeBackend& backend,
+                                std::deque<Request::Impl*>& across_order, Plan plan,
                                 TrackedBuffer buffer, const void* input, void* output, DType dtype)
       : groups_(groups),
         backend_(backend),
+        across_order_(across_order),
         plan_(std::move(plan)),
         buffer_(std::move(buffer)),
         input_(static_cast<const char*>(input)),
         output_(output),
         dtype_(dtype) {}
 
+  ~QuantizedReduceScatterRequest() override { std::erase(across_order_, this); }
+
   // Encodes this rank's pieces and starts the first hop (or, with one rank per group, the second).
   void start() {
     if (plan_.has_within()) {
       start_within();
+      if (plan_.has_across()) across_order_.push_back(this);
     } else if (plan_.has_across()) {
       std::vector<std::int64_t> offsets;
       for (int rank : plan_.place_ranks) offsets.push_back(plan_.offsets[rank]);
@@ -148,10 +154,11 @@ class QuantizedReduceScatterRequest final : public Request::Impl {
   }
 
   void wait() override {
-    if (phase_ == Phase::kWithin) {
-      within_.wait();
-      finish_within();
+    // The reductions started before this one send their second hop first.
+    while (!across_order_.empty() && across_order_.front() != this) {
+      static_cast<QuantizedReduceScatterRequest*>(across_order_.front())->start_across_now();
     }
+    start_across_now();
     if (phase_ == Phase::kAcross) {
       across_.wait();
       finish_across();
@@ -163,6 +170,10 @@ class QuantizedReduceScatterRequest final : public Request::Impl {
       if (!within_.test()) return false;
       finish_within();
     }
+    if (phase_ == Phase::kSummed) {
+      if (across_order_.front() != this) return false;
+      start_across_now();
+    }
     if (phase_ == Phase::kAcross) {
       if (!across_.test()) return false;
       finish_across();
@@ -171,7 +182,22 @@ class QuantizedReduceScatterRequest final : public Request::Impl {
   }
 
  private:
-  enum class Phase { kWithin, kAcross, kDone };
+  // kSummed: the partial sums are ready and wait for the reductions started earlier to start
+  // their second hop, since every rank must issue the all-to-alls on `across` in one order,
+  // whichever first hop completes first here.
+  enum class Phase { kWithin, kSummed, kAcross, kDone };
+
+  // Completes the first hop and starts the second, waiting where needed; only the oldest
+  // reduction still before its second hop may.
+  void start_across_now() {
+    if (phase_ == Phase::kWithin) {
+      within_.wait();
+      finish_within();
+    }
+    if (phase_ != Phase::kSummed) return;
+    across_order_.pop_front();
+    start_across(floats_at(plan_.partials_at), DType::kFloat32, plan_.place_offsets);
+  }
 
   char* at(std::int64_t units) const { return buffer_.as<char>() + units * kUnit; }
   float* floats_at(std::int64_t units) const { return reinterpret_cast<float*>(at(units)); }
@@ -205,8 +231,8 @@ class QuantizedReduceScatterRequest final : public Request::Impl {
     phase_ = Phase::kWithin;
   }
 
-  // Sums, slice by slice, the group-mates' encodings in place order into the partial sums, then
-  // sends them on (or, as the only group, stores this rank's).
+  // Sums, slice by slice, the group-mates' encodings in place order into the partial sums (or, as
+  // the only group, stores this rank's).
   void finish_within() {
     float* partials = floats_at(plan_.partials_at);
     float* scratch = floats_at(plan_.scratch_at);
@@ -226,7 +252,7 @@ class QuantizedReduceScatterRequest final : public Request::Impl {
       slice_at += quantized_units(count, kGradientWithinBits);
     }
     if (plan_.has_across()) {
-      start_across(reinterpret_cast<const char*>(partials), DType::kFloat32, plan_.place_offsets);
+      phase_ = Phase::kSummed;
     } else {
       store(reinterpret_cast<const char*>(partials), DType::kFloat32);
       phase_ = Phase::kDone;
@@ -236,7 +262,7 @@ class QuantizedReduceScatterRequest final : public Request::Impl {
   // Hop 2: the sum of the slice of the world rank at this place of group g goes to across rank g.
   // `source` holds group g's slice at element offsets[g]: the partial sums, or the input itself
   // when each group is one rank.
-  void start_across(const char* source, DType dtype, const std::vector<std::int64_t>& offsets) {
+  void start_across(const void* source, DType dtype, const std::vector<std::int64_t>& offsets) {
     const auto dsize = static_cast<std::int64_t>(size_of(dtype));
     char* send = at(plan_.send_across_at);
     backend_.zero(send,
@@ -244,8 +270,9 @@ class QuantizedReduceScatterRequest final : public Request::Impl {
     for (int g = 0; g < plan_.group_count; ++g) {
       const std::int64_t count = plan_.place_counts[g];
       if (count > 0) {
-        backend_.quantize_blocks(source + offsets[g] * dsize, dtype, count, kGradientAcrossBits,
-                                 send + kUnit, reinterpret_cast<int*>(send));
+        backend_.quantize_blocks(static_cast<const char*>(source) + offsets[g] * dsize, dtype,
+                                 count, kGradientAcrossBits, send + kUnit,
+                                 reinterpret_cast<int*>(send));
       }
       send += plan_.send_across[g] * kUnit;
     }
@@ -313,6 +340,7 @@ class QuantizedReduceScatterRequest final : public Request::Impl {
 
   const NodeGroups& groups_;
   ComputeBackend& backend_;
+  std::deque<Request::Impl*>& across_order_;
   Plan plan_;
   TrackedBuffer buffer_;
   const char* input_;
@@ -345,7 +373,7 @@ Request QuantizedReduceScatter::start(const void* input, void* output,
           : TrackedBuffer::uninitialized(tracker_, MemoryCategory::kCommunication,
                                          static_cast<std::size_t>(plan.total * kUnit), resource_);
   auto request = std::make_unique<QuantizedReduceScatterRequest>(
-      groups_, backend_, std::move(plan), std::move(buffer), input, output, dtype);
+      groups_, backend_, across_order_, std::move(plan), std::move(buffer), input, output, dtype);
   request->start();
   return Request(std::move(request));
 }

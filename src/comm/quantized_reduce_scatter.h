@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <span>
 #include <vector>
 
@@ -45,8 +46,8 @@ std::int64_t quantized_reduce_scatter_bytes(std::span<const std::int64_t> counts
 /// check finds a non-finite gradient as it would in an unquantized reduction.
 class QuantizedReduceScatter {
  public:
-  /// `groups`, `backend`, `tracker` and `resource` (where the working memory lives: the
-  /// backend's) must outlive this and every request it starts.
+  /// `backend`, `tracker` and `resource` (where the working memory lives: the backend's) must
+  /// outlive this, and this every request it starts.
   QuantizedReduceScatter(NodeGroups groups, ComputeBackend& backend, MemoryTracker& tracker,
                          MemoryResource& resource);
   QuantizedReduceScatter(const QuantizedReduceScatter&) = delete;
@@ -55,7 +56,8 @@ class QuantizedReduceScatter {
   /// Collective over the world: `input` holds sum(counts) elements of `dtype` laid out world rank
   /// after world rank; `output` receives counts[world rank] elements of `dtype`, and may be this
   /// rank's slice of `input`. The first hop starts here; the request's test() and wait() run the
-  /// rest. `input` must not change until the request completes.
+  /// rest, each reduction's second hop after those of the reductions started before it, so that
+  /// requests may complete in any order. `input` must not change until the request completes.
   Request start(const void* input, void* output, std::span<const std::int64_t> counts, DType dtype);
 
   const NodeGroups& groups() const noexcept { return groups_; }
@@ -65,6 +67,8 @@ class QuantizedReduceScatter {
   ComputeBackend& backend_;
   MemoryTracker& tracker_;
   MemoryResource& resource_;
+  /// The requests whose second hop has not started, oldest first: they start it in this order.
+  std::deque<Request::Impl*> across_order_;
 };
 
 }  // namespace zeroshard::detail
