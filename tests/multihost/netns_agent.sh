@@ -21,11 +21,16 @@ if [[ -z $namespace ]]; then
   echo "netns_agent.sh: no namespace for host '$host' in ZEROSHARD_NETNS_HOSTS" >&2
   exit 255
 fi
-# Every namespace sees the same file system and hostname, so each host gets its own TMPDIR: the
-# daemons' session directories (named after the hostname) would otherwise be shared.
+# Every namespace sees the same file system, so each host gets its own TMPDIR: the daemons'
+# session directories would otherwise be shared (they were also named after one shared hostname,
+# before each host got its own below).
 if [[ -n ${ZEROSHARD_NETNS_TMPDIR:-} ]]; then
   export TMPDIR=$ZEROSHARD_NETNS_TMPDIR/$namespace
   mkdir -p "$TMPDIR"
 fi
+# Each host has its own host name, the namespace's, in a UTS namespace of its own: hpZ and qgZ
+# group ranks into nodes by gethostname(), and OpenMPI's shared-memory placement reads it too.
 # As ssh does, join the words into one line for a shell; the environment passes through as is.
-exec ip netns exec "$namespace" /bin/sh -c "$*"
+# shellcheck disable=SC2016 # expanded by the inner shell
+exec ip netns exec "$namespace" unshare --uts /bin/sh -c 'hostname "$0" && exec /bin/sh -c "$1"' \
+  "$namespace" "$*"

@@ -205,16 +205,19 @@ check() {
   fi
 }
 
-# Each rank must run on its own host: ranks 0..R-1 on host 1, R..2R-1 on host 2, and so on.
+# Each rank must run on its own host: ranks 0..R-1 on host 1, R..2R-1 on host 2, and so on, each
+# host with its own host name (hpZ and qgZ group ranks by it).
 check_placement() {
-  local expected='' r
+  local expected='' r host
   for ((r = 0; r < ranks; ++r)); do
-    expected+="$r $kDataNet.$((r / ranks_per_host + 1))/24"$'\n'
+    host=$((r / ranks_per_host + 1))
+    expected+="$r $kDataNet.$host/24 ${prefix}h$host"$'\n'
   done
   local seen
   # shellcheck disable=SC2016 # expanded by each rank's shell
   seen=$(mpirun_on_hosts /bin/sh -c \
-    'echo "$OMPI_COMM_WORLD_RANK $(ip -o -4 addr show dev d0 | awk "{ print \$4 }")"' | sort -n)
+    'echo "$OMPI_COMM_WORLD_RANK $(ip -o -4 addr show dev d0 | awk "{ print \$4 }") $(hostname)"' |
+    sort -n)
   check "ranks run on their hosts: ${seen//$'\n'/, }" test "$seen"$'\n' = "$expected"
 }
 
