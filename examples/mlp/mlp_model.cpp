@@ -201,6 +201,7 @@ float MlpModel::forward_backward(int batch) {
     forward_layer(layers_[i], input, layers_[i].output.data(), batch, i != last);
   }
   const float loss = loss_of(layers_[last].output.data(), batch);
+  phase_ended(MlpPhase::kForward);
 
   // The last layer's output buffer now holds d(loss)/d(logits); each hidden layer's gradient
   // arrives in one ping-pong buffer and its input's gradient leaves in the other.
@@ -218,6 +219,7 @@ float MlpModel::forward_backward(int batch) {
     backward_layer(layer, input, output_grad, input_grad, batch);
     output_grad = input_grad;
   }
+  phase_ended(MlpPhase::kBackward);
   if (training_.grad_handover == GradHandover::kAtEnd) engine_.all_grads_ready();
   return loss;
 }
@@ -241,6 +243,7 @@ float MlpModel::forward_backward_checkpointed(int batch) {
     });
   }
   const float loss = loss_of(x.data(), batch);
+  phase_ended(MlpPhase::kForward);
 
   // The loss gradient moves to the ping-pong buffer the last layer does not write, so that the
   // logits are freed before backward: the recompute then finds only the kept inputs beside it.
@@ -266,6 +269,7 @@ float MlpModel::forward_backward_checkpointed(int batch) {
       }
     });
   }
+  phase_ended(MlpPhase::kBackward);
   if (training_.grad_handover == GradHandover::kAtEnd) engine_.all_grads_ready();
   return loss;
 }

@@ -5,8 +5,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "mlp_math.h"
@@ -23,6 +25,9 @@ struct MlpShape {
   int layers = 4;
   int classes = 10;
 };
+
+/// The part of a micro-step that has just ended (MlpModel::set_phase_hook).
+enum class MlpPhase { kForward, kBackward };
 
 /// Training-time options of the model.
 struct MlpTraining {
@@ -65,6 +70,10 @@ class MlpModel {
   /// buffers and hands them over (per layer, or all at the end). Returns this rank's mean loss over
   /// the batch. The caller calls Engine::step() afterwards.
   float train_micro_step(const float* x, const int* labels, int batch);
+
+  /// Called as each micro-step's forward ends (after the loss) and as its backward ends (before
+  /// GradHandover::kAtEnd hands the gradients over): for a caller that measures the phases.
+  void set_phase_hook(std::function<void(MlpPhase)> hook) { phase_hook_ = std::move(hook); }
 
   const MlpShape& shape() const noexcept { return shape_; }
   const MlpTraining& training() const noexcept { return training_; }
@@ -116,6 +125,9 @@ class MlpModel {
   float forward_backward(int batch);
   float forward_backward_checkpointed(int batch);
   float loss_of(float* logits, int batch);
+  void phase_ended(MlpPhase phase) {
+    if (phase_hook_) phase_hook_(phase);
+  }
   void backward_layer(const Layer& layer, const float* input, float* output_grad, float* input_grad,
                       int batch);
 
@@ -127,6 +139,7 @@ class MlpModel {
   std::unique_ptr<ActivationCheckpointer> checkpointer_;
   int max_batch_ = 0;
   std::unique_ptr<MlpMath> math_;
+  std::function<void(MlpPhase)> phase_hook_;
   std::vector<Layer> layers_;
   /// adopt_memory: the model's own flat parameter and gradient blocks, in the engine's layout.
   std::shared_ptr<void> own_parameters_;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "trainer_options.h"
 #include "trainer_setup.h"
 #include "training_checkpoints.h"
+#include "wire_phases.h"
 #include "zeroshard/zeroshard.h"
 
 namespace {
@@ -23,6 +25,7 @@ namespace {
 using zeroshard::Communicator;
 using zeroshard::DType;
 using zeroshard::examples::MlpModel;
+using zeroshard::examples::MlpPhase;
 using zeroshard::examples::MlpShape;
 using zeroshard::examples::MlpTraining;
 using zeroshard::examples::SyntheticClassification;
@@ -39,6 +42,7 @@ struct Options {
   MlpTraining training;
   std::uint64_t seed = 1;
   std::string init_from;
+  std::string wire_interface;
 };
 
 void add_flags(CLI::App& app, Options& options) {
@@ -76,6 +80,12 @@ void add_flags(CLI::App& app, Options& options) {
          "once after the whole backward, as a model with weights stacked over layers must "
          "(GradHandover::kAtEnd)")
       ->check(CLI::IsMember({"layer", "end"}));
+  app.add_option("--wire-interface", options.wire_interface,
+                 "count the bytes this network interface sends in each step's forward, backward "
+                 "and step(), on the first rank of each host, with a barrier at each boundary; "
+                 "the report's \"wire\" section has them per step (the first step left out), "
+                 "summed over hosts")
+      ->type_name("IF");
   app.add_flag("--adopt-memory", options.training.adopt_memory,
                "the model allocates its parameters and gradients itself and lends them to the "
                "engine (Engine::adopt_memory)");
@@ -108,6 +118,14 @@ int train(const Options& options, Communicator& communicator,
   examples::TrainingCheckpoints checkpoints(engine, common, kProgram, rank);
   const int first_step = checkpoints.resume();
   const examples::Checksum initial = examples::checksum(engine);
+  std::optional<examples::WirePhases> wire;
+  if (!options.wire_interface.empty()) {
+    wire.emplace(communicator, options.wire_interface);
+    model.set_phase_hook([&wire](MlpPhase phase) {
+      wire->end_phase(phase == MlpPhase::kForward ? examples::WirePhase::kForward
+                                                  : examples::WirePhase::kBackward);
+    });
+  }
   // The report's peaks cover the training steps, not the set-up and the checksums' gathers.
   engine.reset_memory_peaks();
 
@@ -132,6 +150,8 @@ int train(const Options& options, Communicator& communicator,
     std::chrono::steady_clock::duration stepping{};
     float loss = 0.0f;
     zeroshard::StepResult result;
+    // The first step makes the connections and records stage 3's gather order: not counted.
+    if (wire) wire->start_step(step > first_step || common.steps - first_step == 1);
     for (int micro = 0; micro < accumulation; ++micro) {
       const auto range =
           examples::data_parallel_range(step, micro, accumulation, micro_batch, rank, world);
@@ -144,6 +164,7 @@ int train(const Options& options, Communicator& communicator,
       const auto end = std::chrono::steady_clock::now();
       busy += end - start;
       stepping += end - step_start;
+      if (wire) wire->end_phase(examples::WirePhase::kStep);
     }
     // Every rank's micro-batches are the same size, so the mean of the rank means is the mean
     // over the global batch.
@@ -172,10 +193,17 @@ int train(const Options& options, Communicator& communicator,
   const zeroshard::MemoryReport report = engine.memory_report();
   const examples::Checksum final_checksum = examples::checksum(engine);
   const examples::GatheredMemory memory = examples::gather_memory(communicator, report);
+  const nlohmann::json wire_report = wire ? wire->report() : nlohmann::json();
   if (rank != 0) return 0;
 
   std::printf("final loss %.6f, parameter checksum sum %.9g abs %.9g\n", losses.back(),
               final_checksum.sum, final_checksum.abs_sum);
+  if (wire) {
+    std::printf("wire %s: %.0f forward, %.0f backward, %.0f step() bytes per step from %d hosts\n",
+                wire_report["interface"].get<std::string>().c_str(),
+                wire_report["forward"].get<double>(), wire_report["backward"].get<double>(),
+                wire_report["step"].get<double>(), wire_report["hosts"].get<int>());
+  }
   for (const std::string& table : memory.tables) std::printf("%s", table.c_str());
   std::fflush(stdout);
   if (!common.report_json.empty()) {
@@ -194,6 +222,7 @@ int train(const Options& options, Communicator& communicator,
         options.training.grad_handover == zeroshard::GradHandover::kAtEnd ? "end" : "layer";
     out["reduce_bucket_size"] = config.zero_optimization.reduce_bucket_size;
     out["adopt_memory"] = options.training.adopt_memory;
+    if (wire) out["wire"] = wire_report;
     if (const zeroshard::ActivationCheckpointer* checkpointer = model.checkpointer()) {
       out["checkpointing"]["recompute_seconds"] = checkpointer->profile().recompute_seconds;
     }
