@@ -18,10 +18,26 @@
 #          one rank per host; the bytes all hosts' data interfaces send per training step of
 #          stages 0-3, with the ring reduce-scatter and with MPI's, then of stage 3 with qwZ
 #          (a measurement, no check)
+#        run_multihost.sh zeropp HOSTS RANKS_PER_HOST [LINKS [ROUNDS]]
+#          stage 3 of the example trainer, plain, with each ZeRO++ mode (qwZ, hpZ, qgZ) and with
+#          all three. First the bytes all hosts' data interfaces send per step in forward,
+#          backward and step() (--wire-interface, gradients handed over at the end of backward so
+#          that the phases part the gathers from the reduction), checked: qwZ's forward at most
+#          kZeroppQwzMax x plain's, hpZ's backward (its gathers) at most kZeroppHpzMax x plain's,
+#          qgZ's step() (the gradients) at most kZeroppQgzMax x plain's, all three at most
+#          kZeroppSumMax x the sum of those parts. A mode the trainer refuses by its key is a
+#          skipped part. Then, for each link in LINKS (comma-separated, "unshaped" or a tbf rate
+#          such as 1gbit; default unshaped), ROUNDS rounds (default 1) of every variant in an
+#          order rotated each round: median step time and bytes per step, against plain stage 3
+#          of the same round.
 # Environment: ZEROSHARD_TRAINER (the zeroshard-train-mlp program; equivalence, link-down),
 # ZEROSHARD_TRACE_TOOL (the zeroshard-trace program; link-down from 3 hosts on),
 # ZEROSHARD_WIRE_BENCH (the zeroshard-reduce-scatter-wire program; wire-bytes),
-# ZEROSHARD_SOURCE_DIR, ZEROSHARD_WORK_DIR (scratch; its path also names this run's namespaces).
+# ZEROSHARD_SOURCE_DIR, ZEROSHARD_WORK_DIR (scratch; its path also names this run's namespaces),
+# ZEROSHARD_LINK_RATE (a tbf rate, e.g. 1gbit: every host's data link is shaped to it, both ways,
+# for the whole run; any mode), ZEROSHARD_ZEROPP_MODEL (the trainer's model flags in zeropp,
+# default "--width 256 --layers 4"), ZEROSHARD_ZEROPP_BATCH (its micro-batch, default 4),
+# ZEROSHARD_ZEROPP_STEPS (steps of each timed run, default 8).
 # Exits 77, ctest's skip code here, with the reason where namespaces cannot be made.
 set -euo pipefail
 
@@ -35,8 +51,20 @@ readonly kLinkDownGiveUp=60   # seconds after the cut before the case stops wait
 readonly kWireElements=4194304 # P, fp32 elements per reduce-scatter (16 MiB)
 readonly kWireRepeats=4        # K, measured steps
 readonly kWireMaxRatio=1.05    # TCP/IP headers and ACKs on top of the ring's payload
+# A shaped link: a token bucket on each end of a host's data link. 256 KiB of burst and 10 ms of
+# queue keep one TCP stream at 0.95 Gbit/s of payload under a 1 Gbit/s rate (measured here, see
+# docs/zeropp.md); smaller bursts give the same, the kernel's timers being fine-grained.
+readonly kShapeBurst=256kb
+readonly kShapeLatency=10ms
+readonly kZeroppModel="--width 256 --layers 4"
+readonly kZeroppByteSteps=4   # steps of each byte run; the trainer leaves the first out
+readonly kZeroppSkipSteps=2   # leading steps of a timed run left out of its median
+readonly kZeroppQwzMax=0.27   # issue #29: qwZ's forward gather, x fp32's
+readonly kZeroppHpzMax=0.01   # hpZ's backward gathers stay on the host; barriers' bytes remain
+readonly kZeroppQgzMax=0.15   # qgZ's gradient bytes across hosts, x fp32's
+readonly kZeroppSumMax=1.05   # all three together, x the sum of their parts
 
-mode=${1:?usage: run_multihost.sh equivalence HOSTS RANKS_PER_HOST | link-down [HOSTS [CUT]] | wire-bytes HOSTS | trainer-bytes HOSTS}
+mode=${1:?usage: run_multihost.sh equivalence HOSTS RANKS_PER_HOST | link-down [HOSTS [CUT]] | wire-bytes HOSTS | trainer-bytes HOSTS | zeropp HOSTS RANKS_PER_HOST [LINKS [ROUNDS]]}
 source_dir=${ZEROSHARD_SOURCE_DIR:?ZEROSHARD_SOURCE_DIR must name the source tree}
 work_dir=${ZEROSHARD_WORK_DIR:?ZEROSHARD_WORK_DIR must name a scratch folder}
 agent=$source_dir/tests/multihost/netns_agent.sh
@@ -61,6 +89,18 @@ case $mode in
     hosts=${2:?HOSTS missing}
     ranks_per_host=1
     tag=${mode:0:1}${hosts}
+    ;;
+  zeropp)
+    hosts=${2:?HOSTS missing}
+    ranks_per_host=${3:?RANKS_PER_HOST missing}
+    links=${4:-unshaped}
+    rounds=${5:-1}
+    tag=zp${hosts}x${ranks_per_host}
+    if ((ranks_per_host < 2)); then
+      echo "run_multihost.sh: zeropp: got RANKS_PER_HOST $ranks_per_host, expected 2 or more" \
+        "(hpZ partitions within a host)" >&2
+      exit 2
+    fi
     ;;
   *)
     echo "run_multihost.sh: unknown mode '$mode'" >&2
@@ -101,6 +141,9 @@ remove_namespaces() {
 
 [[ $EUID -eq 0 ]] || skip "network namespaces need root (running as uid $EUID)"
 command -v ip >/dev/null || skip "no 'ip' command (iproute2) to make network namespaces"
+if [[ -n ${ZEROSHARD_LINK_RATE:-} || ($mode == zeropp && $links != unshaped) ]]; then
+  command -v tc >/dev/null || skip "no 'tc' command (iproute2) to shape the links"
+fi
 if [[ $mode == wire-bytes ]]; then
   wire_bench=${ZEROSHARD_WIRE_BENCH:?ZEROSHARD_WIRE_BENCH must name zeroshard-reduce-scatter-wire}
   [[ -x $wire_bench ]] || { say "no zeroshard-reduce-scatter-wire at $wire_bench"; exit 1; }
@@ -160,6 +203,26 @@ make_network() {
   bridge -n "$switch" link show
   say "the bridge ports do not forward"
   exit 1
+}
+
+# Shapes every host's data link to $1 (a tbf rate) both ways: d0's egress in the host, and its
+# peer's egress on the bridge, i.e. what the host receives. Bytes are counted after the queue.
+shape_links() {
+  local k error
+  for ((k = 1; k <= hosts; ++k)); do
+    error=$(tc -n "${prefix}h$k" qdisc replace dev d0 root tbf rate "$1" burst "$kShapeBurst" \
+      latency "$kShapeLatency" 2>&1) || skip "cannot shape a link with tbf: $error"
+    tc -n "$switch" qdisc replace dev "d$k" root tbf rate "$1" burst "$kShapeBurst" \
+      latency "$kShapeLatency"
+  done
+}
+
+unshape_links() {
+  local k
+  for ((k = 1; k <= hosts; ++k)); do
+    tc -n "${prefix}h$k" qdisc del dev d0 root 2>/dev/null || true
+    tc -n "$switch" qdisc del dev "d$k" root 2>/dev/null || true
+  done
 }
 
 # mpirun in the switch namespace, starting $ranks ranks on the hosts over TCP only.
@@ -382,12 +445,171 @@ EOF_PY
   say "$(grep -o -m 1 'with [0-9]* parameters' "$log") of fp32"
 }
 
+# The zeropp variants, each examples/configs/zero3.json with keys added (make_zeropp_configs).
+readonly zeropp_variants=(plain qwz hpz qgz all)
+declare -A zeropp_refused=() zeropp_forward=() zeropp_backward=() zeropp_step=()
+zeropp_skipped=0
+
+# $work_dir/zeropp_VARIANT.json: the micro-batch set, the engine's own progress lines off.
+make_zeropp_configs() {
+  python3 - "$source_dir/examples/configs/zero3.json" "$work_dir" "$ranks_per_host" \
+    "${ZEROSHARD_ZEROPP_BATCH:-4}" <<'EOF_PY'
+import json, sys
+base, out, ranks_per_host, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+modes = {
+    "plain": {},
+    "qwz": {"zero_quantized_weights": True},
+    "hpz": {"zero_hpz_partition_size": ranks_per_host},
+    "qgz": {"zero_quantized_gradients": True},
+}
+modes["all"] = {k: v for m in ("qwz", "hpz", "qgz") for k, v in modes[m].items()}
+for name, keys in modes.items():
+    config = json.load(open(base))
+    config["train_micro_batch_size_per_gpu"] = batch
+    config["steps_per_print"] = 0
+    config["zero_optimization"].update(keys)
+    json.dump(config, open(f"{out}/zeropp_{name}.json", "w"), indent=2)
+EOF_PY
+}
+
+# The trainer on variant $1's config, logging to $2 and reporting to $3, the rest added to its
+# flags. Returns 3 when it refuses a ZeRO++ key by name (a mode this build does not have yet);
+# any other failure ends the case.
+run_zeropp_variant() {
+  local variant=$1 log=$2 report=$3
+  shift 3
+  # shellcheck disable=SC2086 # the model's flags, one word each
+  mpirun_on_hosts "$trainer" --config "$work_dir/zeropp_$variant.json" --device cpu \
+    ${ZEROSHARD_ZEROPP_MODEL:-$kZeroppModel} --wire-interface d0 --report-json "$report" "$@" \
+    >"$log" 2>&1 && return 0
+  grep -Eq 'zero_optimization\.(zero_hpz_partition_size|zero_quantized_gradients): got .*not implemented' \
+    "$log" && return 3
+  cat "$log"
+  say "zeropp, $variant: failed"
+  exit 1
+}
+
+ratio_of() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.4f", (b > 0 ? a / b : 0) }'; }
+at_most() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a <= b) }'; }
+
+# check "$1: $2" unless a variant in $3 (space-separated) was refused: then "$1" is a skipped
+# part, not a pass.
+zeropp_check() {
+  local what=$1 detail=$2 variant
+  for variant in $3; do
+    if [[ -n ${zeropp_refused[$variant]:-} ]]; then
+      echo "[skip] $what: the trainer refuses $variant's key (${zeropp_refused[$variant]})"
+      zeropp_skipped=$((zeropp_skipped + 1))
+      return 0
+    fi
+  done
+  check "$what: $detail" "${@:4}"
+}
+
+# Bytes per phase: gradients handed over at the end of backward, so that backward holds the
+# gathers alone and step() the whole reduction.
+run_zeropp_bytes() {
+  local variant report status phases
+  for variant in "${zeropp_variants[@]}"; do
+    report=$work_dir/bytes_$variant.json
+    status=0
+    run_zeropp_variant "$variant" "${report%.json}.log" "$report" --steps "$kZeroppByteSteps" \
+      --grad-handover end || status=$?
+    if ((status == 3)); then
+      zeropp_refused[$variant]=$(grep -Eo -m 1 'zero_optimization\.[a-z_]+: got [^;]*' \
+        "${report%.json}.log")
+      say "bytes, $variant: refused (${zeropp_refused[$variant]})"
+      continue
+    fi
+    phases=$(python3 -c 'import json, sys; w = json.load(open(sys.argv[1]))["wire"]
+print(round(w["forward"]), round(w["backward"]), round(w["step"]))' "$report")
+    read -r "zeropp_forward[$variant]" "zeropp_backward[$variant]" "zeropp_step[$variant]" \
+      <<<"$phases"
+    say "bytes per step from all $hosts hosts, $variant: forward ${zeropp_forward[$variant]}," \
+      "backward ${zeropp_backward[$variant]}, step() ${zeropp_step[$variant]}"
+  done
+  local qwz hpz qgz sum all
+  qwz=$(ratio_of "${zeropp_forward[qwz]:-0}" "${zeropp_forward[plain]}")
+  zeropp_check "qwZ's forward gathers across hosts" "${qwz}x plain's (at most $kZeroppQwzMax)" \
+    qwz at_most "$qwz" "$kZeroppQwzMax"
+  hpz=$(ratio_of "${zeropp_backward[hpz]:-0}" "${zeropp_backward[plain]}")
+  zeropp_check "hpZ's backward gathers across hosts" \
+    "${zeropp_backward[hpz]:-} bytes, ${hpz}x plain's (at most $kZeroppHpzMax)" \
+    hpz at_most "$hpz" "$kZeroppHpzMax"
+  qgz=$(ratio_of "${zeropp_step[qgz]:-0}" "${zeropp_step[plain]}")
+  zeropp_check "qgZ's gradient reduction across hosts" "${qgz}x plain's (at most $kZeroppQgzMax)" \
+    qgz at_most "$qgz" "$kZeroppQgzMax"
+  sum=$((${zeropp_forward[qwz]:-0} + ${zeropp_backward[hpz]:-0} + ${zeropp_step[qgz]:-0}))
+  all=$((${zeropp_forward[all]:-0} + ${zeropp_backward[all]:-0} + ${zeropp_step[all]:-0}))
+  zeropp_check "all three together across hosts" "$(ratio_of "$all" "$sum")x the sum of their \
+parts, qwZ's forward + hpZ's backward + qgZ's step() (at most $kZeroppSumMax)" \
+    "qwz hpz qgz all" at_most "$(ratio_of "$all" "$sum")" "$kZeroppSumMax"
+}
+
+# Step time and bytes per step on each link, every variant once per round, the order rotated.
+run_zeropp_timing() {
+  local link round i variant log count=${#zeropp_variants[@]} runs=$work_dir/timing.tsv
+  : >"$runs"
+  for link in ${links//,/ }; do
+    if [[ $link == unshaped ]]; then unshape_links; else shape_links "$link"; fi
+    for ((round = 1; round <= rounds; ++round)); do
+      for ((i = 0; i < count; ++i)); do
+        variant=${zeropp_variants[$(((i + round - 1) % count))]}
+        [[ -n ${zeropp_refused[$variant]:-} ]] && continue
+        log=$work_dir/time_${link}_${variant}_$round.log
+        run_zeropp_variant "$variant" "$log" "${log%.log}.json" \
+          --steps "${ZEROSHARD_ZEROPP_STEPS:-8}"
+        printf '%s\t%s\t%s\t%s\n' "$link" "$variant" "$round" "$log" >>"$runs"
+      done
+    done
+  done
+  unshape_links
+  python3 - "$runs" "$kZeroppSkipSteps" "$hosts" <<'EOF_PY'
+import json, re, statistics, sys
+runs, skip, hosts = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+rows = [line.rstrip("\n").split("\t") for line in open(runs)]
+ms, wire = {}, {}
+for link, variant, rnd, log in rows:
+    steps = [float(m.group(1)) for m in re.finditer(r"\|\s+([0-9.]+) ms/step", open(log).read())]
+    ms[link, variant, rnd] = statistics.median(steps[skip:] or steps)
+    w = json.load(open(log[:-4] + ".json"))["wire"]
+    wire[link, variant, rnd] = w["forward"] + w["backward"] + w["step"]
+def spread(values):
+    return f"{statistics.median(values):.3f}" + (
+        f" ({min(values):.3f}-{max(values):.3f})" if len(values) > 1 else "")
+print("| link | variant | ms/step | x plain | bytes/step, all hosts | x plain | Gbit/s per host |")
+print("| --- | --- | --- | --- | --- | --- | --- |")
+for link in dict.fromkeys(r[0] for r in rows):
+    for variant in dict.fromkeys(r[1] for r in rows if r[0] == link):
+        rounds = [r[2] for r in rows if r[0] == link and r[1] == variant]
+        t = [ms[link, variant, r] for r in rounds]
+        b = [wire[link, variant, r] for r in rounds]
+        t_ratio = [ms[link, variant, r] / ms[link, "plain", r] for r in rounds]
+        b_ratio = [wire[link, variant, r] / wire[link, "plain", r] for r in rounds]
+        rate = statistics.median(b) / hosts * 8 / (statistics.median(t) / 1000) / 1e9
+        print(f"| {link} | {variant} | {statistics.median(t):.1f} | {spread(t_ratio)} | "
+              f"{statistics.median(b):,.0f} | {spread(b_ratio)} | {rate:.2f} |")
+EOF_PY
+}
+
+run_zeropp() {
+  check_placement
+  make_zeropp_configs
+  say "model: ${ZEROSHARD_ZEROPP_MODEL:-$kZeroppModel}, micro-batch ${ZEROSHARD_ZEROPP_BATCH:-4}"
+  run_zeropp_bytes
+  grep -o -m 1 'with [0-9]* parameters' "$work_dir/bytes_plain.log" | sed 's/^/  | /'
+  run_zeropp_timing
+  say "$zeropp_skipped part(s) skipped: a mode this build refuses is not checked"
+}
+
 make_network
+if [[ -n ${ZEROSHARD_LINK_RATE:-} ]]; then shape_links "$ZEROSHARD_LINK_RATE"; fi
 say "$hosts hosts ($(our_namespaces | tr '\n' ' ')), $ranks ranks"
 case $mode in
   equivalence) run_equivalence ;;
   link-down) run_link_down ;;
   wire-bytes) run_wire_bytes ;;
   trainer-bytes) run_trainer_bytes ;;
+  zeropp) run_zeropp ;;
 esac
 [[ $failures -eq 0 ]] || { say "$failures check(s) failed"; exit 1; }
