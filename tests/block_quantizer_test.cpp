@@ -225,6 +225,45 @@ TEST_P(BlockQuantizer, NonFiniteBlocksLeaveTheOtherBlocksAsTheyAre) {
   }
 }
 
+// The encoder's vectorized loops give, code for code, the format's scalar definitions
+// (quant::block_scale, quant::quantize_value), which the CUDA kernels share: the CPU and the GPU
+// encode alike. Every input of every kind, ties between two codes included.
+TEST_P(BlockQuantizer, CodesAreTheScalarDefinitionsOfTheFormat) {
+  std::vector<QuantizerInput> inputs = quantizer_inputs::random_inputs();
+  for (auto more : {quantizer_inputs::constant_inputs(), quantizer_inputs::huge_inputs(),
+                    quantizer_inputs::subnormal_inputs(), quantizer_inputs::exponent_sweep_inputs(),
+                    quantizer_inputs::nonfinite_inputs()}) {
+    inputs.insert(inputs.end(), more.begin(), more.end());
+  }
+  // Halfway values: x / scale = k + 1/2 must round to the even k.
+  std::vector<float> ties(kQuantBlockElements);
+  for (std::size_t i = 0; i < ties.size(); ++i) {
+    ties[i] = (static_cast<float>(i % 127) - 63.0f) + 0.5f;
+  }
+  ties[0] = 127.0f;  // the block's largest magnitude: scale 1 for int8
+  inputs.push_back({"ties", ties});
+  for (const QuantizerInput& input : inputs) {
+    const Source source = make_source(input.values, dtype());
+    const Encoded encoded = encode(source, dtype(), bits());
+    const auto count = static_cast<std::int64_t>(source.values.size());
+    for (std::int64_t block = 0; block < quant_block_count(count); ++block) {
+      const std::int64_t first = block * kQuantBlockElements;
+      const std::int64_t last = std::min(count, first + kQuantBlockElements);
+      std::uint32_t largest = 0;
+      for (std::int64_t i = first; i < last; ++i) {
+        largest = std::max(largest, quant::magnitude_bits(source.values[i]));
+      }
+      const float scale = quant::block_scale(largest, bits());
+      ASSERT_EQ(scale_of(encoded, block), scale) << input.name << ", block " << block;
+      for (std::int64_t i = first; i < last; ++i) {
+        ASSERT_EQ(code_of(encoded, bits(), count, i),
+                  quant::quantize_value(source.values[i], scale, bits()))
+            << input.name << "[" << i << "] = " << source.values[i];
+      }
+    }
+  }
+}
+
 TEST_P(BlockQuantizer, SixteenBitDecodeIsTheFp32DecodeRoundedOnce) {
   const std::vector<float> values = quantizer_inputs::random_inputs().back().values;
   const Source source = make_source(values, dtype());
