@@ -712,6 +712,20 @@ TEST(ConfigValidation, QuantizedWeightsAreAcceptedAtStageThreeOnly) {
   }
 }
 
+TEST(ConfigValidation, QuantizedNontrainableWeightsAreAcceptedAtStageThreeOnly) {
+  const Config config =
+      Config::from_json_string(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, )"
+                               R"("zero_quantized_nontrainable_weights": true}})");
+  EXPECT_TRUE(config.zero_optimization.quantized_nontrainable_weights);
+  for (int stage : {0, 1, 2}) {
+    ConfigError error =
+        config_error(R"({"train_batch_size": 8, "zero_optimization": {"stage": )" +
+                     std::to_string(stage) + R"(, "zero_quantized_nontrainable_weights": true}})");
+    EXPECT_EQ(error.key_path(), "zero_optimization.zero_quantized_nontrainable_weights") << stage;
+    EXPECT_THAT(error.what(), HasSubstr("needs stage 3")) << stage;
+  }
+}
+
 TEST(ConfigValidation, UnimplementedPrecisionFlagsAreRefused) {
   for (const char* text :
        {R"({"fp16": {"auto_cast": true}})", R"({"fp16": {"fp16_master_weights_and_grads": true}})",

@@ -66,6 +66,10 @@ struct ZeroConfig {
   /// blocks with an fp32 scale (about a quarter of fp32's bytes); every rank, the owner included,
   /// then reads the dequantized values. The fp32 master and the update are unchanged.
   bool quantized_weights = false;
+  /// zero_quantized_nontrainable_weights (ZeRO++, stage 3 only): frozen parameters are kept as
+  /// int8 blocks with an fp32 scale (about a quarter of fp32's bytes) and decoded into the model's
+  /// type while their module is gathered. Lossy: the model reads the decoded values.
+  bool quantized_nontrainable_weights = false;
   /// zero_hpz_partition_size (ZeRO++ hpZ, stage 3 only; 1 is off): after a module's gather each
   /// rank keeps 1/K of its parameters for its group of K ranks on one host, and the module's
   /// later gathers in the step (backward, recomputation) are all-gathers inside the group.

@@ -50,6 +50,16 @@ void check_quantized_weights(const ZeroConfig& zero) {
                         "the key");
 }
 
+// Below stage 3 the model reads frozen parameters whenever it likes, with no gather to decode
+// them in, so they would have to stay decoded and nothing would be saved.
+void check_quantized_nontrainable_weights(const ZeroConfig& zero) {
+  if (!zero.quantized_nontrainable_weights || zero.stage == 3) return;
+  throw ConfigError("zero_optimization.zero_quantized_nontrainable_weights",
+                    "got true at zero_optimization.stage " + std::to_string(zero.stage) +
+                        "; frozen weights are decoded when their module is gathered, which needs "
+                        "stage 3: set the stage to 3, or remove the key");
+}
+
 // hpZ keeps a secondary partition of stage 3's gathered parameters; below stage 3 nothing is
 // gathered per module.
 void check_hpz(const ZeroConfig& zero) {
@@ -155,6 +165,7 @@ void check_config(const Config& config) {
   check_offload_devices(config.zero_optimization);
   check_super_offload(config.zero_optimization.offload_optimizer);
   check_quantized_weights(config.zero_optimization);
+  check_quantized_nontrainable_weights(config.zero_optimization);
   check_hpz(config.zero_optimization);
   check_quantized_gradients(config.zero_optimization);
   check_aio(config.aio);

@@ -536,8 +536,10 @@ std::vector<KeySpec> make_key_specs() {
       {.path = "zero_optimization.zero_quantized_nontrainable_weights",
        .kind = K::kBool,
        .default_json = "false",
-       .meaning = "Store frozen weights quantised.",
-       .status = S::kRefused},
+       .meaning = "ZeRO++ (stage 3): frozen parameters are kept in memory as int8 blocks of 256 "
+                  "with an fp32 scale each and decoded into the model's type while their module "
+                  "is gathered; needs stage 3.",
+       .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.quantized_nontrainable_weights)},
       {.path = "zero_optimization.zero_quantized_gradients",
        .kind = K::kBool,
        .default_json = "false",
