@@ -70,6 +70,9 @@ struct EstimateInput {
   /// Stage 3, zero_quantized_weights (qwZ): each gather in flight also holds the int8 encoding of
   /// its module, counted in the transient bytes.
   bool quantized_weights = false;
+  /// Stage 3, zero_quantized_nontrainable_weights: the frozen parameters are kept as int8 blocks;
+  /// the decoded copies of gathered ones are counted in the transient bytes.
+  bool quantized_nontrainable_weights = false;
   /// Stage 3, zero_hpz_partition_size (hpZ) when > 1: each rank keeps 1/K of the gathered
   /// (non-persistent) parameters as its node group's secondary partition until the update.
   std::int64_t hpz_partition_size = 1;

@@ -208,8 +208,15 @@ constexpr Rule kRules[] = {
     // not modules: this is exact for modules of one tensor each.
     {MemoryCategory::kParameters, [](const Terms& t) { return t.d * t.secondary_partition(); },
      on_device},
-    // Frozen parameters: whole on every rank at every stage.
-    {MemoryCategory::kParameters, [](const Terms& t) { return t.d * t.in.frozen_params; },
+    // Frozen parameters: whole on every rank at every stage; under
+    // zero_quantized_nontrainable_weights as int8 blocks, padded to 4 bytes (exact for one tensor:
+    // the engine encodes each on its own).
+    {MemoryCategory::kParameters,
+     [](const Terms& t) -> std::int64_t {
+       if (!t.in.quantized_nontrainable_weights || t.stage != 3) return t.d * t.in.frozen_params;
+       if (t.in.frozen_params == 0) return 0;
+       return (detail::quantized_bytes(t.in.frozen_params, detail::QuantBits::kInt8) + 3) / 4 * 4;
+     },
      on_device},
     // Gradients: whole below stage 2 (model precision); from stage 2 the reduced shard, which
     // with an offloaded update lives beside it (at stage 1 too, beside the whole gradients).
@@ -553,6 +560,15 @@ MemoryEstimate estimate(const EstimateInput& input) {
           "zero_quantized_weights: the int8 encodings of up to three gathers in flight, under "
           "communication, in the peak only");
     }
+    if (input.quantized_nontrainable_weights && input.frozen_params > 0) {
+      // Each gathered module's frozen parameters are decoded while it is gathered; the input
+      // knows no modules, so the bound is every frozen parameter gathered at once (gather_model).
+      result.transient_device_bytes += terms.d * input.frozen_params;
+      result.notes.push_back(
+          "zero_quantized_nontrainable_weights: frozen parameters as int8 blocks (exact for one "
+          "frozen tensor; each further tensor adds at most 7 bytes of scale and padding), and "
+          "their decoded copies while gathered, at most all of them, in the peak only");
+    }
     if (input.quantized_gradients && input.ranks > 1) {
       // Up to two reductions in flight (grad_bucketer.cpp, kMaxInFlight), one per bucket.
       const std::int64_t in_flight =
@@ -603,6 +619,7 @@ EstimateInput estimate_input_from_config(const Config& config, std::int64_t para
   in.model_persistence_threshold = zero.model_persistence_threshold;
   in.max_live_parameters = zero.max_live_parameters;
   in.quantized_weights = zero.quantized_weights;
+  in.quantized_nontrainable_weights = zero.quantized_nontrainable_weights;
   in.hpz_partition_size = zero.hpz_partition_size;
   in.quantized_gradients = zero.quantized_gradients;
   in.optimizer_buffer_count = zero.offload_optimizer.buffer_count;
