@@ -40,7 +40,9 @@ struct ParamOptions {
   /// Index returned by Engine::add_param_group; 0 is the default group.
   int group = 0;
   /// Frozen parameters (false) get no gradient buffer and no optimizer state and are never
-  /// updated; they are kept whole on every rank.
+  /// updated; they are kept whole on every rank. Under zero_quantized_nontrainable_weights they
+  /// are kept as int8 blocks and read, like trainable ones at stage 3, while their module is
+  /// gathered; writes to that decoded copy are lost at release (Parameter::copy_from stores).
   bool trainable = true;
   /// Module the parameter belongs to; empty means the name up to its last '.' ("fc1.weight" ->
   /// "fc1"), and a name without a '.' is a module of its own. A module's parameters must be

@@ -108,7 +108,8 @@ void EngineState::save_checkpoint(const std::string& dir, const std::string& tag
     failure = std::current_exception();
   }
 
-  // Rank 0 writes the frozen parameters, whole, once, widened to fp32 (exact).
+  // Rank 0 writes the frozen parameters, whole, once, widened to fp32 (exact): the values the
+  // model reads, so under zero_quantized_nontrainable_weights the decoded ones.
   std::int64_t frozen_total = 0;
   for (const ParamInfo& p : params_) {
     if (!p.trainable) frozen_total = std::max(frozen_total, p.frozen_offset + p.numel);
@@ -117,13 +118,11 @@ void EngineState::save_checkpoint(const std::string& dir, const std::string& tag
   if (rank_ == 0 && frozen_total > 0 && !failure) {
     try {
       std::vector<float> frozen(static_cast<std::size_t>(frozen_total));
-      std::vector<char> raw;
       for (std::size_t i = 0; i < params_.size(); ++i) {
         const ParamInfo& p = params_[i];
-        if (p.trainable) continue;
-        raw.resize(p.numel * dsize_);
-        backend_->copy_to_host(raw.data(), params_store_->data(static_cast<int>(i)), raw.size());
-        convert_to_float(raw.data(), dtype_, frozen.data() + p.frozen_offset, p.numel);
+        if (!p.trainable) {
+          params_store_->read_frozen(static_cast<int>(i), frozen.data() + p.frozen_offset);
+        }
       }
       ShardWriter file(tmp_dir + "/" + kFrozenName);
       frozen_crc =

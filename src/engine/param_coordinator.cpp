@@ -49,6 +49,7 @@ bool poison_released_from_environment() {
 
 ParamCoordinator::ParamCoordinator(const EngineContext& context, Tier shard_tier, void* adopted)
     : context_(context),
+      frozen_(context, context.config.zero_optimization.quantized_nontrainable_weights),
       modules_(context.modules.size()),
       poison_released_(poison_released_from_environment()) {
   const std::size_t dsize = context_.dsize;
@@ -107,11 +108,6 @@ ParamCoordinator::ParamCoordinator(const EngineContext& context, Tier shard_tier
   for (const ParamInfo& p : context_.params) {
     if (p.persistent) persistent_elements_ += p.numel;
   }
-  std::int64_t frozen_total = 0;
-  for (const ParamInfo& p : context_.params) {
-    if (!p.trainable) frozen_total = std::max(frozen_total, p.frozen_offset + p.numel);
-  }
-  frozen_ = context_.allocate(Tier::kDevice, MemoryCategory::kParameters, frozen_total * dsize);
 }
 
 ParamCoordinator::~ParamCoordinator() {
@@ -220,7 +216,19 @@ void ParamCoordinator::roll_back_update() noexcept {
 void* ParamCoordinator::data(int index) {
   const ParamInfo& p = context_.params[index];
   const auto dsize = static_cast<std::int64_t>(context_.dsize);
-  if (!p.trainable) return frozen_.as<char>() + p.frozen_offset * dsize;
+  if (!p.trainable) {
+    if (!frozen_.quantized()) return frozen_.data(index);
+    const ModuleState& m = modules_[p.module];
+    ZEROSHARD_CHECK_USAGE(m.users > 0,
+                          "frozen parameter '"
+                              << p.name << "' of module '" << context_.modules[p.module].name
+                              << "' is not gathered: under "
+                                 "zero_optimization.zero_quantized_nontrainable_weights frozen "
+                                 "parameters are kept as int8 blocks and decoded while their "
+                                 "module is gathered; call engine.gather(module) (or hold a "
+                                 "GatheredModule) before reading it");
+    return m.frozen_decoded.as<char>() + frozen_.decoded_offset(index) * dsize;
+  }
   const std::int64_t offset = context_.layout.offset(p.tensor);
   if (context_.stage != 3) return params_full_.as<char>() + offset * dsize;
   if (p.persistent) return persistent_base(index);
@@ -251,8 +259,12 @@ void ParamCoordinator::store(int index, const float* values) {
   const auto dsize = static_cast<std::int64_t>(context_.dsize);
   const MemoryLocation device = context_.backend.memory().location();
   if (!p.trainable) {
-    context_.store_host_values(values, frozen_.as<char>() + p.frozen_offset * dsize, device,
-                               p.numel);
+    frozen_.store(index, values);
+    // A gathered module shows the values later gathers will: the stored ones, decoded.
+    ModuleState& m = modules_[p.module];
+    if (!m.frozen_decoded.empty()) {
+      frozen_.decode(index, m.frozen_decoded.as<char>() + frozen_.decoded_offset(index) * dsize);
+    }
     return;
   }
   const std::int64_t lo = context_.layout.offset(p.tensor);
@@ -354,14 +366,19 @@ void ParamCoordinator::gather(ModuleId module) {
   }
   recording_.push_back(module);
   ++m.users;
-  if (!context_.modules[module].sharded) return;
-  if (m.residency == Residency::kReleased) {
+  const bool sharded = context_.modules[module].sharded;
+  if (sharded && m.residency == Residency::kReleased) {
     // stage3_max_live_parameters is DeepSpeed's budget, not a wall: the module asked for is always
     // gathered; to stay within the budget, copies that are only kept for reuse or prefetched go
     // first, those not needed soon before the rest.
     free_unused_over_budget(module_size(module));
     start_gather(module);
   }
+  // Local work, so it runs while the module's all-gather is in flight.
+  if (frozen_.quantized() && m.frozen_decoded.empty() && frozen_.module_elements(module) > 0) {
+    m.frozen_decoded = frozen_.decode_module(module);
+  }
+  if (!sharded) return;
   if (m.residency == Residency::kInFlight) finish_gather(module);
   if (trace_valid_) prefetch_after(trace_position_);
   if (trace_valid_ && swapped_) read_ahead_after(trace_position_);
@@ -624,7 +641,12 @@ void ParamCoordinator::release(ModuleId module) {
   ModuleState& m = modules_[module];
   ZEROSHARD_CHECK_USAGE(m.users > 0, "release('" << context_.modules[module].name
                                                  << "') without a matching gather()");
-  if (--m.users > 0 || !context_.modules[module].sharded) return;
+  if (--m.users > 0) return;
+  // Decoded frozen values are freed at once, outside the reuse and budget rules of gathered
+  // copies: decoding again is a local pass with no communication to save, and keeping them would
+  // hold the memory the quantization saves.
+  m.frozen_decoded = TrackedBuffer{};
+  if (!context_.modules[module].sharded) return;
   // A copy is kept for its next use only within the live budget.
   if (!reused_soon(module) ||
       live_elements_ > context_.config.zero_optimization.max_live_parameters) {

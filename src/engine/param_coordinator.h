@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/engine_context.h"
+#include "engine/frozen_params.h"
 #include "swapped_shard.h"
 
 namespace zeroshard::detail {
@@ -25,10 +26,13 @@ class ParamCoordinator {
   ParamCoordinator(const ParamCoordinator&) = delete;
   ParamCoordinator& operator=(const ParamCoordinator&) = delete;
 
-  /// The buffer the model reads parameter `index` from (stage 3: its gathered module's copy).
+  /// The buffer the model reads parameter `index` from (stage 3: its gathered module's copy, and
+  /// for a frozen one under zero_quantized_nontrainable_weights its module's decoded copy).
   void* data(int index);
   /// Sets parameter `index` everywhere this rank keeps it, from host fp32 values.
   void store(int index, const float* values);
+  /// Host fp32 values of frozen parameter `index` as the model reads them, gathered or not.
+  void read_frozen(int index, float* out) { frozen_.read(index, out); }
   /// The model-precision element `flat` of the range this rank updates, and where it lives.
   /// Not for a swapped shard (see swaps()): its elements are reached through the calls below.
   void* owned_at(std::int64_t flat);
@@ -92,6 +96,9 @@ class ParamCoordinator {
     TrackedBuffer secondary;
     /// hpZ: the gather in flight reads the secondary partition, not the shards.
     bool from_secondary = false;
+    /// zero_quantized_nontrainable_weights: the module's frozen parameters decoded, while a
+    /// gather() is not matched by its release().
+    TrackedBuffer frozen_decoded;
   };
 
   std::int64_t module_size(ModuleId module) const;
@@ -142,7 +149,7 @@ class ParamCoordinator {
   std::int64_t resident_elements_ = 0;     ///< stage 3: shard elements in param_shard_
   std::unique_ptr<SwappedShard> swapped_;  ///< stage 3, nvme: the shard's elements after those
   TrackedBuffer adopted_full_;             ///< stage 3: the model's own memory that gathers fill
-  TrackedBuffer frozen_;
+  FrozenParams frozen_;
   std::vector<TrackedBuffer> persistent_copies_;  ///< stage 3: by parameter index, or empty
   std::vector<ModuleState> modules_;
   /// Released modules' buffers, until the next gather takes one or step() frees them: a fresh
