@@ -136,6 +136,22 @@ TEST(MemoryEstimator, QuantizedWeightsAddThreeEncodedGathersOfTheLargestTensor) 
   EXPECT_EQ(estimate(in).transient_device_bytes, 0) << "no gathers below stage 3";
 }
 
+TEST(MemoryEstimator, QuantizedNontrainableWeightsKeepFrozenParametersAsInt8Blocks) {
+  EstimateInput in = input(1'000'000, 4, 3, DType::kBFloat16);
+  in.frozen_params = 1001;
+  const MemoryEstimate plain = estimate(in);
+  in.quantized_nontrainable_weights = true;
+  const MemoryEstimate quantized = estimate(in);
+  // 4 blocks: 16 bytes of scales and 1001 codes, padded to 1020 bytes, for 2002 of bf16.
+  EXPECT_EQ(plain.at(MemoryCategory::kParameters) - quantized.at(MemoryCategory::kParameters),
+            2 * 1001 - 1020);
+  EXPECT_EQ(quantized.transient_device_bytes - plain.transient_device_bytes, 2 * 1001)
+      << "the decoded copies, every frozen parameter gathered at once";
+  in.stage = 2;
+  EXPECT_EQ(estimate(in).at(MemoryCategory::kParameters), 2 * 1001 + estimate(in).padded_params * 2)
+      << "stage 2 keeps frozen parameters in the model's type";
+}
+
 TEST(MemoryEstimator, BoundsTheBucketSlots) {
   EstimateInput in = input(1'048'576, 4, 2, DType::kFloat16);
   in.reduce_bucket_size = 100'000;

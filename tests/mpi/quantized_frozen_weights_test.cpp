@@ -262,6 +262,24 @@ TEST(QuantizedFrozenWeightsConfig, StageTwoIsRefusedByName) {
   }
 }
 
+// With qwZ too, the trainable parameters travel as int8 blocks and the frozen ones stay int8 blocks
+// in memory; neither changes the other's values.
+TEST(QuantizedFrozenWeightsConfig, ComposesWithQuantizedWeightGathers) {
+  Config config = frozen_config(true, DType::kFloat32);
+  config.zero_optimization.quantized_weights = true;
+  Engine engine = make_engine(config, adamw());
+  const auto tensors = frozen_toy_tensors();
+  const auto handles = register_toy(engine, tensors);
+  for (int step = 0; step < 2; ++step) {
+    micro_step_reading_the_table(engine, tensors, handles, step);
+    EXPECT_TRUE(engine.step().updated);
+  }
+  for (const int k : {2, 5}) {
+    const Expected e = expected_values(k, tensors[k].numel, DType::kFloat32);
+    EXPECT_EQ(gathered_bytes(engine, handles[k]), e.decoded) << tensors[k].name;
+  }
+}
+
 // The same folder name on every rank, new for each run.
 std::string shared_dir(Engine& engine, const std::string& name) {
   const std::vector<std::string> pids =
