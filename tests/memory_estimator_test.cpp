@@ -147,6 +147,8 @@ TEST(MemoryEstimator, QuantizedNontrainableWeightsKeepFrozenParametersAsInt8Bloc
             2 * 1001 - 1020);
   EXPECT_EQ(quantized.transient_device_bytes - plain.transient_device_bytes, 2 * 1001)
       << "the decoded copies, every frozen parameter gathered at once";
+  in.largest_frozen_module = 600;
+  EXPECT_EQ(estimate(in).transient_device_bytes - plain.transient_device_bytes, 2 * 600);
   in.stage = 2;
   EXPECT_EQ(estimate(in).at(MemoryCategory::kParameters), 2 * 1001 + estimate(in).padded_params * 2)
       << "stage 2 keeps frozen parameters in the model's type";

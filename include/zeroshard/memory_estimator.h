@@ -73,6 +73,9 @@ struct EstimateInput {
   /// Stage 3, zero_quantized_nontrainable_weights: the frozen parameters are kept as int8 blocks;
   /// the decoded copies of gathered ones are counted in the transient bytes.
   bool quantized_nontrainable_weights = false;
+  /// With it: the most frozen elements gathered at once (the largest module's when modules are
+  /// gathered one at a time); 0 = every frozen parameter, as gather_model() holds them.
+  std::int64_t largest_frozen_module = 0;
   /// Stage 3, zero_hpz_partition_size (hpZ) when > 1: each rank keeps 1/K of the gathered
   /// (non-persistent) parameters as its node group's secondary partition until the update.
   std::int64_t hpz_partition_size = 1;

@@ -356,6 +356,7 @@ void check_input(const EstimateInput& in) {
   };
   positive("params", in.params, 0);
   positive("frozen_params", in.frozen_params, 0);
+  positive("largest_frozen_module", in.largest_frozen_module, 0);
   positive("ranks", in.ranks, 1);
   positive("zero_optimization.reduce_bucket_size", in.reduce_bucket_size, 1);
   positive("zero_optimization.zero_hpz_partition_size", in.hpz_partition_size, 1);
@@ -561,13 +562,18 @@ MemoryEstimate estimate(const EstimateInput& input) {
           "communication, in the peak only");
     }
     if (input.quantized_nontrainable_weights && input.frozen_params > 0) {
-      // Each gathered module's frozen parameters are decoded while it is gathered; the input
-      // knows no modules, so the bound is every frozen parameter gathered at once (gather_model).
-      result.transient_device_bytes += terms.d * input.frozen_params;
+      // Each gathered module's frozen parameters are decoded while it is gathered.
+      const std::int64_t decoded = input.largest_frozen_module > 0
+                                       ? std::min(input.largest_frozen_module, input.frozen_params)
+                                       : input.frozen_params;
+      result.transient_device_bytes += terms.d * decoded;
       result.notes.push_back(
           "zero_quantized_nontrainable_weights: frozen parameters as int8 blocks (exact for one "
           "frozen tensor; each further tensor adds at most 7 bytes of scale and padding), and "
-          "their decoded copies while gathered, at most all of them, in the peak only");
+          "the decoded copy of " +
+          std::to_string(decoded) +
+          " frozen elements gathered at once (give the largest frozen module with "
+          "--largest-frozen-module), in the peak only");
     }
     if (input.quantized_gradients && input.ranks > 1) {
       // Up to two reductions in flight (grad_bucketer.cpp, kMaxInFlight), one per bucket.

@@ -49,6 +49,8 @@ struct Options {
   std::optional<std::int64_t> reduce_bucket_size;
   std::optional<std::int64_t> largest_tensor;
   std::optional<std::int64_t> persistent_params;
+  std::optional<std::int64_t> frozen_params;
+  std::optional<std::int64_t> largest_frozen_module;
   std::optional<std::int64_t> fit_memory;
   bool json = false;
   zeroshard::ConfigOverrides overrides;  ///< "auto" values of the config
@@ -148,6 +150,15 @@ void add_flags(CLI::App& app, Options& options) {
                   count(options.persistent_params, "--persistent-params"),
                   "stage 3: elements kept whole on every rank (default 0)")
       ->type_name("N");
+  add_read_option(app, "--frozen-params", count(options.frozen_params, "--frozen-params"),
+                  "frozen (non-trainable) elements, whole on every rank; int8 blocks under the "
+                  "config's zero_quantized_nontrainable_weights (default 0)")
+      ->type_name("N");
+  add_read_option(app, "--largest-frozen-module",
+                  count(options.largest_frozen_module, "--largest-frozen-module"),
+                  "with zero_quantized_nontrainable_weights: the most frozen elements gathered "
+                  "at once, decoded (default: all of them)")
+      ->type_name("N");
   add_read_option(
       app, "--fit-memory",
       [&options](const std::string& text) {
@@ -189,6 +200,8 @@ EstimateInput make_input(const Options& options, std::vector<std::string>& notic
   if (options.reduce_bucket_size) in.reduce_bucket_size = *options.reduce_bucket_size;
   if (options.largest_tensor) in.largest_tensor = *options.largest_tensor;
   if (options.persistent_params) in.persistent_params = *options.persistent_params;
+  if (options.frozen_params) in.frozen_params = *options.frozen_params;
+  if (options.largest_frozen_module) in.largest_frozen_module = *options.largest_frozen_module;
   return in;
 }
 
