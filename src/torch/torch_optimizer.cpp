@@ -114,6 +114,13 @@ std::vector<float> fp32_values(const at::Tensor& tensor) {
 
 Optimizer::State::State(Module& model, Config config, OptimizerOptions options)
     : engine(make_engine(model, std::move(config), options)) {
+  // The model's frozen tensors stay views of the engine's frozen parameters for the whole run,
+  // which this key keeps only as int8 blocks, decoded while a module is gathered.
+  if (engine.config().zero_optimization.quantized_nontrainable_weights) {
+    throw ConfigError("zero_optimization.zero_quantized_nontrainable_weights",
+                      "got true, which zeroshard::torch does not support yet: the model's frozen "
+                      "tensors are read outside the engine's gathers; remove the key");
+  }
   const int stage = engine.stage();
   per_parameter_grads = stage >= 2;
   units_gather = stage == 3;

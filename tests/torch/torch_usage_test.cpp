@@ -180,6 +180,17 @@ TEST(TorchUsage, MisusesAreRefusedByName) {
   } catch (const zeroshard::ConfigError& error) {
     EXPECT_EQ(error.key_path(), "activation_checkpointing.partition_activations");
   }
+  model = make_tiny_net();
+  try {
+    zeroshard::torch::Optimizer optimizer(
+        *model,
+        Config::from_json_string(
+            config_json(3, world, "adamw", {{"zero_quantized_nontrainable_weights", "true"}}),
+            world));
+    ADD_FAILURE() << "zero_quantized_nontrainable_weights was accepted";
+  } catch (const zeroshard::ConfigError& error) {
+    EXPECT_EQ(error.key_path(), "zero_optimization.zero_quantized_nontrainable_weights");
+  }
 
   model = make_tiny_net();
   zeroshard::torch::OptimizerOptions options;
