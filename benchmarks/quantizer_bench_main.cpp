@@ -1,6 +1,5 @@
 // Throughput of the CPU block quantizer (qwZ's and qgZ's encode and decode) beside a copy of the
 // same bytes, alternated round by round in one process: the medians and their ratio per case.
-// Usage: bench_block_quantizer [ELEMENTS [ROUNDS]] (defaults 4194304 and 15).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -8,10 +7,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "bench_median.h"
 #include "comm/block_quantizer.h"
+#include "command_line.h"
 #include "precision/half_conversion.h"
 
 namespace {
@@ -37,8 +38,17 @@ void copy_bytes(const std::vector<char>& from, std::vector<char>& to, std::size_
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::int64_t elements = argc > 1 ? std::atoll(argv[1]) : 4194304;
-  const int rounds = argc > 2 ? std::atoi(argv[2]) : 15;
+  std::int64_t elements = 4194304;
+  int rounds = 15;
+  CLI::App app(
+      "Times the CPU block quantizer's encode and decode (qwZ, qgZ) beside a memcpy of the bytes "
+      "each pass reads, alternated round by round, and prints the medians and their ratio.",
+      "zeroshard-quantizer-bench");
+  app.add_option("--elements", elements, "Elements per pass")->check(CLI::Range(1, 1 << 30));
+  app.add_option("--rounds", rounds, "Alternated rounds")->check(CLI::Range(1, 10000));
+  if (const std::optional<int> exit_code = zeroshard::cli::parse(app, argc, argv)) {
+    return *exit_code;
+  }
   std::printf("%lld elements, %d alternated rounds, medians\n", static_cast<long long>(elements),
               rounds);
   std::printf("%-22s %12s %12s %8s\n", "case", "pass GB/s", "copy GB/s", "ratio");
