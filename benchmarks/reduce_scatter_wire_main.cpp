@@ -6,7 +6,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -14,6 +13,7 @@
 #include <vector>
 
 #include "command_line.h"
+#include "transmitted_bytes.h"
 #include "zeroshard/zeroshard.h"
 
 namespace {
@@ -49,23 +49,6 @@ void add_flags(CLI::App& app, Options& options) {
       ->check(zeroshard::cli::positive_number());
 }
 
-// The interface's transmitted bytes: /proc/net/dev lists "IF: rx_bytes ... (8 fields) tx_bytes".
-std::int64_t transmitted_bytes(const std::string& interface) {
-  std::ifstream dev("/proc/net/dev");
-  std::string line;
-  while (std::getline(dev, line)) {
-    const std::size_t colon = line.find(':');
-    if (colon == std::string::npos) continue;
-    const std::size_t name = line.find_first_not_of(' ');
-    if (line.substr(name, colon - name) != interface) continue;
-    std::istringstream fields(line.substr(colon + 1));
-    std::int64_t value = 0;
-    for (int field = 0; field < 9; ++field) fields >> value;  // the 9th is tx_bytes
-    return value;
-  }
-  return -1;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -88,11 +71,11 @@ int main(int argc, char** argv) {
     // One unmeasured step first: connections are made on first use.
     comm->reduce_scatter(input.data(), output.data(), counts, zeroshard::DType::kFloat32);
     comm->barrier();
-    const std::int64_t before = transmitted_bytes(options.interface);
+    const std::int64_t before = zeroshard::examples::transmitted_bytes(options.interface);
     for (int k = 0; k < options.repeats; ++k) {
       comm->reduce_scatter(input.data(), output.data(), counts, zeroshard::DType::kFloat32);
     }
-    const std::int64_t after = transmitted_bytes(options.interface);
+    const std::int64_t after = zeroshard::examples::transmitted_bytes(options.interface);
     comm->barrier();  // after the reading, so that its messages are not counted
     if (before < 0 || after < 0) {
       std::fprintf(stderr, "zeroshard-reduce-scatter-wire: no interface '%s' in /proc/net/dev\n",

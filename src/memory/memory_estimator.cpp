@@ -396,11 +396,26 @@ struct BucketExtent {
   std::int64_t count = 0;  ///< buckets, when the tensors are known
 };
 
+/// Calls visit(begin, end) for each gradient bucket of the engine's plan (grad_bucketer.cpp):
+/// buckets tile the flat buffer from the top, each closing before it would exceed `limit`, and a
+/// tensor larger than that forms a bucket of its own.
+template <class Visit>
+void for_each_bucket(const detail::ShardLayout& layout, std::int64_t limit, Visit visit) {
+  std::int64_t end = layout.padded_total();
+  int lowest = -1;  // the last tensor added to the open bucket
+  for (int t = layout.tensor_count() - 1; t >= 0; --t) {
+    if (lowest >= 0 && end - layout.offset(t) > limit) {
+      visit(layout.offset(lowest), end);
+      end = layout.offset(lowest);
+    }
+    lowest = t;
+  }
+  visit(0, end);
+}
+
 /// The widest gradient bucket and the largest share of one that a rank receives. With the
-/// tensors known this is the engine's own plan (grad_bucketer.cpp): buckets tile the flat buffer
-/// from the top, each closing before it would exceed reduce_bucket_size, and a tensor larger than
-/// that forms a bucket of its own. Otherwise a bound: a bucket, or the largest tensor with its
-/// alignment and the final padding.
+/// tensors known this is the engine's own plan (for_each_bucket). Otherwise a bound: a bucket,
+/// or the largest tensor with its alignment and the final padding.
 BucketExtent bucket_extent(const EstimateInput& in, const detail::ShardLayout& layout) {
   const std::int64_t limit = in.reduce_bucket_size;
   BucketExtent extent;
@@ -417,16 +432,7 @@ BucketExtent bucket_extent(const EstimateInput& in, const detail::ShardLayout& l
       extent.receive = std::max(extent.receive, share);
     }
   };
-  std::int64_t end = layout.padded_total();
-  int lowest = -1;  // the last tensor added to the open bucket
-  for (int t = layout.tensor_count() - 1; t >= 0; --t) {
-    if (lowest >= 0 && end - layout.offset(t) > limit) {
-      add(layout.offset(lowest), end);
-      end = layout.offset(lowest);
-    }
-    lowest = t;
-  }
-  add(0, end);
+  for_each_bucket(layout, limit, add);
   return extent;
 }
 
@@ -476,17 +482,7 @@ std::int64_t quantized_reduction_bytes(const EstimateInput& in, const detail::Sh
     add(layout.padded_total() - widest, layout.padded_total());
     return most;
   }
-  const std::int64_t limit = in.reduce_bucket_size;
-  std::int64_t end = layout.padded_total();
-  int lowest = -1;
-  for (int t = layout.tensor_count() - 1; t >= 0; --t) {
-    if (lowest >= 0 && end - layout.offset(t) > limit) {
-      add(layout.offset(lowest), end);
-      end = layout.offset(lowest);
-    }
-    lowest = t;
-  }
-  add(0, end);
+  for_each_bucket(layout, in.reduce_bucket_size, add);
   return most;
 }
 

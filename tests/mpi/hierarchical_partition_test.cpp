@@ -50,13 +50,6 @@ class PretendHosts : public ::testing::Test {
   int group_ = 1;
 };
 
-std::unique_ptr<UpdateRule> adamw() {
-  AdamWOptions options;
-  options.lr = 1e-2;
-  options.weight_decay = 0.1;
-  return make_adamw(options);
-}
-
 struct TrainedRun {
   std::vector<float> master;
   std::vector<std::vector<char>> model;  // each trainable tensor's gathered bytes after training
@@ -64,7 +57,7 @@ struct TrainedRun {
 };
 
 TrainedRun train(const Config& config, int steps) {
-  Engine engine = make_engine(config, adamw());
+  Engine engine = make_engine(config, decayed_adamw());
   const auto tensors = uneven_toy_tensors();
   const auto handles = register_toy(engine, tensors);
   TrainedRun run;
@@ -102,7 +95,7 @@ TEST_F(PretendHosts, TrainingEqualsStageThreeWithoutItBitForBit) {
 // send a byte over the world communicator's all-gather: it runs inside the groups.
 TEST_F(PretendHosts, BackwardGathersSendNothingOverTheWorld) {
   for (const std::int64_t group : {std::int64_t{1}, std::int64_t{group_}}) {
-    Engine engine = make_engine(config(group, DType::kFloat32, false), adamw());
+    Engine engine = make_engine(config(group, DType::kFloat32, false), decayed_adamw());
     const auto tensors = uneven_toy_tensors();
     const auto handles = register_toy(engine, tensors);
     std::vector<ModuleId> order;
@@ -144,7 +137,7 @@ TEST_F(PretendHosts, TheSecondaryPartitionIsCountedAsTheEstimatorCountsIt) {
   std::int64_t estimated[2] = {};
   for (const bool hpz : {false, true}) {
     const Config c = config(hpz ? group_ : 1, DType::kBFloat16, false);
-    Engine engine = make_engine(c, adamw());
+    Engine engine = make_engine(c, decayed_adamw());
     const auto handles = register_toy(engine, tensors);
     for (const Parameter& p : handles) {
       auto guard = engine.gathered(p.module());
@@ -168,7 +161,7 @@ TEST_F(PretendHosts, TheSecondaryPartitionIsCountedAsTheEstimatorCountsIt) {
 TEST_F(PretendHosts, AGroupSpanningHostsIsRefusedNamingTheKeyAndTheHost) {
   // Every host holds two ranks at most, or an odd world's ranks all: one more never fits.
   try {
-    Engine engine = make_engine(config(group_ + 1, DType::kFloat32, false), adamw());
+    Engine engine = make_engine(config(group_ + 1, DType::kFloat32, false), decayed_adamw());
     register_toy(engine, uneven_toy_tensors());
     engine.finalize();
     ADD_FAILURE() << "groups of " << group_ + 1 << " were accepted";
@@ -182,7 +175,7 @@ TEST(HierarchicalPartitionConfig, StageTwoIsRefusedByName) {
   Config config = toy_config(2);
   config.zero_optimization.hpz_partition_size = 2;
   try {
-    Engine engine = make_engine(config, adamw());
+    Engine engine = make_engine(config, decayed_adamw());
     FAIL() << "stage 2 with zero_hpz_partition_size 2 was accepted";
   } catch (const ConfigError& error) {
     EXPECT_EQ(error.key_path(), kKey);

@@ -26,13 +26,6 @@ Config frozen_config(bool quantized, DType dtype, int stage = 3) {
   return config;
 }
 
-std::unique_ptr<UpdateRule> adamw() {
-  AdamWOptions options;
-  options.lr = 1e-2;
-  options.weight_decay = 0.1;
-  return make_adamw(options);
-}
-
 // A module of frozen parameters only ("frozen", three blocks, the last one short) and a frozen
 // parameter in a module with trainable ones ("b.mask").
 std::vector<ToyTensor> frozen_toy_tensors() {
@@ -71,7 +64,7 @@ class QuantizedFrozenWeights : public ::testing::TestWithParam<DType> {};
 
 TEST_P(QuantizedFrozenWeights, GatheredValuesAreTheStoredOnesQuantizedAndDequantized) {
   const DType dtype = GetParam();
-  Engine engine = make_engine(frozen_config(true, dtype), adamw());
+  Engine engine = make_engine(frozen_config(true, dtype), decayed_adamw());
   const auto tensors = frozen_toy_tensors();
   const auto handles = register_toy(engine, tensors);
   for (std::size_t k = 0; k < tensors.size(); ++k) {
@@ -101,32 +94,16 @@ TEST_P(QuantizedFrozenWeights, GatheredValuesAreTheStoredOnesQuantizedAndDequant
 // 2^-10 like the toy's gradients so that sums over ranks stay exact.
 void micro_step_reading_the_table(Engine& engine, const std::vector<ToyTensor>& tensors,
                                   const std::vector<Parameter>& handles, std::int64_t step) {
-  const DType dtype = engine.model_dtype();
-  const auto scale = static_cast<float>(engine.loss_scale());
   const Parameter& table = handles[2];
-  toy_backward(engine, tensors, handles, [&](std::size_t k) {
-    const std::int64_t n = tensors[k].numel;
+  toy_micro_step_any_precision(engine, tensors, handles, step, [&](std::size_t) {
+    const DType dtype = engine.model_dtype();
     std::vector<float> t(table.numel());
-    {
-      auto guard = engine.gathered(table.module());
-      const std::vector<char> raw = to_host(engine, table.raw_data(), t.size() * size_of(dtype));
-      detail::convert_to_float(raw.data(), dtype, t.data(), table.numel());
-    }
-    const std::size_t bytes = n * size_of(dtype);
-    const std::vector<char> raw_param = to_host(engine, handles[k].raw_data(), bytes);
-    void* grad_buffer = handles[k].raw_grad();
-    std::vector<char> raw_grad = to_host(engine, grad_buffer, bytes);
-    std::vector<float> w(n);
-    std::vector<float> g(n);
-    detail::convert_to_float(raw_param.data(), dtype, w.data(), n);
-    detail::convert_to_float(raw_grad.data(), dtype, g.data(), n);
-    for (std::int64_t i = 0; i < n; ++i) {
-      const float from_table = quantise(0.5 * t[i % table.numel()]);
-      g[i] +=
-          scale * (toy_gradient(w[i], static_cast<int>(k), i, engine.rank(), step) + from_table);
-    }
-    detail::convert_from_float(g.data(), raw_grad.data(), dtype, n);
-    from_host(engine, grad_buffer, raw_grad.data(), bytes);
+    auto guard = engine.gathered(table.module());
+    const std::vector<char> raw = to_host(engine, table.raw_data(), t.size() * size_of(dtype));
+    detail::convert_to_float(raw.data(), dtype, t.data(), table.numel());
+    return std::function<float(std::int64_t)>([t = std::move(t)](std::int64_t i) {
+      return quantise(0.5 * t[static_cast<std::size_t>(i) % t.size()]);
+    });
   });
 }
 
@@ -141,25 +118,11 @@ TEST_P(QuantizedFrozenWeights, TrainingStaysCloseToTheUnquantizedRun) {
   // order 1 per step, 1.2e-4 over six steps. The bound allows about 8 times that (runs at 1-4
   // ranks measure 1.3e-6 to 2.4e-5 in fp32, 1.8e-5 to 5.7e-5 in bf16).
   constexpr double kBound = 1e-3;
-  std::vector<std::vector<float>> masters;
-  int rank = 0;
-  for (const bool quantized : {false, true}) {
-    Engine engine = make_engine(frozen_config(quantized, dtype), adamw());
-    rank = engine.rank();
-    const auto tensors = frozen_toy_tensors();
-    const auto handles = register_toy(engine, tensors);
-    for (int step = 0; step < kSteps; ++step) {
-      micro_step_reading_the_table(engine, tensors, handles, step);
-      engine.step();
-    }
-    masters.push_back(engine.consolidated_parameters());
-  }
-  ASSERT_EQ(masters[0].size(), masters[1].size());
-  double largest = 0.0;
-  for (std::size_t i = 0; i < masters[0].size(); ++i) {
-    ASSERT_TRUE(std::isfinite(masters[1][i])) << i;
-    largest = std::max(largest, std::fabs(static_cast<double>(masters[1][i]) - masters[0][i]));
-  }
+  const MasterDifference difference =
+      largest_master_difference([dtype](bool quantized) { return frozen_config(quantized, dtype); },
+                                micro_step_reading_the_table, frozen_toy_tensors(), kSteps);
+  const double largest = difference.largest;
+  const int rank = difference.rank;
   EXPECT_LE(largest, kBound);
   EXPECT_GT(largest, 0.0) << "trained bit for bit as without the key: nothing was quantized";
   if (rank == 0) {
@@ -169,7 +132,7 @@ TEST_P(QuantizedFrozenWeights, TrainingStaysCloseToTheUnquantizedRun) {
 }
 
 TEST_P(QuantizedFrozenWeights, ReadingAFrozenParameterOutsideAGatherIsAUsageError) {
-  Engine engine = make_engine(frozen_config(true, GetParam()), adamw());
+  Engine engine = make_engine(frozen_config(true, GetParam()), decayed_adamw());
   const auto tensors = frozen_toy_tensors();
   const auto handles = register_toy(engine, tensors);
   for (const int k : {2, 5}) {
@@ -199,7 +162,7 @@ TEST(QuantizedFrozenWeightsMemory, ReportShrinksToTheEncodingAndMatchesTheEstima
   std::int64_t estimated[2] = {};
   for (const bool quantized : {false, true}) {
     const Config config = frozen_config(quantized, DType::kFloat32);
-    Engine engine = make_engine(config, adamw());
+    Engine engine = make_engine(config, decayed_adamw());
     const auto handles = register_toy(engine, tensors);
     const MemoryLocation where = engine_memory(engine);
     reported[quantized] = engine.memory_report().at(MemoryCategory::kParameters, where).current;
@@ -234,7 +197,7 @@ TEST(QuantizedFrozenWeightsConfig, NonFiniteFrozenValuesAreRefusedNamingTheParam
   for (const DType dtype : {DType::kFloat32, DType::kFloat16}) {
     Config config = frozen_config(true, DType::kFloat32);
     config.fp16.enabled = dtype == DType::kFloat16;
-    Engine engine = make_engine(config, adamw());
+    Engine engine = make_engine(config, decayed_adamw());
     const auto tensors = frozen_toy_tensors();
     const auto handles = register_toy(engine, tensors);
     const std::vector<char> before = gathered_bytes(engine, handles[2]);
@@ -255,7 +218,7 @@ TEST(QuantizedFrozenWeightsConfig, NonFiniteFrozenValuesAreRefusedNamingTheParam
 
 TEST(QuantizedFrozenWeightsConfig, StageTwoIsRefusedByName) {
   try {
-    Engine engine = make_engine(frozen_config(true, DType::kFloat32, 2), adamw());
+    Engine engine = make_engine(frozen_config(true, DType::kFloat32, 2), decayed_adamw());
     FAIL() << "stage 2 with zero_quantized_nontrainable_weights was accepted";
   } catch (const ConfigError& error) {
     EXPECT_EQ(error.key_path(), "zero_optimization.zero_quantized_nontrainable_weights");
@@ -267,7 +230,7 @@ TEST(QuantizedFrozenWeightsConfig, StageTwoIsRefusedByName) {
 TEST(QuantizedFrozenWeightsConfig, ComposesWithQuantizedWeightGathers) {
   Config config = frozen_config(true, DType::kFloat32);
   config.zero_optimization.quantized_weights = true;
-  Engine engine = make_engine(config, adamw());
+  Engine engine = make_engine(config, decayed_adamw());
   const auto tensors = frozen_toy_tensors();
   const auto handles = register_toy(engine, tensors);
   for (int step = 0; step < 2; ++step) {
@@ -298,14 +261,14 @@ std::string shared_dir(Engine& engine, const std::string& name) {
 TEST_P(QuantizedFrozenWeights, CheckpointsKeepTheDecodedValues) {
   const DType dtype = GetParam();
   const auto tensors = frozen_toy_tensors();
-  Engine saved = make_engine(frozen_config(true, dtype), adamw());
+  Engine saved = make_engine(frozen_config(true, dtype), decayed_adamw());
   const auto saved_handles = register_toy(saved, tensors);
   toy_micro_step_any_precision(saved, tensors, saved_handles, 0);
   saved.step();
   const std::string dir = shared_dir(saved, name_of(dtype));
   saved.save_checkpoint(dir, "t");
   for (const bool quantized : {true, false}) {
-    Engine loaded = make_engine(frozen_config(quantized, dtype), adamw());
+    Engine loaded = make_engine(frozen_config(quantized, dtype), decayed_adamw());
     const auto handles = register_toy(loaded, tensors);
     loaded.load_checkpoint(dir, "t");
     for (const int k : {2, 5}) {

@@ -273,13 +273,6 @@ Config quantized_config(bool quantized) {
   return config;
 }
 
-std::unique_ptr<UpdateRule> adamw() {
-  AdamWOptions options;
-  options.lr = 1e-2;
-  options.weight_decay = 0.1;
-  return make_adamw(options);
-}
-
 class QuantizedGradients : public ::testing::TestWithParam<Hosts> {};
 
 // Training for kSteps steps with qgZ moves the fp32 master away from the unquantized run's by at
@@ -295,26 +288,11 @@ TEST_P(QuantizedGradients, TrainingStaysCloseToTheUnquantizedRun) {
   HostNames names(GetParam(), world->rank(), world->size());
   if (!names.valid()) GTEST_SKIP() << "paired hosts need an even number of ranks";
   world.reset();
-  std::vector<std::vector<float>> masters;
-  int rank = 0;
-  int world_size = 1;
-  for (const bool quantized : {false, true}) {
-    Engine engine = make_engine(quantized_config(quantized), adamw());
-    rank = engine.rank();
-    world_size = engine.world_size();
-    const auto tensors = uneven_toy_tensors();
-    const auto handles = register_toy(engine, tensors);
-    for (int step = 0; step < kSteps; ++step) {
-      toy_micro_step(engine, tensors, handles, step);
-      ASSERT_TRUE(engine.step().updated);
-    }
-    masters.push_back(engine.consolidated_parameters());
-  }
-  double largest = 0.0;
-  for (std::size_t i = 0; i < masters[0].size(); ++i) {
-    ASSERT_TRUE(std::isfinite(masters[1][i])) << i;
-    largest = std::max(largest, std::fabs(static_cast<double>(masters[1][i]) - masters[0][i]));
-  }
+  const MasterDifference difference =
+      largest_master_difference(quantized_config, toy_micro_step, uneven_toy_tensors(), kSteps);
+  const double largest = difference.largest;
+  const int rank = difference.rank;
+  const int world_size = difference.world;
   EXPECT_LE(largest, kBound);
   // One rank has no reduction, so nothing is quantized there.
   if (world_size > 1) {
@@ -338,7 +316,7 @@ TEST_P(QuantizedGradients, Fp16OverflowSkipsTheStepOnEveryRank) {
   config.fp16.hysteresis = 1;
   // 2^8 times the toy's gradients (up to 4) stays far below fp16's 65504.
   config.fp16.initial_scale_power = 8;
-  Engine engine = make_engine(config, adamw());
+  Engine engine = make_engine(config, decayed_adamw());
   const auto tensors = uneven_toy_tensors();
   const auto handles = register_toy(engine, tensors);
   const int last = engine.world_size() - 1;
@@ -386,7 +364,7 @@ TEST_P(QuantizedGradients, EstimatedWorkingBytesMatchTheReport) {
   std::int64_t estimated[2] = {};
   for (const bool quantized : {false, true}) {
     const Config config = quantized_config(quantized);
-    Engine engine = make_engine(config, adamw());
+    Engine engine = make_engine(config, decayed_adamw());
     const auto handles = register_toy(engine, tensors);
     toy_micro_step(engine, tensors, handles, 0);
     engine.step();
@@ -404,7 +382,7 @@ TEST(QuantizedGradientsConfig, StageTwoIsRefusedByName) {
   Config config = quantized_config(true);
   config.zero_optimization.stage = 2;
   try {
-    Engine engine = make_engine(config, adamw());
+    Engine engine = make_engine(config, decayed_adamw());
     FAIL() << "stage 2 with zero_quantized_gradients was accepted";
   } catch (const ConfigError& error) {
     EXPECT_EQ(error.key_path(), "zero_optimization.zero_quantized_gradients");

@@ -26,13 +26,6 @@ Config quantized_config(bool quantized, DType dtype) {
   return config;
 }
 
-std::unique_ptr<UpdateRule> adamw() {
-  AdamWOptions options;
-  options.lr = 1e-2;
-  options.weight_decay = 0.1;
-  return make_adamw(options);
-}
-
 // The modules of a model, each as the flat range [begin, end) its parameters span.
 struct ModuleSpan {
   ModuleId id;
@@ -59,7 +52,7 @@ class QuantizedWeights : public ::testing::TestWithParam<DType> {};
 
 TEST_P(QuantizedWeights, GatheredValuesAreEachRanksPieceQuantizedAndDequantized) {
   const DType dtype = GetParam();
-  Engine engine = make_engine(quantized_config(true, dtype), adamw());
+  Engine engine = make_engine(quantized_config(true, dtype), decayed_adamw());
   const auto tensors = uneven_toy_tensors();
   const auto handles = register_toy(engine, tensors);
   const auto dsize = static_cast<std::int64_t>(size_of(dtype));
@@ -131,25 +124,14 @@ TEST_P(QuantizedWeights, TrainingStaysCloseToTheUnquantizedRun) {
   // by about lr * 2^-10 relative to gradients of order 1 per step, 6e-5 over six steps. The bound
   // allows 16 times that (runs at 1-4 ranks measure 0.7-5.1e-5).
   constexpr double kBound = 1e-3;
-  std::vector<std::vector<float>> masters;
-  int rank = 0;
-  for (const bool quantized : {false, true}) {
-    Engine engine = make_engine(quantized_config(quantized, dtype), adamw());
-    rank = engine.rank();
-    const auto tensors = uneven_toy_tensors();
-    const auto handles = register_toy(engine, tensors);
-    for (int step = 0; step < kSteps; ++step) {
-      toy_micro_step_any_precision(engine, tensors, handles, step);
-      engine.step();
-    }
-    masters.push_back(engine.consolidated_parameters());
-  }
-  ASSERT_EQ(masters[0].size(), masters[1].size());
-  double largest = 0.0;
-  for (std::size_t i = 0; i < masters[0].size(); ++i) {
-    ASSERT_TRUE(std::isfinite(masters[1][i])) << i;
-    largest = std::max(largest, std::fabs(static_cast<double>(masters[1][i]) - masters[0][i]));
-  }
+  const MasterDifference difference = largest_master_difference(
+      [dtype](bool quantized) { return quantized_config(quantized, dtype); },
+      [](Engine& engine, const std::vector<ToyTensor>& tensors,
+         const std::vector<Parameter>& handles,
+         std::int64_t step) { toy_micro_step_any_precision(engine, tensors, handles, step); },
+      uneven_toy_tensors(), kSteps);
+  const double largest = difference.largest;
+  const int rank = difference.rank;
   EXPECT_LE(largest, kBound);
   EXPECT_GT(largest, 0.0) << "qwZ trained bit for bit as without it: nothing was quantized";
   if (rank == 0) {
@@ -169,7 +151,7 @@ TEST_P(QuantizedWeights, ForwardGathersSendAQuarterOfTheBytes) {
   std::int64_t gathered_bytes[2] = {};
   int rank = 0;
   for (const bool quantized : {false, true}) {
-    Engine engine = make_engine(quantized_config(quantized, dtype), adamw());
+    Engine engine = make_engine(quantized_config(quantized, dtype), decayed_adamw());
     rank = engine.rank();
     const auto handles = register_toy(engine, tensors);
     engine.communicator().reset_traffic();
@@ -208,7 +190,7 @@ TEST(QuantizedWeightsConfig, EstimatedEncodedBytesMatchTheReport) {
   std::int64_t estimated[2] = {};
   for (const bool quantized : {false, true}) {
     const Config config = quantized_config(quantized, DType::kFloat32);
-    Engine engine = make_engine(config, adamw());
+    Engine engine = make_engine(config, decayed_adamw());
     const auto handles = register_toy(engine, tensors);
     { auto guard = engine.gathered(handles[0].module()); }
     peak[quantized] =
@@ -225,7 +207,7 @@ TEST(QuantizedWeightsConfig, StageTwoIsRefusedByName) {
   Config config = quantized_config(true, DType::kFloat32);
   config.zero_optimization.stage = 2;
   try {
-    Engine engine = make_engine(config, adamw());
+    Engine engine = make_engine(config, decayed_adamw());
     FAIL() << "stage 2 with zero_quantized_weights was accepted";
   } catch (const ConfigError& error) {
     EXPECT_EQ(error.key_path(), "zero_optimization.zero_quantized_weights");
@@ -233,7 +215,7 @@ TEST(QuantizedWeightsConfig, StageTwoIsRefusedByName) {
 }
 
 TEST(QuantizedWeightsConfig, NonFiniteParametersAreAUsageErrorNamingTheModuleAndRank) {
-  Engine engine = make_engine(quantized_config(true, DType::kFloat32), adamw());
+  Engine engine = make_engine(quantized_config(true, DType::kFloat32), decayed_adamw());
   const auto tensors = uneven_toy_tensors();
   const auto handles = register_toy(engine, tensors);
   std::vector<float> values(tensors[0].numel, std::nanf(""));

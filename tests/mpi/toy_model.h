@@ -3,6 +3,9 @@
 // so that sums over ranks are exact and sharded runs can be compared with one unsharded rank.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
 #include <cerrno>  // program_invocation_short_name
 #include <cmath>
 #include <cstdint>
@@ -173,14 +176,20 @@ inline void toy_micro_step(Engine& engine, const std::vector<ToyTensor>& tensors
                [&](std::size_t k) { add_toy_gradient(engine, handles[k], k, step); });
 }
 
+/// A term added to the toy gradients: called once per trainable tensor k, before its values are
+/// read, it returns the term of each element i.
+using GradientTerm = std::function<std::function<float(std::int64_t)>(std::size_t)>;
+
 /// One micro-step of the toy model in the engine's precision: each gradient is computed from the
-/// values the model sees, multiplied by the loss scale and added into the gradient buffer in its
-/// type.
+/// values the model sees (plus `extra`'s term, when given), multiplied by the loss scale and added
+/// into the gradient buffer in its type.
 inline void toy_micro_step_any_precision(Engine& engine, const std::vector<ToyTensor>& tensors,
-                                         const std::vector<Parameter>& handles, std::int64_t step) {
+                                         const std::vector<Parameter>& handles, std::int64_t step,
+                                         const GradientTerm& extra = {}) {
   const DType dtype = engine.model_dtype();
   const auto scale = static_cast<float>(engine.loss_scale());
   toy_backward(engine, tensors, handles, [&](std::size_t k) {
+    const std::function<float(std::int64_t)> term = extra ? extra(k) : nullptr;
     const std::int64_t n = tensors[k].numel;
     const std::size_t bytes = n * size_of(dtype);
     const std::vector<char> raw_param = to_host(engine, handles[k].raw_data(), bytes);
@@ -191,7 +200,8 @@ inline void toy_micro_step_any_precision(Engine& engine, const std::vector<ToyTe
     detail::convert_to_float(raw_param.data(), dtype, w.data(), n);
     detail::convert_to_float(raw_grad.data(), dtype, g.data(), n);
     for (std::int64_t i = 0; i < n; ++i) {
-      g[i] += scale * toy_gradient(w[i], static_cast<int>(k), i, engine.rank(), step);
+      const float toy = toy_gradient(w[i], static_cast<int>(k), i, engine.rank(), step);
+      g[i] += term ? scale * (toy + term(i)) : scale * toy;
     }
     detail::convert_from_float(g.data(), raw_grad.data(), dtype, n);
     from_host(engine, grad_buffer, raw_grad.data(), bytes);
@@ -342,6 +352,49 @@ inline std::vector<RuleCase> rule_cases() {
          return make_adagrad(o);
        }},
   };
+}
+
+/// AdamW with lr 0.01 and weight decay 0.1: the rule the quantization tests (ZeRO++) train with.
+inline std::unique_ptr<UpdateRule> decayed_adamw() {
+  AdamWOptions options;
+  options.lr = 1e-2;
+  options.weight_decay = 0.1;
+  return make_adamw(options);
+}
+
+struct MasterDifference {
+  double largest = 0.0;  ///< the largest |difference| of one fp32 master element
+  int rank = 0;
+  int world = 1;
+};
+
+/// Trains `tensors` for `steps` steps twice, with config(false) and with config(true), each
+/// micro-step made by micro_step(engine, tensors, handles, step), and compares the two fp32
+/// masters: a quantized mode against the run without it. Every step must update, and the second
+/// run's master must stay finite.
+template <class MakeConfig, class MicroStep>
+MasterDifference largest_master_difference(MakeConfig config, MicroStep micro_step,
+                                           const std::vector<ToyTensor>& tensors, int steps) {
+  std::vector<std::vector<float>> masters;
+  MasterDifference result;
+  for (const bool second : {false, true}) {
+    Engine engine = make_engine(config(second), decayed_adamw());
+    result.rank = engine.rank();
+    result.world = engine.world_size();
+    const auto handles = register_toy(engine, tensors);
+    for (int step = 0; step < steps; ++step) {
+      micro_step(engine, tensors, handles, step);
+      EXPECT_TRUE(engine.step().updated) << "step " << step;
+    }
+    masters.push_back(engine.consolidated_parameters());
+  }
+  EXPECT_EQ(masters[0].size(), masters[1].size());
+  for (std::size_t i = 0; i < std::min(masters[0].size(), masters[1].size()); ++i) {
+    EXPECT_TRUE(std::isfinite(masters[1][i])) << i;
+    result.largest =
+        std::max(result.largest, std::fabs(static_cast<double>(masters[1][i]) - masters[0][i]));
+  }
+  return result;
 }
 
 /// A config for `stage` with small buckets so that several buckets and gathers happen.
