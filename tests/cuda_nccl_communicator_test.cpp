@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -141,6 +142,24 @@ TEST_F(NcclOneRank, WorldOfOneRunsEveryCollectiveAndCountsTraffic) {
   EXPECT_EQ(traffic.calls[static_cast<int>(Collective::kBarrier)], 1);
 }
 
+TEST_F(NcclOneRank, AllToAllCopiesItsOwnBlockAndASplitOfOneWorks) {
+  auto communicator = make_nccl_communicator(0, 0, 1, [](void*, std::size_t) {});
+  const std::vector<float> values = {0.5f, -1.0f, 2.0f};
+  DeviceBuffer input = upload(values);
+  DeviceBuffer output(values.size() * sizeof(float));
+  const std::int64_t counts[] = {3};
+  communicator->all_to_all(input.data(), counts, output.data(), counts, DType::kFloat32);
+  EXPECT_EQ(download<float>(output, 3), values);
+  // Its own block is not traffic.
+  EXPECT_EQ(communicator->traffic().elements[static_cast<int>(Collective::kAllToAll)], 0);
+  const std::unique_ptr<Communicator> group = communicator->split(0, 0);
+  EXPECT_EQ(group->backend(), "nccl");
+  EXPECT_EQ(group->size(), 1);
+  DeviceBuffer data = upload(values);
+  group->all_reduce(data.data(), 3, DType::kFloat32);
+  EXPECT_EQ(download<float>(data, 3), values);
+}
+
 TEST_F(NcclOneRank, CollectiveWaitsForWorkOnTheComputeStream) {
   auto communicator = make_nccl_communicator(0, 0, 1, [](void*, std::size_t) {});
   cudaStream_t compute = nullptr;
@@ -255,6 +274,38 @@ TEST_F(NcclTwoRanks, UnevenReduceScatterAndAllGatherMoveEachRanksSlice) {
     }
     EXPECT_EQ(communicator.traffic().elements[static_cast<int>(Collective::kReduceScatter)], 16);
     EXPECT_EQ(communicator.traffic().elements[static_cast<int>(Collective::kAllGather)], 8);
+  });
+}
+
+TEST_F(NcclTwoRanks, AllToAllDeliversUnevenBlocksInRankOrder) {
+  run_ranks(2, [&](NcclCommunicator& communicator) {
+    const int rank = communicator.rank();
+    // Rank r sends r + 2 * peer + 1 elements to each peer, valued 100 r + 10 peer + i.
+    const auto count = [](int from, int to) { return std::int64_t{from + 2 * to + 1}; };
+    std::vector<std::int64_t> sends = {count(rank, 0), count(rank, 1)};
+    std::vector<std::int64_t> receives = {count(0, rank), count(1, rank)};
+    std::vector<float> input;
+    for (int to = 0; to < 2; ++to) {
+      for (std::int64_t i = 0; i < count(rank, to); ++i) {
+        input.push_back(static_cast<float>(100 * rank + 10 * to + i));
+      }
+    }
+    DeviceBuffer d_input = upload(input);
+    const std::size_t received = static_cast<std::size_t>(receives[0] + receives[1]);
+    DeviceBuffer d_output(received * sizeof(float));
+    communicator.all_to_all(d_input.data(), sends, d_output.data(), receives, DType::kFloat32);
+    const std::vector<float> got = download<float>(d_output, received);
+    std::size_t at = 0;
+    for (int from = 0; from < 2; ++from) {
+      for (std::int64_t i = 0; i < count(from, rank); ++i, ++at) {
+        EXPECT_EQ(got[at], static_cast<float>(100 * from + 10 * rank + i)) << "rank " << rank;
+      }
+    }
+    EXPECT_EQ(communicator.traffic().elements[static_cast<int>(Collective::kAllToAll)],
+              count(rank, 1 - rank));
+    // Each rank alone in its group.
+    const std::unique_ptr<Communicator> alone = communicator.split(rank, 0);
+    EXPECT_EQ(alone->size(), 1);
   });
 }
 
