@@ -51,6 +51,13 @@ ZEROSHARD_HOST_DEVICE constexpr std::int64_t quantized_bytes(std::int64_t count,
   return quant_codes_offset(count) + quant_code_bytes(count, bits);
 }
 
+/// quantized_bytes in whole 4-byte units, the padding after the codes included: what an encoding
+/// takes where encodings lie side by side, each with its scales 4-byte aligned, and what it takes
+/// on the wire, where the communicators, which have no byte type, move it as fp32 elements.
+ZEROSHARD_HOST_DEVICE constexpr std::int64_t quantized_units(std::int64_t count, QuantBits bits) {
+  return (quantized_bytes(count, bits) + 3) / 4;
+}
+
 namespace quant {
 
 ZEROSHARD_HOST_DEVICE inline std::uint32_t float_bits(float x) {

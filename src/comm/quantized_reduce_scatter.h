@@ -23,12 +23,6 @@ inline constexpr QuantBits kGradientWithinBits = QuantBits::kInt8;
 /// int8 would send 0.254x.
 inline constexpr QuantBits kGradientAcrossBits = QuantBits::kInt4;
 
-/// Fp32 units of one encoded piece on the wire: the communicators have no byte type, so a piece
-/// of `count` elements travels as quantized_bytes(count, bits) rounded up to 4 bytes.
-inline std::int64_t quantized_units(std::int64_t count, QuantBits bits) {
-  return (quantized_bytes(count, bits) + 3) / 4;
-}
-
 /// Bytes of the working memory one reduction of `counts` (elements of `dtype`) holds until it
 /// completes, on the rank at place `index` of group `group`, where members[g][i] is the world
 /// rank at place i of group g (NodeGroups::members): for the memory estimator.

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <vector>
 
-#include "comm/quantized_block_format.h"  // quantized_bytes, QuantBits
+#include "comm/quantized_block_format.h"  // quantized_units, QuantBits
 #include "precision/half_conversion.h"
 #include "util/check.h"
 
@@ -16,9 +16,7 @@ namespace {
 constexpr QuantBits kFrozenBits = QuantBits::kInt8;
 
 // Each encoding starts on 4 bytes: its fp32 scales come first.
-std::int64_t encoded_bytes(std::int64_t count) {
-  return (quantized_bytes(count, kFrozenBits) + 3) / 4 * 4;
-}
+std::int64_t encoded_bytes(std::int64_t count) { return quantized_units(count, kFrozenBits) * 4; }
 
 }  // namespace
 

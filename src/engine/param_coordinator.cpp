@@ -8,7 +8,7 @@
 #include <limits>
 
 #include "comm/node_groups.h"
-#include "comm/quantized_block_format.h"  // quantized_bytes, QuantBits
+#include "comm/quantized_block_format.h"  // quantized_units, QuantBits
 #include "comm/rank_counts.h"
 #include "util/check.h"
 
@@ -29,7 +29,7 @@ constexpr QuantBits kWeightBits = QuantBits::kInt8;
 std::vector<std::int64_t> encoded_units(const std::vector<std::int64_t>& counts) {
   std::vector<std::int64_t> units(counts.size());
   for (std::size_t r = 0; r < counts.size(); ++r) {
-    units[r] = (quantized_bytes(counts[r], kWeightBits) + 3) / 4;
+    units[r] = quantized_units(counts[r], kWeightBits);
   }
   return units;
 }

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <string>
 
-#include "comm/quantized_block_format.h"    // quantized_bytes
+#include "comm/quantized_block_format.h"    // quantized_units
 #include "comm/quantized_reduce_scatter.h"  // quantized_reduce_scatter_bytes
 #include "config/config_values.h"
 #include "engine/host_staging.h"  // host_staging_half_bytes
@@ -215,7 +215,7 @@ constexpr Rule kRules[] = {
      [](const Terms& t) -> std::int64_t {
        if (!t.in.quantized_nontrainable_weights || t.stage != 3) return t.d * t.in.frozen_params;
        if (t.in.frozen_params == 0) return 0;
-       return (detail::quantized_bytes(t.in.frozen_params, detail::QuantBits::kInt8) + 3) / 4 * 4;
+       return detail::quantized_units(t.in.frozen_params, detail::QuantBits::kInt8) * 4;
      },
      on_device},
     // Gradients: whole below stage 2 (model precision); from stage 2 the reduced shard, which
@@ -444,7 +444,7 @@ BucketExtent bucket_extent(const EstimateInput& in, const detail::ShardLayout& l
 std::int64_t encoded_gather_bytes(const EstimateInput& in, const detail::ShardLayout& layout,
                                   std::int64_t largest) {
   const auto padded = [](std::int64_t count) {
-    return (detail::quantized_bytes(count, detail::QuantBits::kInt8) + 3) / 4 * 4;
+    return detail::quantized_units(count, detail::QuantBits::kInt8) * 4;
   };
   std::int64_t bytes = 4;
   if (in.tensors.empty()) {
