@@ -83,6 +83,20 @@ bool swaps_optimizer(const EstimateInput& in) {
   return in.offload_optimizer == OffloadDevice::kNvme;
 }
 
+/// Calls visit(numel, kept_whole) for each of `in.tensors` in registration order, kept_whole when
+/// stage 3 keeps the tensor whole on every rank, as the engine chooses: below
+/// stage3_param_persistence_threshold, up to model_persistence_threshold elements in all.
+template <class Visit>
+void for_each_tensor(const EstimateInput& in, Visit visit) {
+  std::int64_t kept = 0;
+  for (std::int64_t numel : in.tensors) {
+    const bool whole =
+        numel < in.param_persistence_threshold && kept + numel <= in.model_persistence_threshold;
+    if (whole) kept += numel;
+    visit(numel, whole);
+  }
+}
+
 /// The quantities every rule is written in.
 struct Terms {
   const EstimateInput& in;
@@ -138,16 +152,9 @@ struct Terms {
     if (stage != 3 || k <= 1) return 0;
     if (in.tensors.empty()) return (in.params - persistent + k - 1) / k;
     std::int64_t total = 0;
-    std::int64_t kept_whole = 0;
-    for (std::int64_t numel : in.tensors) {
-      // persistent_elements' rule: these tensors are never gathered.
-      if (numel < in.param_persistence_threshold &&
-          kept_whole + numel <= in.model_persistence_threshold) {
-        kept_whole += numel;
-        continue;
-      }
-      total += (numel + k - 1) / k;
-    }
+    for_each_tensor(in, [&](std::int64_t numel, bool kept_whole) {
+      if (!kept_whole) total += (numel + k - 1) / k;
+    });
     return total;
   }
   /// offload_param nvme: shard elements past max_in_cpu, in the parameter swap file.
@@ -436,7 +443,6 @@ BucketExtent bucket_extent(const EstimateInput& in, const detail::ShardLayout& l
   return extent;
 }
 
-/// Stage 3's choice of persistent tensors, in registration order, as the engine makes it.
 // qwZ: the bytes of the engine's encoded area for one gather of the largest tensor, taken as the
 // largest module (param_coordinator.cpp start_gather): a non-finite counter (4 bytes), then each
 // rank's int8 encoding of its piece padded to 4 bytes. Exact with the tensors' layout; without
@@ -486,14 +492,13 @@ std::int64_t quantized_reduction_bytes(const EstimateInput& in, const detail::Sh
   return most;
 }
 
+/// Stage 3's persistent elements: of the tensors kept whole when the tensors are known.
 std::int64_t persistent_elements(const EstimateInput& in) {
   if (in.tensors.empty()) return in.persistent_params;
   std::int64_t total = 0;
-  for (std::int64_t numel : in.tensors) {
-    if (numel < in.param_persistence_threshold && total + numel <= in.model_persistence_threshold) {
-      total += numel;
-    }
-  }
+  for_each_tensor(in, [&](std::int64_t numel, bool kept_whole) {
+    if (kept_whole) total += numel;
+  });
   return total;
 }
 
