@@ -40,45 +40,39 @@ void check_offload_devices(const ZeroConfig& zero) {
                         "parameters in CPU memory with \"cpu\"");
 }
 
-// qwZ quantizes stage 3's parameter gathers; below stage 3 every rank holds the whole parameters
-// and there is no gather to quantize.
-void check_quantized_weights(const ZeroConfig& zero) {
-  if (!zero.quantized_weights || zero.stage == 3) return;
-  throw ConfigError("zero_optimization.zero_quantized_weights",
-                    "got true at zero_optimization.stage " + std::to_string(zero.stage) +
-                        "; quantized weight gathers need stage 3: set the stage to 3, or remove "
-                        "the key");
-}
-
-// Below stage 3 the model reads frozen parameters whenever it likes, with no gather to decode
-// them in, so they would have to stay decoded and nothing would be saved.
-void check_quantized_nontrainable_weights(const ZeroConfig& zero) {
-  if (!zero.quantized_nontrainable_weights || zero.stage == 3) return;
-  throw ConfigError("zero_optimization.zero_quantized_nontrainable_weights",
-                    "got true at zero_optimization.stage " + std::to_string(zero.stage) +
-                        "; frozen weights are decoded when their module is gathered, which needs "
-                        "stage 3: set the stage to 3, or remove the key");
-}
-
-// hpZ keeps a secondary partition of stage 3's gathered parameters; below stage 3 nothing is
-// gathered per module.
-void check_hpz(const ZeroConfig& zero) {
-  if (zero.hpz_partition_size == 1 || zero.stage == 3) return;
-  throw ConfigError("zero_optimization.zero_hpz_partition_size",
-                    "got " + std::to_string(zero.hpz_partition_size) +
-                        " at zero_optimization.stage " + std::to_string(zero.stage) +
-                        "; the secondary parameter partition needs stage 3: set the stage to 3, "
-                        "or set the key to 1");
-}
-
-// qgZ quantizes stage 3's gradient reduce-scatter; DeepSpeed offers it at stage 3 only, and
-// below it the engine's reductions keep their fp32 or 16-bit reduce-scatter.
-void check_quantized_gradients(const ZeroConfig& zero) {
-  if (!zero.quantized_gradients || zero.stage == 3) return;
-  throw ConfigError("zero_optimization.zero_quantized_gradients",
-                    "got true at zero_optimization.stage " + std::to_string(zero.stage) +
-                        "; quantized gradient reduction needs stage 3: set the stage to 3, or "
-                        "remove the key");
+// The ZeRO++ keys work on what only stage 3 has: qwZ quantizes its per-module parameter gathers,
+// the frozen weights are decoded when their module is gathered (below stage 3 the model reads
+// them whenever it likes, so they would stay decoded and nothing would be saved), hpZ keeps a
+// secondary partition of the gathered parameters, and qgZ quantizes the gradient reduce-scatter
+// (DeepSpeed offers it at stage 3 only).
+void check_stage_three_keys(const ZeroConfig& zero) {
+  if (zero.stage == 3) return;
+  struct StageThreeKey {
+    bool set;
+    const char* name;
+    std::string value;
+    const char* needs;
+    const char* off;
+  };
+  const StageThreeKey keys[] = {
+      {zero.quantized_weights, "zero_quantized_weights", "true",
+       "quantized weight gathers need stage 3", "remove the key"},
+      {zero.quantized_nontrainable_weights, "zero_quantized_nontrainable_weights", "true",
+       "frozen weights are decoded when their module is gathered, which needs stage 3",
+       "remove the key"},
+      {zero.hpz_partition_size != 1, "zero_hpz_partition_size",
+       std::to_string(zero.hpz_partition_size), "the secondary parameter partition needs stage 3",
+       "set the key to 1"},
+      {zero.quantized_gradients, "zero_quantized_gradients", "true",
+       "quantized gradient reduction needs stage 3", "remove the key"},
+  };
+  for (const StageThreeKey& key : keys) {
+    if (!key.set) continue;
+    throw ConfigError(std::string("zero_optimization.") + key.name,
+                      "got " + key.value + " at zero_optimization.stage " +
+                          std::to_string(zero.stage) + "; " + key.needs +
+                          ": set the stage to 3, or " + key.off);
+  }
 }
 
 void check_super_offload(const OffloadConfig& offload) {
@@ -164,10 +158,7 @@ void check_aio(const AioConfig& aio) {
 void check_config(const Config& config) {
   check_offload_devices(config.zero_optimization);
   check_super_offload(config.zero_optimization.offload_optimizer);
-  check_quantized_weights(config.zero_optimization);
-  check_quantized_nontrainable_weights(config.zero_optimization);
-  check_hpz(config.zero_optimization);
-  check_quantized_gradients(config.zero_optimization);
+  check_stage_three_keys(config.zero_optimization);
   check_aio(config.aio);
   check_gradient_types(config);
   check_rule_and_schedule(config);
