@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -665,17 +666,36 @@ TEST(ConfigValidation, DeprecatedAndNewNameTogether) {
                 "zero_optimization.stage3_gather_16bit_weights_on_model_save, its new name"));
 }
 
-TEST(ConfigValidation, HpzIsAcceptedAtStageThreeOnly) {
-  const Config config = Config::from_json_string(
-      R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "zero_hpz_partition_size": 8}})");
-  EXPECT_EQ(config.zero_optimization.hpz_partition_size, 8);
-  for (int stage : {0, 1, 2}) {
-    ConfigError error = config_error(R"({"train_batch_size": 8, "zero_optimization": {"stage": )" +
-                                     std::to_string(stage) + R"(, "zero_hpz_partition_size": 2}})");
-    EXPECT_EQ(error.key_path(), "zero_optimization.zero_hpz_partition_size") << stage;
-    EXPECT_THAT(error.what(), HasSubstr("needs stage 3")) << stage;
+TEST(ConfigValidation, ZeroPlusPlusKeysAreAcceptedAtStageThreeOnly) {
+  struct StageThreeKey {
+    const char* name;
+    const char* value;
+    std::function<bool(const ZeroConfig&)> taken;
+    const char* needs;
+  };
+  const StageThreeKey keys[] = {
+      {"zero_hpz_partition_size", "8",
+       [](const ZeroConfig& zero) { return zero.hpz_partition_size == 8; }, "needs stage 3"},
+      {"zero_quantized_gradients", "true",
+       [](const ZeroConfig& zero) { return zero.quantized_gradients; }, "needs stage 3"},
+      {"zero_quantized_weights", "true",
+       [](const ZeroConfig& zero) { return zero.quantized_weights; }, "need stage 3"},
+      {"zero_quantized_nontrainable_weights", "true",
+       [](const ZeroConfig& zero) { return zero.quantized_nontrainable_weights; }, "needs stage 3"},
+  };
+  for (const StageThreeKey& key : keys) {
+    const auto json = [&key](int stage) {
+      return R"({"train_batch_size": 8, "zero_optimization": {"stage": )" + std::to_string(stage) +
+             R"(, ")" + key.name + R"(": )" + key.value + "}}";
+    };
+    EXPECT_TRUE(key.taken(Config::from_json_string(json(3)).zero_optimization)) << key.name;
+    for (int stage : {0, 1, 2}) {
+      ConfigError error = config_error(json(stage));
+      EXPECT_EQ(error.key_path(), std::string("zero_optimization.") + key.name) << stage;
+      EXPECT_THAT(error.what(), HasSubstr(key.needs)) << key.name << ", stage " << stage;
+    }
   }
-  // Below stage 3, 1 (off, the default) is accepted.
+  // Below stage 3, hpZ's 1 (off, the default) is accepted; 0 is refused at any stage.
   EXPECT_EQ(Config::from_json_string(R"({"train_batch_size": 8, "zero_optimization": )"
                                      R"({"stage": 2, "zero_hpz_partition_size": 1}})")
                 .zero_optimization.hpz_partition_size,
@@ -684,46 +704,6 @@ TEST(ConfigValidation, HpzIsAcceptedAtStageThreeOnly) {
                          R"({"stage": 3, "zero_hpz_partition_size": 0}})")
                 .key_path(),
             "zero_optimization.zero_hpz_partition_size");
-}
-
-TEST(ConfigValidation, QuantizedGradientsAreAcceptedAtStageThreeOnly) {
-  const Config config = Config::from_json_string(
-      R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "zero_quantized_gradients": true}})");
-  EXPECT_TRUE(config.zero_optimization.quantized_gradients);
-  for (int stage : {0, 1, 2}) {
-    ConfigError error =
-        config_error(R"({"train_batch_size": 8, "zero_optimization": {"stage": )" +
-                     std::to_string(stage) + R"(, "zero_quantized_gradients": true}})");
-    EXPECT_EQ(error.key_path(), "zero_optimization.zero_quantized_gradients") << stage;
-    EXPECT_THAT(error.what(), HasSubstr("needs stage 3")) << stage;
-  }
-}
-
-TEST(ConfigValidation, QuantizedWeightsAreAcceptedAtStageThreeOnly) {
-  const Config config = Config::from_json_string(
-      R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "zero_quantized_weights": true}})");
-  EXPECT_TRUE(config.zero_optimization.quantized_weights);
-  for (int stage : {0, 1, 2}) {
-    ConfigError error =
-        config_error(R"({"train_batch_size": 8, "zero_optimization": {"stage": )" +
-                     std::to_string(stage) + R"(, "zero_quantized_weights": true}})");
-    EXPECT_EQ(error.key_path(), "zero_optimization.zero_quantized_weights") << stage;
-    EXPECT_THAT(error.what(), HasSubstr("need stage 3")) << stage;
-  }
-}
-
-TEST(ConfigValidation, QuantizedNontrainableWeightsAreAcceptedAtStageThreeOnly) {
-  const Config config =
-      Config::from_json_string(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, )"
-                               R"("zero_quantized_nontrainable_weights": true}})");
-  EXPECT_TRUE(config.zero_optimization.quantized_nontrainable_weights);
-  for (int stage : {0, 1, 2}) {
-    ConfigError error =
-        config_error(R"({"train_batch_size": 8, "zero_optimization": {"stage": )" +
-                     std::to_string(stage) + R"(, "zero_quantized_nontrainable_weights": true}})");
-    EXPECT_EQ(error.key_path(), "zero_optimization.zero_quantized_nontrainable_weights") << stage;
-    EXPECT_THAT(error.what(), HasSubstr("needs stage 3")) << stage;
-  }
 }
 
 TEST(ConfigValidation, UnimplementedPrecisionFlagsAreRefused) {
