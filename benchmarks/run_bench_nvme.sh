@@ -3,7 +3,10 @@
 # offsets, block size and queue depth, alternating them for --rounds rounds (a shared machine's
 # noise hits both alike), and prints each round and the medians with the swapper's share of fio.
 # usage: benchmarks/run_bench_nvme.sh [--build DIR] [--path DIR] [--size 4G] [--block-size 1M]
-#                                     [--queue-depth 8] [--record-size 64M] [--rounds 3] [--sqpoll]
+#                                     [--queue-depth 8] [--record-size 64M] [--buffers 2]
+#                                     [--rounds 3] [--sqpoll]
+# --buffers sets the swapper's requests in flight, each in a buffer of its own; the memory its I/O
+# cycles through is buffers x record size, against fio's depth x block size.
 set -euo pipefail
 
 build=build
@@ -12,6 +15,7 @@ size=4G
 block_size=1M
 queue_depth=8
 record_size=64M
+buffers=2
 rounds=3
 sqpoll=()
 while (($#)); do
@@ -22,6 +26,7 @@ while (($#)); do
     --block-size) block_size=$2; shift 2 ;;
     --queue-depth) queue_depth=$2; shift 2 ;;
     --record-size) record_size=$2; shift 2 ;;
+    --buffers) buffers=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --sqpoll) sqpoll=(--sqpoll); shift ;;
     *) echo "run_bench_nvme.sh: unknown option $1" >&2; exit 2 ;;
@@ -82,7 +87,8 @@ for ((round = 1; round <= rounds; ++round)); do
   # The swapper writes then reads every record and keeps the file; fio then writes and reads the
   # same records of it.
   out=$("$bench" --path "$path" --size $((records * slot_bytes)) --slot-bytes "$slot_bytes" \
-          --block-size "$block_size" --queue-depth "$queue_depth" --keep "${sqpoll[@]}")
+          --block-size "$block_size" --queue-depth "$queue_depth" --buffers "$buffers" --keep \
+          "${sqpoll[@]}")
   if ((round == 1)); then
     echo "$out" | head -1
     fixedbufs=1 registerfiles=1 sqthread_poll=0
@@ -103,7 +109,7 @@ for ((round = 1; round <= rounds; ++round)); do
     "$(ratio "${sw[-1]}" "${fw[-1]}")" "${sr[-1]}" "${fr[-1]}" "$(ratio "${sr[-1]}" "${fr[-1]}")"
 done
 
-echo "medians of $rounds rounds, GB/s (1e9 bytes/s), $records records of $record_size, block $block_size, depth $queue_depth:"
+echo "medians of $rounds rounds, GB/s (1e9 bytes/s), $records records of $record_size, block $block_size, depth $queue_depth, $buffers swapper buffers:"
 printf '%-8s %14s %10s %8s\n' op "swapper GB/s" "fio GB/s" ratio
 awk -v s="$(median "${sw[@]}")" -v f="$(median "${fw[@]}")" \
   'BEGIN { printf "%-8s %14.3f %10.3f %7.1f%%\n", "write", s, f, 100 * s / f }'
