@@ -1,12 +1,12 @@
 // The CPU AdamW against the memory system's limit, in one run: every path the CPU has (AVX-512,
 // AVX2, scalar) beside a streaming kernel that moves the same 28 bytes per parameter (reads p, g,
 // m, v; writes p, m, v) with one add and no other arithmetic, at 1 and 2 OpenMP threads. The
-// fused bf16 step (bf16 gradient in, scaled by a factor, bf16 copy of the weights out) also moves
-// 28 bytes per parameter (reads p 4, g 2, m v 8; writes p m v 12, the copy 2) and is set beside a
-// streaming kernel that moves those. Google Benchmark's rows come first; then each update and its
-// stream run alternately, round after round, and the median ratio goes to stderr.
-// ZEROSHARD_BENCH_PARAMS sets the size (default 100M), ZEROSHARD_BENCH_ROUNDS the alternated
-// rounds (default 9; 0 skips them).
+// fused 16-bit steps (a bf16 or fp16 gradient in, scaled by a factor, a copy of the weights in
+// the same type out) also move 28 bytes per parameter (reads p 4, g 2, m v 8; writes p m v 12,
+// the copy 2) and are set beside a streaming kernel that moves those. Google Benchmark's rows come
+// first; then each update and its stream run alternately, round after round, and the median ratio
+// goes to stderr. ZEROSHARD_BENCH_PARAMS sets the size (default 100M), ZEROSHARD_BENCH_ROUNDS the
+// alternated rounds (default 9; 0 skips them).
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
@@ -31,8 +31,8 @@ using zeroshard::bench::median;
 
 namespace cpu = zeroshard::detail::cpu_optimizer;
 
-// Both the fp32 step and the fused bf16 step: 4 + 4 + 8 read and 12 written, or 4 + 2 + 8 read
-// and 12 + 2 written.
+// Both the fp32 step and the fused 16-bit steps: 4 + 4 + 8 read and 12 written, or 4 + 2 + 8
+// read and 12 + 2 written.
 constexpr std::int64_t kAdamWBytesPerParam = 28;
 
 // Page-aligned arrays, first touched by the OpenMP team so that their pages spread like the
@@ -98,19 +98,21 @@ void adamw_pass(cpu::Isa isa, Arrays& a, int threads) {
             kAdamWScalars, false);
 }
 
-// The engine's mixed-precision step in one pass: bf16 gradient in (with a loss-scale and
-// clipping factor), fp32 master and states updated, bf16 copy of the weights out.
-void fused_bf16_pass(cpu::Isa isa, Arrays& a, int threads) {
+// The engine's mixed-precision step in one pass: a 16-bit gradient in (with a loss-scale and
+// clipping factor), fp32 master and states updated, a copy of the weights in the same 16-bit type
+// out. The arrays hold bf16 bit patterns, which read as fp16 are finite values of the same order
+// (0x3A83 and up: 0.75 and up).
+void fused_16bit_pass(cpu::Isa isa, Arrays& a, int threads, zeroshard::DType dtype) {
   float* states[] = {a.exp_avg.get(), a.exp_avg_sq.get()};
   omp_set_num_threads(threads);
   cpu::adam(isa,
             {.param = a.param.get(),
              .grad = a.grad_bf16.get(),
              .states = states,
-             .grad_dtype = zeroshard::DType::kBFloat16,
+             .grad_dtype = dtype,
              .grad_factor = 1.0f / 1024.0f * 0.37f,
              .param_copy = a.param_bf16.get(),
-             .param_copy_dtype = zeroshard::DType::kBFloat16},
+             .param_copy_dtype = dtype},
             a.n, kAdamWScalars, false);
 }
 
@@ -135,8 +137,8 @@ void stream_pass(Arrays& a, int threads) {
   }
 }
 
-// The bytes of the fused bf16 step: reads p, a bf16 g, m, v; writes p, m, v and a bf16 copy of p
-// (truncated, the least arithmetic that writes it).
+// The bytes of the fused 16-bit steps: reads p, a 16-bit g, m, v; writes p, m, v and a 16-bit copy
+// of p (bf16, truncated: the least arithmetic that writes it).
 void stream_bf16_pass(Arrays& a, int threads) {
   const std::int64_t n = a.n;
   float* __restrict p = a.param.get();
@@ -245,10 +247,16 @@ int main(int argc, char** argv) {
       const Pass ours = [&a, isa, threads] { adamw_pass(isa, a, threads); };
       register_row(name, n, ours);
       pairings.push_back({name, ours, stream});
-      const std::string fused = std::string("BM_CpuAdamWFusedBf16_") + cpu::to_string(isa) + suffix;
-      const Pass ours_fused = [&a, isa, threads] { fused_bf16_pass(isa, a, threads); };
-      register_row(fused, n, ours_fused);
-      pairings.push_back({fused, ours_fused, stream_bf16});
+      for (const auto& [type_name, dtype] : {std::pair{"Bf16", zeroshard::DType::kBFloat16},
+                                             std::pair{"Fp16", zeroshard::DType::kFloat16}}) {
+        const std::string fused =
+            std::string("BM_CpuAdamWFused") + type_name + "_" + cpu::to_string(isa) + suffix;
+        const Pass ours_fused = [&a, isa, threads, dtype] {
+          fused_16bit_pass(isa, a, threads, dtype);
+        };
+        register_row(fused, n, ours_fused);
+        pairings.push_back({fused, ours_fused, stream_bf16});
+      }
     }
   }
   benchmark::RunSpecifiedBenchmarks();

@@ -346,6 +346,105 @@ TEST_P(CpuOptimizerFusedPaths, EqualThreePassesOnAShardSplitOverThreads) {
   }
 }
 
+// Adam with no step (step_size 0, no decay) writes the copy of weights it leaves unchanged, so the
+// copy is the conversion alone of the weights it returns: every path must give
+// half_conversion.cpp's bits for weights sampled across all float bit patterns (an odd stride, so
+// every exponent and many mantissas), plus the edges of each type's rounding: ties, the last finite
+// value, the subnormal range and its boundary, infinities, NaNs with payloads, signed zeros.
+TEST_P(CpuOptimizerFusedPaths, FusedCopiesAreHalfConversionsOfEveryKindOfWeight) {
+  const Isa isa = GetParam();
+  if (!supported(isa)) GTEST_SKIP() << "this CPU has no " << to_string(isa) << " path";
+  std::vector<float> weights;
+  for (std::uint64_t bits = 0; bits < (std::uint64_t{1} << 32); bits += 65537) {
+    weights.push_back(std::bit_cast<float>(static_cast<std::uint32_t>(bits)));
+  }
+  for (std::uint32_t edge :
+       {0x477FE000u, 0x477FEFFFu, 0x477FF000u, 0x477FF001u, 0x7F7FFFFFu, 0x7F800000u, 0x7F800001u,
+        0x7FC00000u, 0x7FA01234u, 0x38800000u, 0x387FFFFFu, 0x387FF000u, 0x33800000u, 0x33000000u,
+        0x33000001u, 0x33C00000u, 0x34200000u, 0x00000001u, 0x80000000u, 0x00000000u, 0x3F808000u,
+        0x3F818000u, 0x3F807FFFu, 0x3F800FFFu, 0x3F801000u, 0x3F803000u}) {
+    weights.push_back(std::bit_cast<float>(edge));
+    weights.push_back(std::bit_cast<float>(edge | 0x80000000u));
+  }
+  const auto n = static_cast<std::int64_t>(weights.size());
+  const std::vector<float> grad(weights.size(), 0.0f);
+  const AdamScalars no_step{.weight_factor = 1.0f,
+                            .l2 = 0.0f,
+                            .beta1 = 0.9f,
+                            .one_minus_beta1 = 0.1f,
+                            .beta2 = 0.999f,
+                            .one_minus_beta2 = 1.0f - 0.999f,
+                            .step_size = 0.0f,
+                            .inv_bias_correction2_sqrt = 1.0f,
+                            .eps = 1e-8f};
+  for (DType copy_dtype : {DType::kFloat16, DType::kBFloat16}) {
+    std::vector<float> param = weights;
+    std::vector<float> exp_avg(weights.size(), 0.0f);
+    std::vector<float> exp_avg_sq(weights.size(), 0.0f);
+    float* states[] = {exp_avg.data(), exp_avg_sq.data()};
+    std::vector<std::uint16_t> copy(weights.size(), 0xA5A5);
+    adam(isa,
+         {.param = param.data(),
+          .grad = grad.data(),
+          .states = states,
+          .param_copy = copy.data(),
+          .param_copy_dtype = copy_dtype},
+         n, no_step, false);
+    // The weights as the update left them: the same bits but for infinities, which 0 * inf in
+    // the decay term turns into NaN.
+    std::vector<std::uint16_t> expected(weights.size());
+    convert_from_float_portable(param.data(), expected.data(), copy_dtype, n);
+    const std::int64_t at = first_difference(copy.data(), expected.data(), n, 2);
+    EXPECT_EQ(at, -1) << to_string(copy_dtype) << " copy on " << to_string(isa)
+                      << ": weight bits 0x" << std::hex
+                      << (at < 0 ? 0u : std::bit_cast<std::uint32_t>(weights[at])) << " gave 0x"
+                      << (at < 0 ? 0 : copy[at]) << ", expected 0x" << (at < 0 ? 0 : expected[at]);
+  }
+}
+
+// Every 16-bit pattern as a gradient, read by Adam with beta1 0: the first moment is then
+// 0 * m + 1 * g of the widened gradient, which the test computes from half_conversion.cpp's
+// widening with the same two operations (they turn -0 into +0 and quiet a NaN alike).
+TEST_P(CpuOptimizerFusedPaths, FusedGradientsAreHalfConversionsOfEveryPattern) {
+  const Isa isa = GetParam();
+  if (!supported(isa)) GTEST_SKIP() << "this CPU has no " << to_string(isa) << " path";
+  constexpr std::int64_t n = 65536;
+  std::vector<std::uint16_t> patterns(n);
+  for (std::int64_t i = 0; i < n; ++i) patterns[i] = static_cast<std::uint16_t>(i);
+  const AdamScalars first_moment_is_the_gradient{.weight_factor = 1.0f,
+                                                 .l2 = 0.0f,
+                                                 .beta1 = 0.0f,
+                                                 .one_minus_beta1 = 1.0f,
+                                                 .beta2 = 0.999f,
+                                                 .one_minus_beta2 = 1.0f - 0.999f,
+                                                 .step_size = 1e-3f,
+                                                 .inv_bias_correction2_sqrt = 1.0f,
+                                                 .eps = 1e-8f};
+  for (DType grad_dtype : {DType::kFloat16, DType::kBFloat16}) {
+    std::vector<float> param(n, 0.5f);
+    std::vector<float> exp_avg(n, 0.25f);
+    std::vector<float> exp_avg_sq(n, 0.0f);
+    float* states[] = {exp_avg.data(), exp_avg_sq.data()};
+    std::vector<std::uint16_t> copy(n);
+    std::vector<std::uint16_t> grad = patterns;
+    adam(isa,
+         {.param = param.data(),
+          .grad = grad.data(),
+          .states = states,
+          .grad_dtype = grad_dtype,
+          .param_copy = copy.data(),
+          .param_copy_dtype = grad_dtype},
+         n, first_moment_is_the_gradient, false);
+    std::vector<float> widened(n);
+    convert_to_float_portable(patterns.data(), grad_dtype, widened.data(), n);
+    std::vector<float> expected(n);
+    for (std::int64_t i = 0; i < n; ++i) expected[i] = 0.0f * 0.25f + 1.0f * widened[i];
+    const std::int64_t at = first_difference(exp_avg.data(), expected.data(), n, sizeof(float));
+    EXPECT_EQ(at, -1) << to_string(grad_dtype) << " gradient on " << to_string(isa)
+                      << ": pattern 0x" << std::hex << at;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Isas, CpuOptimizerFusedPaths,
                          ::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512),
                          [](const auto& info) { return std::string(to_string(info.param)); });
