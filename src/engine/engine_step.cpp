@@ -201,9 +201,24 @@ void EngineState::apply_update(float grad_factor, const GroupContexts& contexts)
   if (failed == 0.0f) return;
   const std::string first = failure_on_any_rank(failure);
   params_store_->roll_back_update();
-  if (updating) optimizer_->roll_back_update();
+  // Going back reads the records current before the step. The step did not read those of the
+  // sub-groups the step before left in the buffers, so damage to them on disk shows only here.
+  std::exception_ptr lost;
+  try {
+    if (updating) optimizer_->roll_back_update();
+  } catch (...) {
+    lost = std::current_exception();
+  }
+  const std::string unrestored = failure_on_any_rank(lost);
   zero_grad();
-  throw IoError("step " + std::to_string(global_step_ + 1) + " failed on " + first +
+  const std::string step_failed =
+      "step " + std::to_string(global_step_ + 1) + " failed on " + first;
+  if (!unrestored.empty()) {
+    throw IoError(step_failed + "; going back to the step's start failed too, on " + unrestored +
+                  ": that rank's master weights and optimizer states before the step are lost "
+                  "and its parameters may hold part of the update: load the last checkpoint");
+  }
+  throw IoError(step_failed +
                 "; the update was not applied on any rank (parameters and optimizer states are "
                 "as before the step, this window's gradients are dropped): fix the cause and go "
                 "on training, or load the last checkpoint");
