@@ -1,11 +1,12 @@
-// SwappedArrays: the tile ring of a pass (reads ahead, writes behind, on the pass's I/O thread),
-// its roll-back through the swappers' A/B records, and the one-tile cache for element access
-// between passes.
+// SwappedArrays: the tile ring of a pass (reads ahead, writes behind, on the pass's I/O thread,
+// in alternating directions), its roll-back through the swappers' A/B records, and the buffers as
+// a cache for element access between passes.
 #include "swapped_arrays.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <utility>
 
 #include "zeroshard/error.h"
 
@@ -30,7 +31,8 @@ SwappedArrays::SwappedArrays(const SwappedArraysOptions& options)
       tile_count_(std::max<std::int64_t>(1, (options.elements + tile_ - 1) / tile_)),
       buffer_count_(std::max(1, options.buffer_count)),
       pipeline_read_(options.pipeline_read),
-      pipeline_write_(options.pipeline_write) {
+      pipeline_write_(options.pipeline_write),
+      alternate_(options.alternate) {
   for (const SwappedArrayFile& spec : options.files) {
     NvmeSwapperOptions swapper;
     swapper.directory = options.directory;
@@ -48,6 +50,7 @@ SwappedArrays::SwappedArrays(const SwappedArraysOptions& options)
     array_count_ += spec.arrays;
   }
   pointers_.resize(static_cast<std::size_t>(array_count_));
+  held_.assign(static_cast<std::size_t>(buffer_count_), -1);
   reads_.resize(static_cast<std::size_t>(buffer_count_));
   writes_.resize(static_cast<std::size_t>(buffer_count_));
 }
@@ -107,6 +110,12 @@ void SwappedArrays::start_read(std::int64_t tile) {
   free_buffer(buffer);
   auto& tickets = reads_[static_cast<std::size_t>(buffer)];
   tickets.assign(files_.size(), SwapTicket{});
+  std::int64_t& held = held_[static_cast<std::size_t>(buffer)];
+  // The buffer holds what the record holds: its checksum was checked when it was read, or it is
+  // what was written. Nothing of the disk is taken without a check either way.
+  if (held == tile) return;
+  // Until the read has landed and been checked, the buffer holds no tile.
+  held = -1;
   for (std::size_t f = 0; f < files_.size(); ++f) {
     NvmeSwapper& swapper = *files_[f].swapper;
     if (swapper.generation(tile) == 0) {
@@ -132,7 +141,7 @@ void SwappedArrays::start_write(std::int64_t tile) {
 
 void SwappedArrays::write_missing_tiles() {
   flush();
-  cached_tile_ = -1;
+  std::fill(held_.begin(), held_.end(), -1);  // the zeros below overwrite the buffers
   for (std::int64_t tile = 0; tile < tile_count_; ++tile) {
     const int buffer = buffer_of(tile);
     free_buffer(buffer);
@@ -154,15 +163,17 @@ void SwappedArrays::begin_pass() {
   // of an older pass.
   before_pass_.clear();
   flush();
-  cached_tile_ = -1;
   for (File& file : files_) before_pass_.push_back(file.swapper->snapshot());
+  // The last pass left its last tiles in the buffers: this one visits them first.
+  descending_ = alternate_ && !descending_;
   shared_ = PassShared{};
   io_thread_ = std::thread([this] { run_pass(); });
 }
 
 void SwappedArrays::run_pass() noexcept {
-  // Tiles below next_read have reads started, below read_done checked and handed over; likewise
-  // for writes. Only this thread touches the swappers until the caller joins it.
+  // Positions below next_read have reads started, below read_done checked and handed over;
+  // likewise for writes. Only this thread touches the swappers and held_ until the caller joins
+  // it.
   std::int64_t next_read = 0;
   std::int64_t read_done = 0;
   std::int64_t next_write = 0;
@@ -180,22 +191,25 @@ void SwappedArrays::run_pass() noexcept {
       if (asked.stop) return;
       bool progress = false;
       // Writes first: each frees a buffer for a read ahead.
-      for (; next_write < asked.released; ++next_write, progress = true) start_write(next_write);
-      // Tile t's buffer held tile t - buffer_count, which must be written before it is reused.
+      for (; next_write < asked.released; ++next_write, progress = true) {
+        start_write(pass_tile(next_write));
+      }
+      // Position p's buffer held position p - buffer_count's tile, which must be written before
+      // the buffer is reused.
       const std::int64_t readable =
           std::min({tile_count_, pipeline_read_ ? tile_count_ : asked.requested,
                     write_done + buffer_count_});
-      for (; next_read < readable; ++next_read, progress = true) start_read(next_read);
+      for (; next_read < readable; ++next_read, progress = true) start_read(pass_tile(next_read));
       for (File& file : files_) file.swapper->poll();
-      for (; write_done < next_write &&
-             tickets_done(writes_[static_cast<std::size_t>(buffer_of(write_done))].tickets);
-           ++write_done, progress = true) {
-        wait_write(writes_[static_cast<std::size_t>(buffer_of(write_done))]);
+      for (; write_done < next_write; ++write_done, progress = true) {
+        PendingWrite& write = writes_[static_cast<std::size_t>(buffer_of(pass_tile(write_done)))];
+        if (!tickets_done(write.tickets)) break;
+        wait_write(write);
       }
-      for (; read_done < next_read &&
-             tickets_done(reads_[static_cast<std::size_t>(buffer_of(read_done))]);
-           ++read_done, progress = true) {
-        wait_read(read_done);  // checks each record's checksum
+      for (; read_done < next_read; ++read_done, progress = true) {
+        const std::int64_t tile = pass_tile(read_done);
+        if (!tickets_done(reads_[static_cast<std::size_t>(buffer_of(tile))])) break;
+        wait_read(tile);  // checks each record's checksum
       }
       if (progress) {
         {
@@ -233,12 +247,13 @@ std::span<float* const> SwappedArrays::acquire(std::int64_t tile) {
     throw UsageError("swapped arrays: acquire(" + std::to_string(tile) +
                      ") outside a pass over tiles 0.." + std::to_string(tile_count_ - 1));
   }
+  const std::int64_t position = pass_position(tile);
   {
     std::lock_guard lock(mutex_);
-    shared_.requested = std::max(shared_.requested, tile + 1);
+    shared_.requested = std::max(shared_.requested, position + 1);
   }
   wake_.signal();
-  wait_for_pass([&] { return shared_.ready > tile; }, times_.read_wait);
+  wait_for_pass([&] { return shared_.ready > position; }, times_.read_wait);
   const int buffer = buffer_of(tile);
   for (int a = 0; a < array_count_; ++a) {
     pointers_[static_cast<std::size_t>(a)] = array_tile(a, buffer);
@@ -249,12 +264,15 @@ std::span<float* const> SwappedArrays::acquire(std::int64_t tile) {
 
 void SwappedArrays::release(std::int64_t tile) {
   times_.update += seconds_between(acquired_at_);
+  const std::int64_t position = pass_position(tile);
   {
     std::lock_guard lock(mutex_);
-    shared_.released = tile + 1;
+    shared_.released = position + 1;
   }
   wake_.signal();
-  if (!pipeline_write_) wait_for_pass([&] { return shared_.written > tile; }, times_.write_wait);
+  if (!pipeline_write_) {
+    wait_for_pass([&] { return shared_.written > position; }, times_.write_wait);
+  }
 }
 
 void SwappedArrays::end_pass() {
@@ -268,6 +286,13 @@ void SwappedArrays::end_pass() {
   io_thread_.join();
   times_.write_wait += seconds_between(start);
   if (shared_.failure) std::rethrow_exception(shared_.failure);
+  // Every write went through: each buffer holds the last tile the pass put in it, as written.
+  if (shared_.released < tile_count_) return;
+  for (std::int64_t position = std::max<std::int64_t>(0, tile_count_ - buffer_count_);
+       position < tile_count_; ++position) {
+    const std::int64_t tile = pass_tile(position);
+    held_[static_cast<std::size_t>(buffer_of(tile))] = tile;
+  }
 }
 
 void SwappedArrays::stop_pass() noexcept {
@@ -293,51 +318,54 @@ void SwappedArrays::roll_back_pass() noexcept {
   }
   for (auto& tickets : reads_) tickets.clear();
   for (PendingWrite& write : writes_) write = PendingWrite{};
-  cached_tile_ = -1;
-  cache_dirty_ = false;
+  // The pass changed the buffers; the records they came from are current again.
+  std::fill(held_.begin(), held_.end(), -1);
+  dirty_tile_ = -1;
 }
 
 void SwappedArrays::load_cache(std::int64_t tile) {
-  if (cached_tile_ == tile) return;
-  flush();
-  cached_tile_ = -1;
-  start_read(tile);
+  if (dirty_tile_ != tile) flush();
+  start_read(tile);  // nothing when the buffer holds the tile
   wait_read(tile);
-  cached_tile_ = tile;
+  held_[static_cast<std::size_t>(buffer_of(tile))] = tile;
 }
 
 void SwappedArrays::flush() {
-  if (!cache_dirty_) return;
-  start_write(cached_tile_);
-  cache_dirty_ = false;
-  wait_write(writes_[static_cast<std::size_t>(buffer_of(cached_tile_))]);
+  if (dirty_tile_ < 0) return;
+  const std::int64_t tile = std::exchange(dirty_tile_, -1);
+  std::int64_t& held = held_[static_cast<std::size_t>(buffer_of(tile))];
+  // A failed write leaves the buffer newer than the current record, which it then no longer is.
+  held = -1;
+  start_write(tile);
+  wait_write(writes_[static_cast<std::size_t>(buffer_of(tile))]);
+  held = tile;
 }
 
 template <class CopyPart>
 void SwappedArrays::for_each_cached_part(int array, std::int64_t offset, std::int64_t count,
-                                         CopyPart copy_part) {
+                                         bool changes, CopyPart copy_part) {
   for (std::int64_t done = 0; done < count;) {
     const std::int64_t tile = (offset + done) / tile_;
     const std::int64_t n = std::min(count - done, tile_end(tile) - (offset + done));
     load_cache(tile);
     copy_part(array_tile(array, buffer_of(tile)) + (offset + done - tile_begin(tile)), done,
               static_cast<std::size_t>(n) * sizeof(float));
+    if (changes) dirty_tile_ = tile;
     done += n;
   }
 }
 
 void SwappedArrays::read(int array, std::int64_t offset, float* out, std::int64_t count) {
-  for_each_cached_part(array, offset, count,
+  for_each_cached_part(array, offset, count, false,
                        [out](const float* in_tile, std::int64_t done, std::size_t bytes) {
                          std::memcpy(out + done, in_tile, bytes);
                        });
 }
 
 void SwappedArrays::write(int array, std::int64_t offset, const float* values, std::int64_t count) {
-  for_each_cached_part(array, offset, count,
-                       [this, values](float* in_tile, std::int64_t done, std::size_t bytes) {
+  for_each_cached_part(array, offset, count, true,
+                       [values](float* in_tile, std::int64_t done, std::size_t bytes) {
                          std::memcpy(in_tile, values + done, bytes);
-                         cache_dirty_ = true;
                        });
 }
 

@@ -53,6 +53,10 @@ OptimizerShard::OptimizerShard(const EngineContext& context, const UpdateRule& r
     swap.buffer_count = static_cast<int>(offload.buffer_count);
     swap.pipeline_read = offload.pipeline_read;
     swap.pipeline_write = offload.pipeline_write;
+    // A parameter file's roll-back needs each of its tiles written at most once per update, which
+    // holds when the update walks them in one direction: a descending pass, whose sub-groups are
+    // still walked upwards inside, could come back to a tile it already wrote back.
+    swap.alternate = !params_.swaps();
     swap.elements = owned;
     swap.tile = sub_group_;
     swap.files.push_back({"optimizer_master", 1, MemoryCategory::kMasterWeights});
@@ -383,14 +387,18 @@ void OptimizerShard::update(float grad_factor, const GroupContexts& contexts) {
 
 void OptimizerShard::update_swapped(const std::vector<Run>& all_runs, float grad_factor,
                                     const GroupContexts& contexts) {
-  written_until_ = owned_begin_;
+  written_begin_ = written_end_ = owned_begin_;
   swapped_->begin_pass();
-  auto run = all_runs.begin();
-  for (std::int64_t tile = 0; tile < swapped_->tile_count(); ++tile) {
+  // The pass visits the tiles ascending or descending, whichever keeps the last pass's tiles
+  // first; each element's update is its own, so the order changes no bit.
+  for (std::int64_t position = 0; position < swapped_->tile_count(); ++position) {
+    const std::int64_t tile = swapped_->pass_tile(position);
     const std::int64_t tile_begin = owned_begin_ + swapped_->tile_begin(tile);
     const std::int64_t tile_end = owned_begin_ + swapped_->tile_end(tile);
     const std::span<float* const> arrays = swapped_->acquire(tile);
-    while (run != all_runs.end() && run->begin < tile_end) {
+    auto run = std::partition_point(all_runs.begin(), all_runs.end(),
+                                    [&](const Run& r) { return r.end <= tile_begin; });
+    for (; run != all_runs.end() && run->begin < tile_end; ++run) {
       const std::int64_t first = std::max(run->begin, tile_begin);
       const std::int64_t last = std::min(run->end, tile_end);
       for (std::int64_t begin = first, end = first; begin < last; begin = end) {
@@ -401,12 +409,15 @@ void OptimizerShard::update_swapped(const std::vector<Run>& all_runs, float grad
         // update writes them in place, and fits a staging half when the write-back goes through
         // one. The swap I/O goes on meanwhile on the pass's own thread.
         end = std::min({last, begin + kWriteBackElements, params_.owned_run_end(begin)});
-        written_until_ = end;
+        // Tiles already visited lie on one side of this one; the span may take in the rest of
+        // this tile, whose parameters are still rounded from the master and are rounded again
+        // alike by a roll-back.
+        if (written_begin_ == written_end_) written_begin_ = written_end_ = begin;
+        written_begin_ = std::min(written_begin_, begin);
+        written_end_ = std::max(written_end_, end);
         update_sub_group(begin, end, run->first_param, run->offset_in_param + (begin - run->begin),
                          grad_factor, contexts, array_pointers_, true);
       }
-      if (run->end > tile_end) break;  // the run goes on in the next tile
-      ++run;
     }
     swapped_->release(tile);
   }
@@ -419,8 +430,8 @@ void OptimizerShard::roll_back_update() {
   swapped_->roll_back_pass();
   // The records read back are those this pass read a moment ago; the parameters it wrote are
   // rounded from them again (the model-precision copy is always the rounded master).
-  refresh_params(owned_begin_, written_until_);
-  written_until_ = owned_begin_;
+  refresh_params(written_begin_, written_end_);
+  written_begin_ = written_end_ = owned_begin_;
 }
 
 void OptimizerShard::update_sub_group(std::int64_t begin, std::int64_t end, int param,

@@ -196,8 +196,10 @@ class OptimizerShard final : public ReducedGradientSink {
   std::vector<float*> array_pointers_;
   /// offload_optimizer.device nvme: master (array 0) and states (1 + k) in swap files.
   std::unique_ptr<SwappedArrays> swapped_;
-  /// The last update() wrote the model-precision copy of [owned_begin_, written_until_).
-  std::int64_t written_until_ = 0;
+  /// The last update() wrote the model-precision copy of elements within [written_begin_,
+  /// written_end_).
+  std::int64_t written_begin_ = 0;
+  std::int64_t written_end_ = 0;
   /// super_offload: the update thread, and the master (0) and states (1 + k) it writes.
   std::unique_ptr<WorkThread> update_thread_;
   std::vector<TrackedBuffer> next_arrays_;
