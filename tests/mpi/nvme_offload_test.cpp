@@ -14,6 +14,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -236,6 +237,92 @@ TEST(NvmeOffloadPipeline, EveryDepthGivesTheBitsOfResidentTraining) {
         << "buffer_count " << shape.buffers << ", pipeline_read " << shape.read_ahead
         << ", pipeline_write " << shape.write_behind;
     EXPECT_EQ(nvme.model_bytes(), expected_model) << "buffer_count " << shape.buffers;
+  }
+}
+
+/// Every array of the optimizer shard (the master, then each state) over the owned range, read
+/// through the engine: from host memory, or from the swap files and the buffers that cache them.
+std::vector<std::vector<float>> optimizer_arrays(Engine& engine) {
+  detail::OptimizerShard& shard = *detail::EngineInternals::state(engine).optimizer_;
+  std::vector<std::vector<float>> arrays(static_cast<std::size_t>(shard.array_count()));
+  const std::int64_t count = shard.owned_end() - shard.owned_begin();
+  for (int a = 0; a < shard.array_count(); ++a) {
+    arrays[static_cast<std::size_t>(a)].resize(static_cast<std::size_t>(count));
+    shard.read_owned(a, shard.owned_begin(), arrays[static_cast<std::size_t>(a)].data(), count);
+  }
+  return arrays;
+}
+
+// Steps alternate the direction of their pass and do not read again the sub-groups the step
+// before left in the buffers. Over seven steps, with a checkpoint saved and loaded back in the
+// middle (which reads and writes through those buffers) and an fp16 step skipped for overflow
+// (which runs no pass), master, states and the model's values stay the resident optimizer's, bit
+// for bit, after every step.
+TEST(NvmeOffloadPipeline, AlternatingPassesKeepTheBitsAcrossACheckpointAndASkippedStep) {
+  const auto fp16 = [](Config config) {
+    config.fp16.enabled = true;
+    // 2^8 keeps the scaled toy gradients finite (as in offload_test.cpp).
+    config.fp16.initial_scale_power = 8;
+    return config;
+  };
+  Trainer nvme(fp16(pipeline_config(3, true, true)));
+  Trainer resident(fp16(toy_config(2)));
+  const std::string dir =
+      (std::filesystem::current_path() /
+       ("nvme_alternating_checkpoints_np" + std::to_string(nvme.engine.world_size())))
+          .string();
+  if (nvme.engine.rank() == 0) std::filesystem::remove_all(dir);
+  nvme.engine.communicator().barrier();
+  // One non-finite gradient element, in the first tensor only.
+  const GradientTerm overflow = [](std::size_t k) {
+    return [k](std::int64_t i) {
+      return k == 0 && i == 0 ? std::numeric_limits<float>::infinity() : 0.0f;
+    };
+  };
+  for (int s = 0; s < 7; ++s) {
+    const std::string what = "after step " + std::to_string(s);
+    if (s == 3) {
+      for (Trainer* run : {&nvme, &resident}) {
+        const std::string tag = run == &nvme ? "nvme" : "resident";
+        run->engine.save_checkpoint(dir, tag);
+        run->engine.load_checkpoint(dir, tag);
+      }
+    }
+    if (s == 4) {
+      for (Trainer* run : {&nvme, &resident}) {
+        toy_micro_step_any_precision(run->engine, run->tensors, run->handles, run->step++,
+                                     overflow);
+        EXPECT_TRUE(run->engine.step().skipped) << what;
+      }
+    } else {
+      EXPECT_TRUE(nvme.train_step().updated) << what;
+      EXPECT_TRUE(resident.train_step().updated) << what;
+    }
+    EXPECT_EQ(optimizer_arrays(nvme.engine), optimizer_arrays(resident.engine)) << what;
+    EXPECT_EQ(nvme.model_bytes(), resident.model_bytes()) << what;
+  }
+}
+
+// What a step reads and writes once the buffers hold the step before's last sub-groups: every
+// sub-group is written, and all but those buffer_count are read.
+TEST(NvmeOffloadPipeline, TheSubGroupsLeftInTheBuffersAreNotReadAgain) {
+  constexpr int kBuffers = 3;
+  Trainer nvme(pipeline_config(kBuffers, true, true));
+  const detail::OptimizerShard& shard = *detail::EngineInternals::state(nvme.engine).optimizer_;
+  const std::int64_t tile = 8;
+  const std::int64_t tiles = (shard.owned_end() - shard.owned_begin() + tile - 1) / tile;
+  // One record of the master's file and one of the states' (AdamW: two arrays) per sub-group.
+  const std::int64_t records =
+      detail::swap_record_bytes(4 * tile) + detail::swap_record_bytes(2 * 4 * tile);
+  nvme.train_step();
+  for (int s = 1; s < 4; ++s) {
+    const detail::SwapTimes before = shard.swap_times();
+    nvme.train_step();
+    const detail::SwapTimes after = shard.swap_times();
+    EXPECT_EQ(after.bytes_read - before.bytes_read,
+              (tiles - std::min<std::int64_t>(kBuffers, tiles)) * records)
+        << "step " << s << " of " << tiles << " sub-groups";
+    EXPECT_EQ(after.bytes_written - before.bytes_written, tiles * records) << "step " << s;
   }
 }
 
