@@ -1,7 +1,9 @@
 // zeroshard-nvme-step-bench: the optimizer step with the master weights and Adam states on NVMe,
 // alternated round by round with its three stages run alone (read every sub-group, update with
-// the states in host memory, write every sub-group), so that step / max(stage) compares figures
-// taken under the same load; the step is split into read waits, update, write waits and the rest.
+// the states in host memory, write every sub-group) and with the drive reading and writing at
+// once (every record, and the records the step moves), so that step / max(stage) and step /
+// floor compare figures taken under the same load; the step is split into read waits, update,
+// write waits and the rest.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -69,6 +71,8 @@ struct StepSplit {
   double read_wait = 0.0;
   double update = 0.0;  ///< the rule on the acquired sub-groups
   double write_wait = 0.0;
+  std::int64_t bytes_read = 0;  ///< swap records the step read, in bytes
+  std::int64_t bytes_written = 0;
   double other() const { return total - read_wait - update - write_wait; }
 };
 
@@ -102,6 +106,8 @@ class Trainer {
     split.read_wait = io.read_wait - io_before.read_wait;
     split.update = io.update - io_before.update;
     split.write_wait = io.write_wait - io_before.write_wait;
+    split.bytes_read = io.bytes_read - io_before.bytes_read;
+    split.bytes_written = io.bytes_written - io_before.bytes_written;
     // Resident, the whole update is the rule.
     if (!state.optimizer_->swaps()) split.update = split.total;
     return split;
@@ -142,11 +148,18 @@ class StageFiles {
     }
   }
 
+  /// The records (tiles) of every file, or the first `tiles` of each, read or written.
+  struct Job {
+    StageFiles* files = nullptr;
+    bool write = false;
+    std::int64_t tiles = -1;  ///< -1: all
+  };
+
   /// Seconds to write (or read) every record of every file.
   double run(bool write) { return run_together({{this, write}}); }
 
   /// Seconds to run every job's reads or writes at the same time.
-  static double run_together(const std::vector<std::pair<StageFiles*, bool>>& jobs) {
+  static double run_together(const std::vector<Job>& jobs) {
     const auto start = std::chrono::steady_clock::now();
     struct Progress {
       detail::NvmeSwapper* file = nullptr;
@@ -158,13 +171,13 @@ class StageFiles {
       std::deque<detail::SwapTicket> tickets;
     };
     std::vector<Progress> progress;
-    for (const auto& [files, write] : jobs) {
-      for (const auto& file : files->files_) {
+    for (const Job& job : jobs) {
+      for (const auto& file : job.files->files_) {
         Progress p;
         p.file = file.get();
-        p.write = write;
-        p.tiles = files->tiles_;
-        p.buffers = files->buffers_;
+        p.write = job.write;
+        p.tiles = job.tiles < 0 ? job.files->tiles_ : job.tiles;
+        p.buffers = job.files->buffers_;
         progress.push_back(std::move(p));
       }
     }
@@ -187,11 +200,14 @@ class StageFiles {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 
-  std::int64_t bytes() const {
+  std::int64_t bytes() const { return tiles_ * tile_bytes(); }
+  /// One record of each file: the bytes one sub-group moves.
+  std::int64_t tile_bytes() const {
     std::int64_t total = 0;
-    for (const auto& file : files_) total += tiles_ * file->record_bytes();
+    for (const auto& file : files_) total += file->record_bytes();
     return total;
   }
+  std::int64_t tiles() const noexcept { return tiles_; }
 
  private:
   std::int64_t tiles_ = 0;
@@ -265,7 +281,9 @@ int main(int argc, char** argv) {
     stage.run(false);
 
     std::vector<StepSplit> steps;
-    std::vector<double> step_s, reads_s, update_s, writes_s, both_s;
+    std::vector<double> step_s, reads_s, update_s, writes_s, both_s, step_io_s;
+    std::int64_t step_reads = 0;
+    std::int64_t step_writes = 0;
     for (int r = 0; r < options.rounds; ++r) {
       steps.push_back(nvme.step());
       step_s.push_back(steps.back().total);
@@ -273,12 +291,19 @@ int main(int argc, char** argv) {
       update_s.push_back(host.step().total);
       writes_s.push_back(stage.run(true));
       both_s.push_back(StageFiles::run_together({{&stage, false}, {&other, true}}));
+      // The records this step moved (a step need not read the sub-groups the one before left in
+      // its buffers), read and written at once as above.
+      step_reads = steps.back().bytes_read / stage.tile_bytes();
+      step_writes = steps.back().bytes_written / stage.tile_bytes();
+      step_io_s.push_back(
+          StageFiles::run_together({{&stage, false, step_reads}, {&other, true, step_writes}}));
     }
     const double step = median(step_s);
     const double reads = median(reads_s);
     const double update = median(update_s);
     const double writes = median(writes_s);
     const double both = median(both_s);
+    const double step_io = median(step_io_s);
     const double slowest = std::max({reads, update, writes});
     // The split of the round whose step is the median (or next above it): its parts add up.
     const auto middle = std::min_element(steps.begin(), steps.end(), [&](auto& a, auto& b) {
@@ -297,6 +322,11 @@ int main(int argc, char** argv) {
     std::printf("  reads + writes at once %5.3f  (every record read while as many are written)\n",
                 both);
     std::printf(
+        "  the step's I/O at once %5.3f  (%lld of %lld sub-groups read while %lld are written, as "
+        "the last step did)\n",
+        step_io, static_cast<long long>(step_reads), static_cast<long long>(stage.tiles()),
+        static_cast<long long>(step_writes));
+    std::printf(
         "step / max(reads, update, writes) = %.3f / %.3f = %.2f (1.00: every stage hidden "
         "behind the slowest)\n",
         step, slowest, step / slowest);
@@ -304,6 +334,10 @@ int main(int argc, char** argv) {
         "step / (reads + writes at once) = %.2f (the drive's floor when it does not read and "
         "write at full speed at once)\n",
         step / both);
+    std::printf(
+        "step / (the step's I/O at once) = %.2f (the same floor for the records the step "
+        "moves)\n",
+        step / step_io);
     std::printf(
         "split of the median step: %.3f s = read waits %.3f + update %.3f + write waits %.3f + "
         "other %.3f (gradient scan, write-back, pass set-up)\n",
@@ -321,7 +355,7 @@ int main(int argc, char** argv) {
         mib(host_states(resident)));
     if (options.check) {
       bool good = true;
-      for (const double v : {step, reads, update, writes, both})
+      for (const double v : {step, reads, update, writes, both, step_io})
         good = good && v > 0 && std::isfinite(v);
       for (const StepSplit& s : steps) {
         good = good && s.read_wait >= 0 && s.update > 0 && s.write_wait >= 0 && s.other() >= 0;
