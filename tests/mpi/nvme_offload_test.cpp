@@ -254,10 +254,12 @@ std::vector<std::vector<float>> optimizer_arrays(Engine& engine) {
 }
 
 // Steps alternate the direction of their pass and do not read again the sub-groups the step
-// before left in the buffers. Over seven steps, with a checkpoint saved and loaded back in the
-// middle (which reads and writes through those buffers) and an fp16 step skipped for overflow
-// (which runs no pass), master, states and the model's values stay the resident optimizer's, bit
-// for bit, after every step.
+// before left in the buffers. Over seven steps, with a checkpoint saved after the third (read
+// through those buffers), an fp16 step skipped for overflow (which runs no pass), and the
+// checkpoint loaded back two steps later over newer values (written through the buffers), the
+// model's values stay the resident optimizer's after every step, and master and states after the
+// third and the last, bit for bit. (Reading them goes through the buffers too, so it is done only
+// there, where the save reads them anyway and at the end.)
 TEST(NvmeOffloadPipeline, AlternatingPassesKeepTheBitsAcrossACheckpointAndASkippedStep) {
   const auto fp16 = [](Config config) {
     config.fp16.enabled = true;
@@ -281,12 +283,10 @@ TEST(NvmeOffloadPipeline, AlternatingPassesKeepTheBitsAcrossACheckpointAndASkipp
   };
   for (int s = 0; s < 7; ++s) {
     const std::string what = "after step " + std::to_string(s);
-    if (s == 3) {
-      for (Trainer* run : {&nvme, &resident}) {
-        const std::string tag = run == &nvme ? "nvme" : "resident";
-        run->engine.save_checkpoint(dir, tag);
-        run->engine.load_checkpoint(dir, tag);
-      }
+    for (Trainer* run : {&nvme, &resident}) {
+      const std::string tag = run == &nvme ? "nvme" : "resident";
+      if (s == 3) run->engine.save_checkpoint(dir, tag);
+      if (s == 5) run->engine.load_checkpoint(dir, tag);
     }
     if (s == 4) {
       for (Trainer* run : {&nvme, &resident}) {
@@ -298,7 +298,9 @@ TEST(NvmeOffloadPipeline, AlternatingPassesKeepTheBitsAcrossACheckpointAndASkipp
       EXPECT_TRUE(nvme.train_step().updated) << what;
       EXPECT_TRUE(resident.train_step().updated) << what;
     }
-    EXPECT_EQ(optimizer_arrays(nvme.engine), optimizer_arrays(resident.engine)) << what;
+    if (s == 2 || s == 6) {
+      EXPECT_EQ(optimizer_arrays(nvme.engine), optimizer_arrays(resident.engine)) << what;
+    }
     EXPECT_EQ(nvme.model_bytes(), resident.model_bytes()) << what;
   }
 }
