@@ -2,6 +2,7 @@
 #include "report_json.h"
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 
 namespace zeroshard::examples {
@@ -54,6 +55,11 @@ void write_report_json(const std::string& path, nlohmann::json report,
   report["memory"] = nlohmann::json::array();
   for (const std::string& text : memory.json)
     report["memory"].push_back(nlohmann::json::parse(text));
+  // A report in a folder of its own (a test's work folder, cleaned before the run) needs no
+  // separate step to make it.
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  std::error_code ignored;
+  if (!parent.empty()) std::filesystem::create_directories(parent, ignored);
   std::ofstream file(path);
   file << report.dump(2) << '\n';
   if (!file) throw IoError("cannot write --report-json file " + path);
