@@ -160,7 +160,8 @@ bool supported(Isa isa) noexcept {
       return true;
 #if defined(ZEROSHARD_CPU_X86)
     case Isa::kAvx2:
-      return __builtin_cpu_supports("avx2");
+      // F16C for the fp16 gradient and copy in Adam's loop; every AVX2 CPU has it.
+      return __builtin_cpu_supports("avx2") && cpu_has_f16c();
     case Isa::kAvx512:
       // BW for the 16-bit lanes of the bf16 gradient and copy in the rule's loop.
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
@@ -177,10 +178,17 @@ Isa active_isa() {
 
 void adam(Isa isa, const RuleArrays& arrays, std::int64_t n, const AdamScalars& s, bool amsgrad) {
   const KernelTable& table = kernels(isa);
-  const bool grad_in_loop =
-      arrays.grad_dtype == DType::kFloat32 || arrays.grad_dtype == DType::kBFloat16;
+  const bool fp16_in_loop = table.adam_streams_fp16;
+  const bool grad_16_bit = arrays.grad_dtype == DType::kBFloat16 ||
+                           (fp16_in_loop && arrays.grad_dtype == DType::kFloat16);
+  const bool grad_in_loop = arrays.grad_dtype == DType::kFloat32 || grad_16_bit;
+  // A 16-bit gradient with a copy of its own type, or an fp32 gradient with a 16-bit copy: the
+  // pairs the engine makes.
   const bool copy_in_loop =
-      arrays.param_copy == nullptr || arrays.param_copy_dtype == DType::kBFloat16;
+      arrays.param_copy == nullptr ||
+      (grad_16_bit ? arrays.param_copy_dtype == arrays.grad_dtype
+                   : arrays.param_copy_dtype == DType::kBFloat16 ||
+                         (fp16_in_loop && arrays.param_copy_dtype == DType::kFloat16));
   // The loop clears what it reads: only where grad_to_clear is the gradient itself, as
   // RuleArrays asks; anything else goes through the chunks, which clear grad_to_clear.
   const bool clear_in_loop = arrays.grad_to_clear == nullptr || arrays.grad_to_clear == arrays.grad;
@@ -191,18 +199,20 @@ void adam(Isa isa, const RuleArrays& arrays, std::int64_t n, const AdamScalars& 
     return;
   }
   // bf16 needs only integer steps, which every path vectorises, so it is widened and rounded in
-  // the rule's loop; fp16 keeps the chunked passes, whose F16C conversions the rule files lack.
+  // the rule's loop; fp16 is too on the vector paths, with F16C, and goes through the chunked
+  // passes on the scalar one.
   over_tiles(n, [&](std::int64_t begin, std::int64_t end) {
-    const std::int64_t grad_size = arrays.grad_dtype == DType::kBFloat16 ? 2 : 4;
+    const std::int64_t grad_size = grad_16_bit ? 2 : 4;
     StreamedChunk chunk{.param = arrays.param + begin,
                         .grad = static_cast<const unsigned char*>(arrays.grad) + begin * grad_size,
                         .states = {arrays.states[0] + begin, arrays.states[1] + begin,
                                    amsgrad ? arrays.states[2] + begin : nullptr},
                         .grad_factor = arrays.grad_factor,
-                        .bf16_copy = arrays.param_copy == nullptr
-                                         ? nullptr
-                                         : static_cast<std::uint16_t*>(arrays.param_copy) + begin,
-                        .grad_bf16 = arrays.grad_dtype == DType::kBFloat16,
+                        .copy = arrays.param_copy == nullptr
+                                    ? nullptr
+                                    : static_cast<std::uint16_t*>(arrays.param_copy) + begin,
+                        .grad_dtype = arrays.grad_dtype,
+                        .copy_dtype = arrays.param_copy_dtype,
                         .clear_grad = arrays.grad_to_clear != nullptr};
     table.adam_streamed(chunk, end - begin, s, amsgrad);
   });

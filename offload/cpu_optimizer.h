@@ -104,16 +104,19 @@ struct ChunkArrays {
   float grad_factor;
 };
 
-/// Adam's arrays for a loop that widens a bf16 gradient, writes the bf16 copy of the weights and
-/// clears the gradient as it goes, element by element, rather than chunk by chunk beside the rule:
-/// the phases of the chunked form leave most of the streams idle at a time.
+/// Adam's arrays for a loop that widens a 16-bit gradient, writes the 16-bit copy of the weights
+/// and clears the gradient as it goes, element by element, rather than chunk by chunk beside the
+/// rule: the phases of the chunked form leave most of the streams idle at a time.
 struct StreamedChunk {
   float* param;
-  const void* grad;  ///< fp32, or bf16 with grad_bf16
+  const void* grad;  ///< in grad_dtype
   float* states[3];
   float grad_factor;
-  std::uint16_t* bf16_copy;  ///< nullptr: no copy
-  bool grad_bf16;
+  std::uint16_t* copy;  ///< nullptr: no copy
+  /// fp32 or bf16, and fp16 where KernelTable::adam_streams_fp16.
+  DType grad_dtype;
+  /// bf16, or fp16 where KernelTable::adam_streams_fp16; a 16-bit gradient's copy is of its type.
+  DType copy_dtype;
   bool clear_grad;  ///< grad is writable and zeroed once read
 };
 
@@ -122,6 +125,8 @@ struct KernelTable {
   void (*adam)(const ChunkArrays&, std::int64_t, const AdamScalars&);
   void (*adam_amsgrad)(const ChunkArrays&, std::int64_t, const AdamScalars&);
   void (*adam_streamed)(const StreamedChunk&, std::int64_t, const AdamScalars&, bool amsgrad);
+  /// adam_streamed takes fp16 gradients and copies (with F16C's conversions).
+  bool adam_streams_fp16;
   void (*sgd_plain)(const ChunkArrays&, std::int64_t, const SgdScalars&);
   void (*sgd_momentum)(const ChunkArrays&, std::int64_t, const SgdScalars&);
   void (*sgd_nesterov)(const ChunkArrays&, std::int64_t, const SgdScalars&);

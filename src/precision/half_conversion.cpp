@@ -197,16 +197,6 @@ __attribute__((target("avx2,avx512f,avx512bf16"))) void float_to_bfloat16_avx512
   float_to_bfloat16_avx2(in + i, out + i, count - i);
 }
 
-// Clang before 16 does not know "f16c" in __builtin_cpu_supports; CPUID leaf 1 says it for every
-// compiler. The caller checks "avx" as well, which includes the OS saving the YMM registers.
-bool cpu_has_f16c() {
-  unsigned eax = 0;
-  unsigned ebx = 0;
-  unsigned ecx = 0;
-  unsigned edx = 0;
-  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
-}
-
 #endif  // ZEROSHARD_X86_SIMD
 
 struct Kernels {
@@ -293,6 +283,20 @@ void convert_to_float_with(const Kernels& with, const void* in, DType from_dtype
 }
 
 }  // namespace
+
+bool cpu_has_f16c() noexcept {
+#ifdef ZEROSHARD_X86_SIMD
+  // Clang before 16 does not know "f16c" in __builtin_cpu_supports; CPUID leaf 1 says it for
+  // every compiler. Callers check "avx" as well, which includes the OS saving the YMM registers.
+  unsigned eax = 0;
+  unsigned ebx = 0;
+  unsigned ecx = 0;
+  unsigned edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+#else
+  return false;
+#endif
+}
 
 std::uint16_t float_to_half(float value) noexcept { return to_half(value); }
 float half_to_float(std::uint16_t bits) noexcept { return from_half(bits); }

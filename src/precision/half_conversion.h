@@ -32,6 +32,9 @@ void convert_from_float_portable(const float* in, void* out, DType to_dtype,
 void convert_to_float_portable(const void* in, DType from_dtype, float* out,
                                std::int64_t count) noexcept;
 
+/// Whether the CPU has F16C's fp16 conversions (x86 only; false elsewhere).
+bool cpu_has_f16c() noexcept;
+
 /// Names the instruction set the bulk conversions use for `dtype` on this CPU ("f16c",
 /// "avx512bf16", "avx2" or "portable"), for test logs and benchmark labels.
 const char* bulk_conversion_isa(DType dtype) noexcept;
