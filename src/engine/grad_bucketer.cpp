@@ -263,6 +263,25 @@ void GradBucketer::finish(std::int64_t micro_step) {
   next_launch_ = 0;
 }
 
+void GradBucketer::drop_micro_step() {
+  while (!in_flight_.empty()) {
+    buckets_[in_flight_.front()].request.wait();
+    in_flight_.pop_front();
+  }
+  while (!gathers_.empty()) wait_oldest_gather();
+  if (sink_ != nullptr) sink_->before_reuse();
+  for (Bucket& bucket : buckets_) {
+    if (bucket.slot >= 0) slots_[bucket.slot].busy = false;
+    bucket.slot = -1;
+    bucket.ready = 0;
+  }
+  for (ParamInfo& p : context_.params) {
+    p.grad_ready = false;
+    if (!whole_) p.grad_fetched = false;
+  }
+  next_launch_ = 0;
+}
+
 void GradBucketer::launch(int b) {
   Bucket& bucket = buckets_[b];
   // Whole gradients are reduced after backward, with no compute left to overlap: one reduction

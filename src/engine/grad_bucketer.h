@@ -56,6 +56,10 @@ class GradBucketer {
   void mark_ready(int index, std::int64_t micro_step);
   /// Launches what is left and waits for every reduction; readiness starts over.
   void finish(std::int64_t micro_step);
+  /// Drops the micro-step in progress (Engine::zero_grad() before step()): waits for the
+  /// reductions it launched, which every rank launched alike, without delivering their sums,
+  /// frees its slots, and starts readiness over. Nothing is launched.
+  void drop_micro_step();
   /// Lets the transport advance the reductions in flight (MPI moves non-blocking collectives only
   /// inside MPI calls): called at every grad_ready() and gather(), so that a reduction proceeds
   /// while the model computes instead of all at once when it is waited for.

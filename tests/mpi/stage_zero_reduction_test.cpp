@@ -34,9 +34,11 @@ struct Training {
 };
 
 /// Trains the uneven toy model (shards split tensors and buckets) for `steps` optimizer steps;
-/// with `drop_first`, Engine::zero_grad() after each window's first micro-step.
+/// with `drop_first`, Engine::zero_grad() after each window's first micro-step; with
+/// `abandon_backward`, each micro-step is preceded by a whole backward of other gradients that is
+/// dropped with Engine::zero_grad() instead of stepped, its last reductions still in flight.
 Training train(int stage, int accumulation, int steps, bool drop_first = false,
-               bool reduce_scatter = true) {
+               bool reduce_scatter = true, bool abandon_backward = false) {
   Config config = toy_config(stage);
   config.zero_optimization.reduce_scatter = reduce_scatter;
   // Buckets of at most 40 elements: seven of them, most split over the ranks unevenly.
@@ -50,6 +52,17 @@ Training train(int stage, int accumulation, int steps, bool drop_first = false,
   Training run;
   run.world = engine.world_size();
   for (std::int64_t micro = 0; micro < static_cast<std::int64_t>(steps) * accumulation; ++micro) {
+    if (abandon_backward) {
+      toy_backward(engine, tensors, handles, [&](std::size_t k) {
+        const std::int64_t n = tensors[k].numel;
+        std::vector<float> g = floats_to_host(engine, handles[k].grad(), n);
+        for (std::int64_t i = 0; i < n; ++i) {
+          g[i] += order_sensitive_gradient(k, i, engine.rank(), micro + 1000);
+        }
+        from_host(engine, handles[k].grad(), g.data(), n * sizeof(float));
+      });
+      engine.zero_grad();
+    }
     toy_backward(engine, tensors, handles, [&](std::size_t k) {
       const std::int64_t n = tensors[k].numel;
       std::vector<float> g = floats_to_host(engine, handles[k].grad(), n);
@@ -127,6 +140,30 @@ TEST_P(StageZeroReduction, ZeroGradInsideAWindowDropsItsFirstMicroStepAtEverySta
   EXPECT_EQ(actual.parameters, expected.parameters) << "stage " << stage;
   EXPECT_NE(actual.parameters, train(stage, 2, 3).parameters)
       << "the dropped micro-steps changed nothing, so the test cannot tell";
+}
+
+// A backward dropped with zero_grad() before step(), as after an exception in a micro-step: the
+// reductions it left in flight finish on every rank and none of their sums reaches a gradient.
+// zero_grad() drops the whole window, so with two micro-steps per window the one before the
+// abandoned backward goes too, as zero_grad() after it does (drop_first).
+void expect_abandoned_backwards_dropped(int stage) {
+  for (int accumulation : {1, 2}) {
+    const Training expected = train(stage, accumulation, 3, /*drop_first=*/accumulation > 1);
+    const Training actual = train(stage, accumulation, 3, /*drop_first=*/false,
+                                  /*reduce_scatter=*/true, /*abandon_backward=*/true);
+    EXPECT_EQ(actual.grad_norms, expected.grad_norms)
+        << "stage " << stage << ", accumulation " << accumulation;
+    EXPECT_EQ(actual.parameters, expected.parameters)
+        << "stage " << stage << ", accumulation " << accumulation;
+  }
+}
+
+TEST_P(StageZeroReduction, ZeroGradAfterAnAbandonedBackwardDropsItsReductionsInFlight) {
+  expect_abandoned_backwards_dropped(GetParam());
+}
+
+TEST(StageZeroReduction, ZeroGradAfterAnAbandonedBackwardDropsItsReductionsInFlightAtStageZero) {
+  expect_abandoned_backwards_dropped(0);
 }
 
 // Stage 0's all-reduce (reduce_scatter false) sums each element in MPI's order, so it agrees with
