@@ -330,7 +330,10 @@ class ZEROSHARD_API Engine {
   /// checks for overflow, clips, runs the update rule on this rank's shard and redistributes the
   /// parameters; in between it only reduces (stages 2-3). Gradients are zeroed afterwards.
   StepResult step();
-  /// Zeroes this accumulation window's gradients (step() already does after an update).
+  /// Zeroes this accumulation window's gradients (step() already does after an update). Called
+  /// before step(), on every rank, it also drops the micro-step in progress, as after an exception
+  /// in backward: the reductions it launched are waited for and their sums discarded, and its
+  /// gradients can be handed over again.
   void zero_grad();
   /// True when the next step() ends a gradient-accumulation window.
   bool is_gradient_accumulation_boundary() const;
