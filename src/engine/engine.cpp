@@ -689,7 +689,14 @@ void Engine::grad_ready(Parameter parameter) {
 }
 
 StepResult Engine::step() { return live().step(); }
-void Engine::zero_grad() { live().zero_grad(); }
+void Engine::zero_grad() {
+  detail::EngineState& state = live();
+  state.require_finalized();
+  // Called before step(), it drops a micro-step whose reductions may still be in flight; step()
+  // itself zeroes after finishing them, so its own zero_grad() calls skip this.
+  state.bucketer_->drop_micro_step();
+  state.zero_grad();
+}
 bool Engine::is_gradient_accumulation_boundary() const {
   return live().micro_step_ + 1 >= live().config_.gradient_accumulation_steps;
 }

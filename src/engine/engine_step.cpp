@@ -241,9 +241,6 @@ void EngineState::on_clean_step() {
 
 void EngineState::zero_grad(std::int64_t cleared_begin, std::int64_t cleared_end) {
   require_finalized();
-  // Called before step(), it drops a micro-step whose reductions may still be in flight; after
-  // step() there are none.
-  bucketer_->drop_micro_step();
   bucketer_->zero_full_grads(cleared_begin, cleared_end);
   optimizer_->zero_gradients();
 }

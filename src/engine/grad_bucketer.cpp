@@ -254,6 +254,10 @@ void GradBucketer::finish(std::int64_t micro_step) {
     if (sink_ != nullptr) sink_->before_reuse();
     slots_.erase(slots_.begin() + static_cast<std::ptrdiff_t>(kMaxInFlight), slots_.end());
   }
+  restart_readiness();
+}
+
+void GradBucketer::restart_readiness() {
   for (ParamInfo& p : context_.params) {
     p.grad_ready = false;
     // Whole gradients are fetched once per window: zero_full_grads() starts the next.
@@ -269,17 +273,12 @@ void GradBucketer::drop_micro_step() {
     in_flight_.pop_front();
   }
   while (!gathers_.empty()) wait_oldest_gather();
-  if (sink_ != nullptr) sink_->before_reuse();
+  // A freed slot is reused only through acquire_slot(), which waits for the sink's copies first.
   for (Bucket& bucket : buckets_) {
     if (bucket.slot >= 0) slots_[bucket.slot].busy = false;
     bucket.slot = -1;
-    bucket.ready = 0;
   }
-  for (ParamInfo& p : context_.params) {
-    p.grad_ready = false;
-    if (!whole_) p.grad_fetched = false;
-  }
-  next_launch_ = 0;
+  restart_readiness();
 }
 
 void GradBucketer::launch(int b) {

@@ -110,6 +110,8 @@ class GradBucketer {
   /// or window (whole gradients left by the last one); `input` is where the bucket begins.
   void zero_unfetched(const Bucket& bucket, char* input);
   void launch_ready(std::int64_t micro_step);
+  /// No gradient handed over or fetched in the micro-step, no bucket launched.
+  void restart_readiness();
   void launch(int bucket);
   void complete_oldest();
   /// Stage 0: the bucket's reduce-scatter has completed; starts putting every rank's sum in its
