@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "bench_median.h"
-#include "cpu_optimizer.h"
+#include "kernels/cpu/cpu_optimizer.h"
 
 namespace {
 

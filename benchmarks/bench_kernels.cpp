@@ -8,11 +8,11 @@
 #include <map>
 #include <string>
 
-#include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_stream.h"
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/device_selection.h"
-#include "kernels.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/kernels.h"
 #include "zeroshard/error.h"
 
 namespace {

@@ -13,7 +13,7 @@
 #include <string>
 
 #include "command_line.h"
-#include "nvme_swapper.h"
+#include "offload/nvme_swapper.h"
 #include "zeroshard/error.h"
 
 namespace {

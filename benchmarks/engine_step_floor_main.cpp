@@ -19,9 +19,9 @@
 #include "bench_median.h"
 #include "comm/rank_counts.h"
 #include "command_line.h"
-#include "cpu_optimizer.h"  // cpu_optimizer::adam, active_isa: the update rule the engine runs
 #include "engine/engine_internals.h"  // the engine's step scalars, which the floor all-reduces too
 #include "engine/engine_state.h"
+#include "kernels/cpu/cpu_optimizer.h"  // cpu_optimizer::adam, active_isa: the update rule the engine runs
 #include "zeroshard/zeroshard.h"
 
 namespace {

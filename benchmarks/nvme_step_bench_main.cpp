@@ -20,7 +20,7 @@
 #include "bench_median.h"
 #include "command_line.h"
 #include "engine/engine_internals.h"
-#include "nvme_swapper.h"
+#include "offload/nvme_swapper.h"
 #include "zeroshard/quantity.h"
 #include "zeroshard/zeroshard.h"
 

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "bench_median.h"
-#include "comm/block_quantizer.h"
 #include "command_line.h"
+#include "kernels/cpu/block_quantizer.h"
 #include "precision/half_conversion.h"
 
 namespace {

@@ -1,5 +1,5 @@
 // ChecksumThread: a queue of growing CRC32C jobs served oldest first, a chunk at a time.
-#include "checksum_thread.h"
+#include "offload/checksum_thread.h"
 
 #include <unistd.h>  // write
 
@@ -7,7 +7,7 @@
 #include <string>
 #include <system_error>
 
-#include "crc32c.h"
+#include "util/crc32c.h"
 #include "zeroshard/error.h"
 
 namespace zeroshard::detail {

@@ -1,5 +1,5 @@
 // EventFd: creation, signal and wait, every errno checked.
-#include "event_fd.h"
+#include "offload/event_fd.h"
 
 #include <sys/eventfd.h>
 #include <unistd.h>

@@ -1,5 +1,5 @@
 // IoUringRing: liburing calls with their errors turned into IoError or a logged fallback.
-#include "io_uring_ring.h"
+#include "offload/io_uring_ring.h"
 
 #include <liburing.h>
 

@@ -1,6 +1,6 @@
 // NvmeSwapper: records with generations and checksums, A/B copies, and the io_uring pipeline
 // that splits requests into pieces, keeps the queue full and re-queues short and busy ones.
-#include "nvme_swapper.h"
+#include "offload/nvme_swapper.h"
 
 #include <liburing.h>
 #include <sched.h>  // sched_yield
@@ -15,7 +15,7 @@
 #include <string_view>
 
 #include "config/config_checks.h"
-#include "crc32c.h"
+#include "util/crc32c.h"
 #include "util/log.h"
 #include "zeroshard/error.h"
 

@@ -12,12 +12,12 @@
 #include <unordered_map>
 #include <vector>
 
-#include "checksum_thread.h"
-#include "io_fault.h"
-#include "io_uring_ring.h"
 #include "memory/memory_tracker.h"
-#include "pinned_buffer.h"
-#include "swap_file.h"
+#include "offload/checksum_thread.h"
+#include "offload/io_fault.h"
+#include "offload/io_uring_ring.h"
+#include "offload/pinned_buffer.h"
+#include "offload/swap_file.h"
 #include "zeroshard/config.h"  // AioConfig
 
 namespace zeroshard::detail {

@@ -1,5 +1,5 @@
 // PinnedBuffer: mmap, mlock and the tracker's charge, undone in reverse order.
-#include "pinned_buffer.h"
+#include "offload/pinned_buffer.h"
 
 #include <sys/mman.h>
 

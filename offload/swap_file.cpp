@@ -1,5 +1,5 @@
 // SwapFile: open with O_DIRECT, refuse tmpfs, reserve the size, and check it is still whole.
-#include "swap_file.h"
+#include "offload/swap_file.h"
 
 #include <fcntl.h>
 #include <linux/magic.h>  // TMPFS_MAGIC

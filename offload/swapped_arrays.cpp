@@ -1,7 +1,7 @@
 // SwappedArrays: the tile ring of a pass (reads ahead, writes behind, on the pass's I/O thread,
 // in alternating directions), its roll-back through the swappers' A/B records, and the buffers as
 // a cache for element access between passes.
-#include "swapped_arrays.h"
+#include "offload/swapped_arrays.h"
 
 #include <algorithm>
 #include <chrono>

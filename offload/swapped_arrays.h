@@ -19,8 +19,8 @@
 #include <thread>
 #include <vector>
 
-#include "event_fd.h"
-#include "nvme_swapper.h"
+#include "offload/event_fd.h"
+#include "offload/nvme_swapper.h"
 
 namespace zeroshard::detail {
 

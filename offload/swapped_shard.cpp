@@ -1,6 +1,6 @@
 // SwappedShard: the tile cache over one swap file (which buffer a tile goes to, read ahead,
 // write-back on eviction and at flush) and its roll-back through the swapper's A/B records.
-#include "swapped_shard.h"
+#include "offload/swapped_shard.h"
 
 #include <algorithm>
 #include <cstring>

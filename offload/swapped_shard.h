@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "nvme_swapper.h"
+#include "offload/nvme_swapper.h"
 
 namespace zeroshard::detail {
 

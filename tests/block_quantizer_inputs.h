@@ -14,7 +14,7 @@
 #include <tuple>
 #include <vector>
 
-#include "comm/quantized_block_format.h"
+#include "layout/quantized_block_format.h"
 #include "zeroshard/dtype.h"
 
 namespace zeroshard::quantizer_inputs {

@@ -1,7 +1,7 @@
 // Tests of the CPU block quantizer of ZeRO++: the byte size and its targets, the error bound on
 // random, constant, zero, huge, subnormal and exponent-sweep blocks from fp32, fp16 and bf16, and
 // the report of blocks holding inf or NaN.
-#include "comm/block_quantizer.h"
+#include "kernels/cpu/block_quantizer.h"
 
 #include <gtest/gtest.h>
 

@@ -24,8 +24,8 @@
 #include "checkpoint/direct_io.h"
 #include "checkpoint/shard_writer.h"
 #include "comm/self_communicator.h"
-#include "crc32c.h"
 #include "mpi/toy_model.h"
+#include "util/crc32c.h"
 
 extern char** environ;
 

@@ -1,13 +1,13 @@
 // ChecksumThread: a job's CRC32C is that of its bytes however they were made ready, several jobs
 // are served at once, and a dropped job is let go of.
-#include "checksum_thread.h"
+#include "offload/checksum_thread.h"
 
 #include <gtest/gtest.h>
 
 #include <cstddef>
 #include <vector>
 
-#include "crc32c.h"
+#include "util/crc32c.h"
 #include "zeroshard/error.h"
 
 namespace zeroshard::detail {

@@ -3,7 +3,7 @@
 // over threads; and the fused call (16-bit gradient, gradient factor, 16-bit copy, the gradient
 // cleared as it is read) against the same work done in three passes; the gradient scan's lanes on
 // every path.
-#include "cpu_optimizer.h"
+#include "kernels/cpu/cpu_optimizer.h"
 
 #include <gtest/gtest.h>
 

@@ -17,8 +17,8 @@
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/device_selection.h"
 #include "block_quantizer_inputs.h"
-#include "comm/block_quantizer.h"
-#include "kernels.h"
+#include "kernels/cpu/block_quantizer.h"
+#include "kernels/cuda/kernels.h"
 #include "precision/half_conversion.h"
 #include "zeroshard/error.h"
 

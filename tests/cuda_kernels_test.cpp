@@ -18,7 +18,7 @@
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/device_selection.h"
 #include "kernel_reference.h"
-#include "kernels.h"
+#include "kernels/cuda/kernels.h"
 #include "zeroshard/error.h"
 
 namespace zeroshard {

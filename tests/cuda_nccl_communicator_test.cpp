@@ -22,7 +22,7 @@
 
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/device_selection.h"
-#include "backend/cuda/nccl_communicator.h"
+#include "comm/cuda/nccl_communicator.h"
 #include "zeroshard/error.h"
 
 namespace zeroshard::cuda {

@@ -1,6 +1,6 @@
 // IoUringRing: a ring with a submission-polling thread moves data as one without, and a refused
 // SQPOLL falls back to a plain ring instead of failing.
-#include "io_uring_ring.h"
+#include "offload/io_uring_ring.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>

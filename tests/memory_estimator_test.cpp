@@ -237,7 +237,7 @@ TEST(MemoryEstimator, OffloadMovesMasterWeightsStatesAndGradientShardToTheHost) 
 }
 
 // What a GPU rank with offload_optimizer allocates beside the update, in pinned host memory
-// (engine/host_staging.h): two halves, each the larger of the largest share of a reduced bucket
+// (layout/host_staging_size.h): two halves, each the larger of the largest share of a reduced bucket
 // this rank receives, in the type it is delivered in, and a write-back tile of at most 4M
 // 16-bit elements (min with sub_group_size and the shard).
 TEST(MemoryEstimator, CountsTheOffloadStagingHalvesOfAGpuConfig) {

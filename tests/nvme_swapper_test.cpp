@@ -1,7 +1,7 @@
 // The NVMe swapper: round trips, generations, CRC32C on both paths, and every promised fault
 // (EIO, short transfers, EAGAIN, EFBIG, a truncated file, a flipped byte, tmpfs) as an IoError
 // that leaves the previous generation readable. Files live under the build tree.
-#include "nvme_swapper.h"
+#include "offload/nvme_swapper.h"
 
 #include <fcntl.h>
 #include <gmock/gmock.h>  // HasSubstr
@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "crc32c.h"
+#include "util/crc32c.h"
 #include "zeroshard/error.h"
 
 namespace zeroshard::detail {

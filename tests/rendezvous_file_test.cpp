@@ -15,7 +15,7 @@
 #include <string>
 #include <thread>
 
-#include "backend/cuda/rendezvous_file.h"
+#include "comm/cuda/rendezvous_file.h"
 #include "zeroshard/error.h"
 
 namespace zeroshard::cuda {

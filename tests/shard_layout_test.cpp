@@ -1,5 +1,5 @@
 // The flat layout splits any set of tensor sizes into equal, aligned, contiguous shards.
-#include "engine/shard_layout.h"
+#include "layout/shard_layout.h"
 
 #include <gtest/gtest.h>
 

@@ -11,7 +11,7 @@
 #include <span>
 #include <vector>
 
-#include "comm/quantized_block_format.h"  // QuantBits
+#include "layout/quantized_block_format.h"  // QuantBits
 #include "memory/memory_tracker.h"
 #include "optim/builtin_rule.h"
 #include "zeroshard/device.h"

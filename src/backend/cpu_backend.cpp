@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "backend/compute_backend.h"
-#include "comm/block_quantizer.h"
-#include "cpu_optimizer.h"
+#include "kernels/cpu/block_quantizer.h"
+#include "kernels/cpu/cpu_optimizer.h"
 #include "precision/half_conversion.h"
 #include "util/check.h"
 

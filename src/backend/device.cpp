@@ -10,8 +10,8 @@
 #if ZEROSHARD_WITH_CUDA
 #include <cuda_runtime_api.h>
 
-#include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_selection.h"
+#include "kernels/cuda/cuda_check.h"
 #endif
 
 namespace zeroshard {

@@ -25,9 +25,9 @@
 #include <utility>
 
 #include "checkpoint/direct_io.h"
-#include "config/config_values.h"  // printable_text
-#include "crc32c.h"
 #include "util/check.h"
+#include "util/crc32c.h"
+#include "util/text.h"
 #include "zeroshard/error.h"
 
 namespace zeroshard::detail {

@@ -7,8 +7,8 @@
 #include <nlohmann/json.hpp>  // nlohmann::json
 
 #include "checkpoint/direct_io.h"
-#include "crc32c.h"
 #include "precision/half_conversion.h"
+#include "util/crc32c.h"
 #include "zeroshard/checkpoint.h"
 #include "zeroshard/error.h"
 

@@ -8,7 +8,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "crc32c.h"
+#include "util/crc32c.h"
 
 namespace zeroshard::detail {
 

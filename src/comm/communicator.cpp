@@ -10,14 +10,14 @@
 #include <utility>
 
 #include "comm/collective_tracker.h"
-#include "comm/gpu_communicator_factory.h"
+#include "comm/cuda/gpu_communicator_factory.h"
 #include "comm/mpi_communicator.h"
 #include "comm/rank_counts.h"
 #include "comm/self_communicator.h"
 #include "comm/text_gather.h"
-#include "config/config_values.h"
 #include "util/check.h"
 #include "util/log.h"
+#include "util/text.h"
 #include "zeroshard/communicator_mpi.h"
 
 namespace zeroshard {

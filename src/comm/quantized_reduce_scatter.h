@@ -10,7 +10,7 @@
 
 #include "backend/compute_backend.h"
 #include "comm/node_groups.h"
-#include "comm/quantized_block_format.h"  // QuantBits
+#include "layout/quantized_block_format.h"  // QuantBits
 #include "memory/memory_tracker.h"
 #include "zeroshard/communicator.h"
 

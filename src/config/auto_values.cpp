@@ -7,6 +7,7 @@
 
 #include "config/config_schema.h"
 #include "config/config_values.h"
+#include "util/text.h"
 #include "zeroshard/error.h"
 
 namespace zeroshard::detail {

@@ -11,6 +11,7 @@
 #include "config/config_checks.h"
 #include "config/config_values.h"
 #include "config/key_suggestion.h"
+#include "util/text.h"
 
 namespace zeroshard {
 namespace {

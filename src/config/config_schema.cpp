@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "config/config_values.h"
+#include "util/text.h"
 
 namespace zeroshard::detail {
 namespace {

@@ -12,7 +12,7 @@
 
 #include "backend/compute_backend.h"
 #include "comm/node_groups.h"
-#include "engine/shard_layout.h"
+#include "layout/shard_layout.h"
 #include "memory/memory_tracker.h"
 #include "zeroshard/communicator.h"
 #include "zeroshard/config.h"

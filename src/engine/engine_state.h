@@ -13,12 +13,13 @@
 #include <vector>
 
 #include "backend/compute_backend.h"
+#include "checkpoint/checkpoint_format.h"
 #include "engine/activation_registry.h"
 #include "engine/engine_context.h"
 #include "engine/grad_bucketer.h"
 #include "engine/optimizer_shard.h"
 #include "engine/param_coordinator.h"
-#include "engine/shard_layout.h"
+#include "layout/shard_layout.h"
 #include "memory/memory_tracker.h"
 #include "precision/loss_scaler.h"
 #include "zeroshard/communicator.h"
@@ -28,11 +29,6 @@
 #include "zeroshard/optimizer.h"
 
 namespace zeroshard::detail {
-
-// Tensors start on 16-element boundaries: 64 bytes of fp32, one cache line and one AVX-512
-// vector, so every tensor's slice of a shard starts aligned. Checkpoints record it: the flat
-// offsets depend on it and not on the world size.
-inline constexpr std::int64_t kTensorAlignment = 16;
 
 class EngineState {
  public:

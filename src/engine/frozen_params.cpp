@@ -4,7 +4,7 @@
 #include <cmath>
 #include <vector>
 
-#include "comm/quantized_block_format.h"  // quantized_units, QuantBits
+#include "layout/quantized_block_format.h"  // quantized_units, QuantBits
 #include "precision/half_conversion.h"
 #include "util/check.h"
 

@@ -1,7 +1,6 @@
 // The two staging halves and the order of their copies and landings.
 #include "engine/host_staging.h"
 
-#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <utility>
@@ -9,13 +8,6 @@
 #include "util/log.h"
 
 namespace zeroshard::detail {
-
-std::int64_t host_staging_half_bytes(std::int64_t share_bytes, bool writes_back, std::int64_t owned,
-                                     std::int64_t sub_group_size, std::int64_t element_bytes) {
-  const std::int64_t write_back =
-      writes_back ? element_bytes * std::min({owned, sub_group_size, kWriteBackElements}) : 0;
-  return std::max(share_bytes, write_back);
-}
 
 HostStaging::HostStaging(const EngineContext& context, std::size_t half_bytes)
     : backend_(context.backend), times_(context.times), half_bytes_(half_bytes) {

@@ -12,7 +12,7 @@
 #include "engine/grad_bucketer.h"
 #include "engine/host_staging.h"
 #include "engine/param_coordinator.h"
-#include "swapped_arrays.h"
+#include "offload/swapped_arrays.h"
 #include "util/work_thread.h"
 
 namespace zeroshard::detail {

@@ -8,8 +8,8 @@
 #include <limits>
 
 #include "comm/node_groups.h"
-#include "comm/quantized_block_format.h"  // quantized_units, QuantBits
 #include "comm/rank_counts.h"
+#include "layout/quantized_block_format.h"  // quantized_units, QuantBits
 #include "util/check.h"
 
 namespace zeroshard::detail {

@@ -10,7 +10,7 @@
 
 #include "engine/engine_context.h"
 #include "engine/frozen_params.h"
-#include "swapped_shard.h"
+#include "offload/swapped_shard.h"
 
 namespace zeroshard::detail {
 

@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "comm/text_gather.h"
-#include "config/config_values.h"
 #include "engine/engine_state.h"
 #include "engine/shape.h"
+#include "util/text.h"
 #include "zeroshard/error.h"
 
 namespace zeroshard::detail {

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "cpu_optimizer.h"
+#include "kernels/cpu/cpu_optimizer.h"
 #include "optim/builtin_rule.h"
 #include "optim/rule_checks.h"
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <string_view>
 
-#include "util/format_number.h"
+#include "util/text.h"
 #include "zeroshard/config.h"
 #include "zeroshard/error.h"
 

@@ -5,8 +5,7 @@
 #include <string>
 #include <string_view>
 
-#include "config/config_values.h"
-#include "util/format_number.h"
+#include "util/text.h"
 #include "zeroshard/config.h"
 #include "zeroshard/error.h"
 #include "zeroshard/optimizer.h"

@@ -3,9 +3,9 @@
 
 #include <string>
 
-#include "cpu_optimizer.h"
+#include "kernels/cpu/cpu_optimizer.h"
 #include "util/check.h"
-#include "util/format_number.h"
+#include "util/text.h"
 #include "zeroshard/error.h"
 
 namespace zeroshard::detail {

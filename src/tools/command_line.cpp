@@ -1,6 +1,6 @@
 // CLI11's errors carry exit codes of their own (105, 109, ...); every zeroshard program exits 2
 // for any of them, as it always has, and names itself in the message.
-#include "command_line.h"
+#include "tools/command_line.h"
 
 #include <charconv>
 #include <cmath>

@@ -2,7 +2,7 @@
 // tools that load configs.
 #pragma once
 
-#include "command_line.h"
+#include "tools/command_line.h"
 #include "zeroshard/config.h"
 
 namespace zeroshard::tools {

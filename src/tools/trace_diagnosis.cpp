@@ -4,7 +4,7 @@
 // where they cannot be explained by non-blocking collectives in flight: a rank that did not start
 // the oldest collective the others wait in, that waits alone in one they all completed, or that
 // started one after another rank had given up in it.
-#include "trace_diagnosis.h"
+#include "tools/trace_diagnosis.h"
 
 #include <algorithm>
 #include <iomanip>

@@ -3,7 +3,7 @@
 #include <iostream>
 #include <string>
 
-#include "command_line.h"
+#include "tools/command_line.h"
 #include "tools/config_override_flags.h"
 #include "zeroshard/config.h"
 #include "zeroshard/error.h"

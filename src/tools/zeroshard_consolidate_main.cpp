@@ -4,7 +4,7 @@
 #include <map>
 #include <string>
 
-#include "command_line.h"
+#include "tools/command_line.h"
 #include "zeroshard/checkpoint.h"
 #include "zeroshard/error.h"
 

@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "command_line.h"
+#include "tools/command_line.h"
 #include "tools/config_override_flags.h"
 #include "zeroshard/config.h"
 #include "zeroshard/error.h"

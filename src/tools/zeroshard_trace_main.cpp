@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "command_line.h"
-#include "trace_diagnosis.h"
+#include "tools/command_line.h"
+#include "tools/trace_diagnosis.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "engine_tensors.h"
+#include "torch/engine_tensors.h"
 
 #include <c10/core/Storage.h>
 

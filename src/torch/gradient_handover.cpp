@@ -4,7 +4,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
-#include "optimizer_state.h"
+#include "torch/optimizer_state.h"
 
 namespace zeroshard::torch {
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "engine_tensors.h"
+#include "torch/engine_tensors.h"
 #include "zeroshard/activation_checkpointing.h"
 #include "zeroshard/torch.h"
 

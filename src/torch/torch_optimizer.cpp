@@ -13,7 +13,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #endif
 
-#include "optimizer_state.h"
+#include "torch/optimizer_state.h"
 
 namespace zeroshard::torch {
 

@@ -10,7 +10,7 @@
 #include <cstring>
 #include <mutex>
 
-#include "optimizer_state.h"
+#include "torch/optimizer_state.h"
 
 namespace zeroshard::torch {
 

@@ -7,7 +7,7 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "optimizer_state.h"
+#include "torch/optimizer_state.h"
 
 namespace zeroshard::torch {
 

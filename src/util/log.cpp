@@ -9,8 +9,8 @@
 #include <string>
 #include <utility>
 
-#include "config/config_values.h"
 #include "util/check.h"
+#include "util/text.h"
 
 namespace zeroshard {
 namespace {

@@ -20,10 +20,10 @@
 #if ZEROSHARD_WITH_CUDA
 #include <cuda_runtime_api.h>
 
-#include "backend/cuda/cuda_staging.h"
 #include "backend/cuda/cuda_stream.h"
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/device_selection.h"
+#include "comm/cuda/cuda_staging.h"
 #endif
 
 namespace zeroshard {

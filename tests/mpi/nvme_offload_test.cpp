@@ -20,7 +20,7 @@
 
 #include "engine/engine_internals.h"
 #include "mpi/toy_model.h"
-#include "nvme_swapper.h"  // swap_record_bytes, swap_file_path
+#include "offload/nvme_swapper.h"  // swap_record_bytes, swap_file_path
 
 namespace zeroshard::testing {
 namespace {

@@ -11,7 +11,7 @@
 #include <filesystem>
 #include <string>
 
-#include "comm/block_quantizer.h"  // quantize_blocks, dequantize_blocks: the CPU reference
+#include "kernels/cpu/block_quantizer.h"  // quantize_blocks, dequantize_blocks: the CPU reference
 #include "mpi/toy_model.h"
 
 namespace zeroshard::testing {

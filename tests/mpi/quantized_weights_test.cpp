@@ -8,7 +8,7 @@
 #include <cstring>
 #include <string>
 
-#include "comm/block_quantizer.h"  // quantize_blocks, dequantize_blocks: the CPU reference
+#include "kernels/cpu/block_quantizer.h"  // quantize_blocks, dequantize_blocks: the CPU reference
 #include "mpi/toy_model.h"
 
 namespace zeroshard::testing {

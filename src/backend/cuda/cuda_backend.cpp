@@ -13,10 +13,10 @@
 #include <variant>
 #include <vector>
 
-#include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_stream.h"
 #include "backend/cuda/device_buffer.h"
-#include "kernels.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/kernels.h"
 #include "optim/builtin_rule.h"
 #include "optim/rule_checks.h"
 #include "util/check.h"

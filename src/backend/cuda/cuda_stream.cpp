@@ -3,7 +3,7 @@
 
 #include <utility>
 
-#include "backend/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_check.h"
 
 namespace zeroshard::cuda {
 

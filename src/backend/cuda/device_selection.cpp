@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "backend/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_check.h"
 
 namespace zeroshard::cuda {
 namespace {
