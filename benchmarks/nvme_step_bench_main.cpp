@@ -97,19 +97,19 @@ class Trainer {
       std::fill(grad, grad + p.numel(), 1e-3f * static_cast<float>(++step_ % 7 + 1));
       engine_.grad_ready(p);
     }
-    const double update_before = state.times_.update;
-    const detail::SwapTimes io_before = state.optimizer_->swap_times();
+    const double update_before = state.times().update;
+    const detail::SwapTimes io_before = state.optimizer().swap_times();
     engine_.step();
-    const detail::SwapTimes io = state.optimizer_->swap_times();
+    const detail::SwapTimes io = state.optimizer().swap_times();
     StepSplit split;
-    split.total = state.times_.update - update_before;
+    split.total = state.times().update - update_before;
     split.read_wait = io.read_wait - io_before.read_wait;
     split.update = io.update - io_before.update;
     split.write_wait = io.write_wait - io_before.write_wait;
     split.bytes_read = io.bytes_read - io_before.bytes_read;
     split.bytes_written = io.bytes_written - io_before.bytes_written;
     // Resident, the whole update is the rule.
-    if (!state.optimizer_->swaps()) split.update = split.total;
+    if (!state.optimizer().swaps()) split.update = split.total;
     return split;
   }
 
@@ -117,7 +117,7 @@ class Trainer {
   /// The rank's shard, padding included: the elements its swap files hold.
   std::int64_t owned_elements() {
     const detail::EngineState& state = detail::EngineInternals::state(engine_);
-    return state.optimizer_->owned_end() - state.optimizer_->owned_begin();
+    return state.optimizer().owned_end() - state.optimizer().owned_begin();
   }
 
  private:

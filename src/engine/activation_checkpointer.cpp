@@ -76,8 +76,8 @@ struct ActivationCheckpointer::Impl {
         state(detail::EngineInternals::state(engine)),
         config(engine.config().activation_checkpointing) {
     if (config.cpu_checkpointing) {
-      outgoing_done = state.backend_->make_copy_event();
-      incoming_done = state.backend_->make_copy_event();
+      outgoing_done = state.backend().make_copy_event();
+      incoming_done = state.backend().make_copy_event();
     }
     if (config.partition_activations) {
       if (model_parallel == nullptr || model_parallel->size() == 1) {
@@ -102,8 +102,8 @@ struct ActivationCheckpointer::Impl {
 
   /// Where kept copies live: pinned host memory with cpu_checkpointing, else the device.
   detail::MemoryResource& kept_resource() {
-    return config.cpu_checkpointing ? state.backend_->pinned_host_memory()
-                                    : state.backend_->memory();
+    return config.cpu_checkpointing ? state.backend().pinned_host_memory()
+                                    : state.backend().memory();
   }
 
   bool keeps_as_given() const {
@@ -112,7 +112,7 @@ struct ActivationCheckpointer::Impl {
   }
 
   void boundary() {
-    if (config.synchronize_checkpoint_boundary) state.backend_->synchronize();
+    if (config.synchronize_checkpoint_boundary) state.backend().synchronize();
   }
 
   ~Impl() {
@@ -175,7 +175,7 @@ struct ActivationCheckpointer::Impl {
         slot_bytes = (kept.part_bytes + detail::kBufferAlignment - 1) / detail::kBufferAlignment *
                      detail::kBufferAlignment;
         contiguous = detail::TrackedBuffer(
-            state.tracker_, MemoryCategory::kActivations,
+            state.tracker(), MemoryCategory::kActivations,
             slot_bytes * static_cast<std::size_t>(*config.number_checkpoints), kept_resource());
         if (config.cpu_checkpointing) {
           kept_host += as_bytes(contiguous.bytes());
@@ -201,18 +201,18 @@ struct ActivationCheckpointer::Impl {
       kept.slot = slot;
       destination = slot_data(slot);
     } else {
-      kept.copy = detail::TrackedBuffer(state.tracker_, MemoryCategory::kActivations,
+      kept.copy = detail::TrackedBuffer(state.tracker(), MemoryCategory::kActivations,
                                         kept.part_bytes, kept_resource());
       destination = kept.copy.data();
       add_kept(kept, +1);
     }
     const char* source = reinterpret_cast<const char*>(input.data()) + kept.part_offset;
     if (!config.cpu_checkpointing) {
-      state.backend_->copy(destination, source, kept.part_bytes);
+      state.backend().copy(destination, source, kept.part_bytes);
       return;  // `input` is freed: nothing of it stays on the device but the part kept there
     }
     // The input stays on the device until its copy has left, one block later.
-    state.backend_->copy_to_host_async(destination, source, kept.part_bytes, *outgoing_done);
+    state.backend().copy_to_host_async(destination, source, kept.part_bytes, *outgoing_done);
     outgoing = std::move(input);
   }
 
@@ -232,7 +232,7 @@ struct ActivationCheckpointer::Impl {
     }
     ActivationBuffer input = engine.allocate_activations(kept.bytes);
     const void* source = kept.slot >= 0 ? slot_data(kept.slot) : kept.copy.data();
-    state.backend_->copy(reinterpret_cast<char*>(input.data()) + kept.part_offset, source,
+    state.backend().copy(reinterpret_cast<char*>(input.data()) + kept.part_offset, source,
                          kept.part_bytes);
     gather_parts(kept, input);
     if (kept.slot < 0) add_kept(kept, -1);
@@ -245,7 +245,7 @@ struct ActivationCheckpointer::Impl {
     const Kept& kept = stack[index];
     ActivationBuffer input = engine.allocate_activations(kept.bytes);
     const void* source = kept.slot >= 0 ? slot_data(kept.slot) : kept.copy.data();
-    state.backend_->copy_from_host_async(reinterpret_cast<char*>(input.data()) + kept.part_offset,
+    state.backend().copy_from_host_async(reinterpret_cast<char*>(input.data()) + kept.part_offset,
                                          source, kept.part_bytes, *incoming_done);
     return {std::move(input), index};
   }

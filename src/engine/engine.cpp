@@ -259,7 +259,7 @@ void EngineState::finalize() {
   }
   // Before the coordinator takes this rank's shard of them (and may poison the rest).
   if (adopted_.parameters != nullptr) note_adopted_values();
-  params_store_ = std::make_unique<ParamCoordinator>(*context_, shard_tier, adopted_.parameters);
+  coordinator_ = std::make_unique<ParamCoordinator>(*context_, shard_tier, adopted_.parameters);
   // Gradients handed over at the end of backward are all complete at once: the whole buffer is
   // held anyway, so stages 2-3 reduce it once per window as stage 1 does, through bounded slots,
   // and keep no separate gradient shard.
@@ -276,7 +276,7 @@ void EngineState::finalize() {
   }
   bucketer_ =
       std::make_unique<GradBucketer>(*context_, comm_dtype_, whole_gradients, adopted_.gradients);
-  optimizer_ = std::make_unique<OptimizerShard>(*context_, *rule_, *params_store_,
+  optimizer_ = std::make_unique<OptimizerShard>(*context_, *rule_, *coordinator_,
                                                 bucketer_->full_grads(), grad_shard_dtype_);
   bucketer_->deliver_to(*optimizer_);
   finalized_ = true;
@@ -307,7 +307,7 @@ void EngineState::take_adopted_values() {
     const std::int64_t count = std::min(kChunk, end - begin);
     raw.resize(static_cast<std::size_t>(count) * dsize_);
     values.resize(static_cast<std::size_t>(count));
-    params_store_->read_owned(begin, raw.data(), MemoryLocation::kHost, count);
+    coordinator_->read_owned(begin, raw.data(), MemoryLocation::kHost, count);
     convert_to_float(raw.data(), dtype_, values.data(), count);
     optimizer_->load_master(begin, values.data(), count);
   }
@@ -315,7 +315,7 @@ void EngineState::take_adopted_values() {
 
 void* EngineState::param_data(int index) {
   require_finalized();
-  return params_store_->data(index);
+  return coordinator_->data(index);
 }
 
 GradTarget EngineState::param_grad(int index, bool may_assign) {
@@ -327,7 +327,7 @@ void EngineState::mark_grad_ready(int index) {
   require_finalized();
   begin_overlapped_update_if_due();
   bucketer_->mark_ready(index, micro_step_);
-  params_store_->poll();
+  coordinator_->poll();
 }
 
 void EngineState::mark_all_grads_ready() {
@@ -337,14 +337,14 @@ void EngineState::mark_all_grads_ready() {
     const ParamInfo& p = params_[i];
     if (p.trainable && !p.grad_ready) bucketer_->mark_ready(static_cast<int>(i), micro_step_);
   }
-  params_store_->poll();
+  coordinator_->poll();
 }
 
 void EngineState::gather(ModuleId module) {
   require_finalized();
   ZEROSHARD_CHECK_USAGE(module >= 0 && module < static_cast<ModuleId>(modules_.size()),
                         "gather(" << module << "): no such module");
-  params_store_->gather(module);
+  coordinator_->gather(module);
   bucketer_->poll();
 }
 
@@ -352,14 +352,14 @@ void EngineState::release(ModuleId module) {
   ZEROSHARD_CHECK_USAGE(module >= 0 && module < static_cast<ModuleId>(modules_.size()),
                         "release(" << module << "): no such module");
   if (stage_ != 3) return;
-  params_store_->release(module);
+  coordinator_->release(module);
 }
 
 void EngineState::copy_param_from(int index, const float* values) {
   require_finalized();
   note_initial_values(index, values,
                       static_cast<std::size_t>(params_[index].numel) * sizeof(float));
-  params_store_->store(index, values);
+  coordinator_->store(index, values);
   const ParamInfo& p = params_[index];
   if (!p.trainable) return;
   const std::int64_t lo = layout_.offset(p.tensor);
@@ -404,9 +404,9 @@ ScheduledValues EngineState::scheduled() const {
 // --- Parameter -----------------------------------------------------------------------------------
 
 namespace {
-detail::ParamInfo& info(detail::EngineState* state, int index) {
+const detail::ParamInfo& info(const detail::EngineState* state, int index) {
   ZEROSHARD_CHECK_USAGE(state != nullptr, "use of an empty Parameter handle");
-  return state->params_[index];
+  return state->param(index);
 }
 }  // namespace
 
@@ -632,7 +632,7 @@ void Engine::release_model() {
 
 std::int64_t Engine::peak_gathered_bytes() const {
   if (live().stage_ != 3 || !live().finalized_) return 0;
-  return live().params_store_->peak_gathered_elements() * static_cast<std::int64_t>(live().dsize_);
+  return live().coordinator_->peak_gathered_elements() * static_cast<std::int64_t>(live().dsize_);
 }
 
 void Engine::adopt_memory(const ModelMemory& memory) {

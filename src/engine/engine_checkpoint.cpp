@@ -33,6 +33,130 @@ std::string message_of(const std::exception_ptr& failure) {
   }
 }
 
+// Where a save writes: the tag's folder, and the temporary folder it is renamed from once whole.
+struct SavePaths {
+  std::string dir;
+  std::string tag;
+  std::string final_dir = dir + "/" + tag;
+  std::string tmp_dir = final_dir + ".tmp";
+};
+
+// Rank 0's part of a save's start: a fresh temporary folder, for a tag not used yet.
+std::exception_ptr prepare_save_folder(const SavePaths& paths) {
+  try {
+    std::filesystem::create_directories(paths.dir);
+    if (std::filesystem::exists(paths.final_dir)) {
+      throw CheckpointError("checkpoint " + paths.final_dir +
+                            " already exists; save under a new tag or remove it first");
+    }
+    std::filesystem::remove_all(paths.tmp_dir);  // a save that crashed before its commit
+    std::filesystem::create_directory(paths.tmp_dir);
+  } catch (const std::filesystem::filesystem_error& e) {
+    return std::make_exception_ptr(
+        IoError("cannot prepare checkpoint folder " + paths.tmp_dir + " (rank 0): " + e.what()));
+  } catch (...) {
+    return std::current_exception();
+  }
+  return nullptr;
+}
+
+// This rank's shard of the flat layout, every array of the optimizer shard (master weights, then
+// the rule's states) one section each; the checksums of each section's chunks. At stage 0 the
+// rank owns everything but writes only its shard's range, so that the files do not depend on the
+// stage.
+std::vector<std::vector<std::uint32_t>> write_optimizer_shard(const std::string& path,
+                                                              OptimizerShard& optimizer,
+                                                              std::int64_t lo, std::int64_t hi,
+                                                              int rank) {
+  std::vector<std::vector<std::uint32_t>> crcs(optimizer.array_count());
+  ShardWriter file(path + ".tmp");
+  for (int a = 0; a < optimizer.array_count(); ++a) {
+    crcs[a] = file.write_section(hi - lo, [&](float* out, std::int64_t first, std::int64_t n) {
+      if (const float* values = optimizer.host_view(a, lo + first)) {
+        std::memcpy(out, values, static_cast<std::size_t>(n) * sizeof(float));
+      } else {
+        optimizer.read_owned(a, lo + first, out, n);
+      }
+    });
+  }
+  file.finish();
+  if (std::rename((path + ".tmp").c_str(), path.c_str()) != 0) {
+    throw IoError("cannot rename " + path + ".tmp (rank " + std::to_string(rank) + ")");
+  }
+  return crcs;
+}
+
+// Elements of the frozen parameters laid end to end, 0 when every parameter trains.
+std::int64_t frozen_total(const std::vector<ParamInfo>& params) {
+  std::int64_t total = 0;
+  for (const ParamInfo& p : params) {
+    if (!p.trainable) total = std::max(total, p.frozen_offset + p.numel);
+  }
+  return total;
+}
+
+// The frozen parameters, whole, widened to fp32 (exact): the values the model reads, so under
+// zero_quantized_nontrainable_weights the decoded ones. One section; its chunks' checksums.
+std::vector<std::uint32_t> write_frozen_parameters(const std::string& path,
+                                                   const std::vector<ParamInfo>& params,
+                                                   ParamCoordinator& coordinator) {
+  std::vector<float> frozen(static_cast<std::size_t>(frozen_total(params)));
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const ParamInfo& p = params[i];
+    if (!p.trainable) coordinator.read_frozen(static_cast<int>(i), frozen.data() + p.frozen_offset);
+  }
+  ShardWriter file(path);
+  std::vector<std::uint32_t> crc =
+      file.write_section(static_cast<std::int64_t>(frozen.size()),
+                         [&](float* out, std::int64_t first, std::int64_t n) {
+                           std::copy_n(frozen.data() + first, n, out);
+                         });
+  file.finish();
+  return crc;
+}
+
+// Per array: its chunk count, then the chunks' checksums; read back by shard_entry().
+std::string checksum_text(const std::vector<std::vector<std::uint32_t>>& crcs) {
+  std::ostringstream text;
+  for (const std::vector<std::uint32_t>& array : crcs) {
+    text << array.size();
+    for (std::uint32_t c : array) text << ' ' << c;
+    text << ' ';
+  }
+  return text.str();
+}
+
+ManifestFile shard_entry(int rank, const std::string& checksums, int arrays,
+                         std::int64_t shard_size) {
+  ManifestFile f{.name = shard_file_name(rank),
+                 .bytes = static_cast<std::int64_t>(arrays) * shard_size * 4,
+                 .chunk_elements = kIoChunk,
+                 .chunk_crc = {}};
+  std::istringstream in(checksums);
+  std::size_t chunks = 0;
+  while (in >> chunks) {
+    std::vector<std::uint32_t>& array = f.chunk_crc.emplace_back(chunks);
+    for (std::uint32_t& c : array) in >> c;
+  }
+  return f;
+}
+
+// Rank 0's commit, each part durable before the next: the manifest, the folder's rename to its
+// tag, then `latest`. A crash at any point leaves the previous checkpoint the latest.
+void commit_save(const SavePaths& paths, const Manifest& manifest) {
+  try {
+    write_file_durably(paths.tmp_dir + "/" + kManifestName, manifest_to_json(manifest));
+    fsync_directory(paths.tmp_dir);
+    checkpoint_point_reached("before_rename");
+    std::filesystem::rename(paths.tmp_dir, paths.final_dir);
+    fsync_directory(paths.dir);
+    checkpoint_point_reached("before_latest");
+    write_file_durably(paths.dir + "/" + kLatestName, paths.tag + "\n");
+  } catch (const std::filesystem::filesystem_error& e) {
+    throw IoError("cannot commit checkpoint " + paths.final_dir + " (rank 0): " + e.what());
+  }
+}
+
 }  // namespace
 
 std::string EngineState::failure_on_any_rank(std::exception_ptr failure) {
@@ -59,92 +183,27 @@ void EngineState::save_checkpoint(const std::string& dir, const std::string& tag
                                             << config_.gradient_accumulation_steps
                                             << " micro-steps done): gradients are not saved; save "
                                                "after the step() that ends the window");
-  const std::string final_dir = dir + "/" + tag;
-  const std::string tmp_dir = final_dir + ".tmp";
+  const SavePaths paths{.dir = dir, .tag = tag};
+  agree_on_failure(rank_ == 0 ? prepare_save_folder(paths) : nullptr, "save_checkpoint");
 
-  // 1. Rank 0 prepares a fresh temporary folder; the tag must be new.
+  // Every rank writes its shard; rank 0 also the frozen parameters, once.
   std::exception_ptr failure;
-  if (rank_ == 0) {
-    try {
-      std::filesystem::create_directories(dir);
-      if (std::filesystem::exists(final_dir)) {
-        throw CheckpointError("checkpoint " + final_dir +
-                              " already exists; save under a new tag or remove it first");
-      }
-      std::filesystem::remove_all(tmp_dir);  // a save that crashed before its commit
-      std::filesystem::create_directory(tmp_dir);
-    } catch (const std::filesystem::filesystem_error& e) {
-      failure = std::make_exception_ptr(
-          IoError("cannot prepare checkpoint folder " + tmp_dir + " (rank 0): " + e.what()));
-    } catch (...) {
-      failure = std::current_exception();
-    }
-  }
-  agree_on_failure(failure, "save_checkpoint");
-
-  // 2. Every rank writes its shard of the flat layout: at stage 0 it owns everything but writes
-  // only [shard_begin, shard_end), so that the files do not depend on the stage.
-  const int arrays = optimizer_->array_count();
-  const std::int64_t lo = layout_.shard_begin(rank_);
-  const std::int64_t hi = layout_.shard_end(rank_);
-  std::vector<std::vector<std::uint32_t>> crcs(arrays);
+  std::vector<std::vector<std::uint32_t>> shard_crcs;
+  std::vector<std::uint32_t> frozen_crc;
   try {
-    const std::string path = tmp_dir + "/" + shard_file_name(rank_);
-    ShardWriter file(path + ".tmp");
-    for (int a = 0; a < arrays; ++a) {
-      crcs[a] = file.write_section(hi - lo, [&](float* out, std::int64_t first, std::int64_t n) {
-        if (const float* values = optimizer_->host_view(a, lo + first)) {
-          std::memcpy(out, values, static_cast<std::size_t>(n) * sizeof(float));
-        } else {
-          optimizer_->read_owned(a, lo + first, out, n);
-        }
-      });
-    }
-    file.finish();
-    if (std::rename((path + ".tmp").c_str(), path.c_str()) != 0) {
-      throw IoError("cannot rename " + path + ".tmp (rank " + std::to_string(rank_) + ")");
+    shard_crcs = write_optimizer_shard(paths.tmp_dir + "/" + shard_file_name(rank_), *optimizer_,
+                                       layout_.shard_begin(rank_), layout_.shard_end(rank_), rank_);
+    if (rank_ == 0 && frozen_total(params_) > 0) {
+      frozen_crc =
+          write_frozen_parameters(paths.tmp_dir + "/" + kFrozenName, params_, *coordinator_);
     }
   } catch (...) {
     failure = std::current_exception();
   }
 
-  // Rank 0 writes the frozen parameters, whole, once, widened to fp32 (exact): the values the
-  // model reads, so under zero_quantized_nontrainable_weights the decoded ones.
-  std::int64_t frozen_total = 0;
-  for (const ParamInfo& p : params_) {
-    if (!p.trainable) frozen_total = std::max(frozen_total, p.frozen_offset + p.numel);
-  }
-  std::vector<std::uint32_t> frozen_crc;
-  if (rank_ == 0 && frozen_total > 0 && !failure) {
-    try {
-      std::vector<float> frozen(static_cast<std::size_t>(frozen_total));
-      for (std::size_t i = 0; i < params_.size(); ++i) {
-        const ParamInfo& p = params_[i];
-        if (!p.trainable) {
-          params_store_->read_frozen(static_cast<int>(i), frozen.data() + p.frozen_offset);
-        }
-      }
-      ShardWriter file(tmp_dir + "/" + kFrozenName);
-      frozen_crc =
-          file.write_section(frozen_total, [&](float* out, std::int64_t first, std::int64_t n) {
-            std::copy_n(frozen.data() + first, n, out);
-          });
-      file.finish();
-    } catch (...) {
-      failure = std::current_exception();
-    }
-  }
-
-  // 3. Rank 0 learns every rank's checksums (or failure).
-  // Per array: its chunk count, then the chunks' checksums.
-  std::ostringstream mine;
-  for (const std::vector<std::uint32_t>& array : crcs) {
-    mine << array.size();
-    for (std::uint32_t c : array) mine << ' ' << c;
-    mine << ' ';
-  }
+  // Rank 0 learns every rank's checksums, or its failure.
   const std::vector<std::string> all =
-      all_gather_text(failure ? "!" + message_of(failure) : mine.str());
+      all_gather_text(failure ? "!" + message_of(failure) : checksum_text(shard_crcs));
   if (failure) std::rethrow_exception(failure);
   for (std::size_t r = 0; r < all.size(); ++r) {
     if (!all[r].empty() && all[r][0] == '!') {
@@ -152,77 +211,62 @@ void EngineState::save_checkpoint(const std::string& dir, const std::string& tag
                             all[r].substr(1) + "; the previous checkpoint stays the latest");
     }
   }
-
-  // 4. Rank 0 commits: manifest, rename of the folder, then `latest`.
   if (rank_ == 0) {
     try {
-      Manifest m;
-      m.world_size = world_;
-      m.stage = stage_;
-      m.precision = to_string(dtype_);
-      m.alignment = kTensorAlignment;
-      m.unpadded_total = layout_.unpadded_total();
-      m.padded_total = layout_.padded_total();
-      m.shard_size = layout_.shard_size();
-      m.frozen_total = frozen_total;
-      for (const ParamInfo& p : params_) {
-        m.tensors.push_back({.name = p.name,
-                             .shape = p.shape,
-                             .numel = p.numel,
-                             .group = p.group,
-                             .trainable = p.trainable,
-                             .offset = p.trainable ? layout_.offset(p.tensor) : p.frozen_offset});
-      }
-      for (const GroupInfo& g : groups_) {
-        m.groups.push_back({g.options.name, g.options.lr, g.options.weight_decay});
-      }
-      m.rule = rule_->name();
-      m.state_count = rule_->state_count();
-      m.rule_lr = rule_->default_lr();
-      m.rule_weight_decay = rule_->default_weight_decay();
-      m.rule_beta1 = rule_->beta1();
-      m.scheduler = scheduler_ ? scheduler_->name() : "";
-      m.global_step = global_step_;
-      m.micro_step = micro_step_;
-      m.lr_override = lr_override_;
-      m.last_grad_norm = last_grad_norm_;
-      if (scaler_) m.scaler = scaler_->state();
+      Manifest manifest = checkpoint_manifest(user_state);
       for (int r = 0; r < world_; ++r) {
-        ManifestFile f{.name = shard_file_name(r),
-                       .bytes = static_cast<std::int64_t>(arrays) * layout_.shard_size() * 4,
-                       .chunk_elements = kIoChunk,
-                       .chunk_crc = {}};
-        std::istringstream in(all[r]);
-        std::size_t chunks = 0;
-        while (in >> chunks) {
-          std::vector<std::uint32_t>& array = f.chunk_crc.emplace_back(chunks);
-          for (std::uint32_t& c : array) in >> c;
-        }
-        m.shards.push_back(std::move(f));
+        manifest.shards.push_back(
+            shard_entry(r, all[r], optimizer_->array_count(), layout_.shard_size()));
       }
-      if (frozen_total > 0) {
-        m.frozen = ManifestFile{.name = kFrozenName,
-                                .bytes = frozen_total * 4,
-                                .chunk_elements = kIoChunk,
-                                .chunk_crc = {frozen_crc}};
+      if (manifest.frozen_total > 0) {
+        manifest.frozen = ManifestFile{.name = kFrozenName,
+                                       .bytes = manifest.frozen_total * 4,
+                                       .chunk_elements = kIoChunk,
+                                       .chunk_crc = {frozen_crc}};
       }
-      m.user_state = user_state;
-      write_file_durably(tmp_dir + "/" + kManifestName, manifest_to_json(m));
-      fsync_directory(tmp_dir);
-      checkpoint_point_reached("before_rename");
-      std::filesystem::rename(tmp_dir, final_dir);
-      fsync_directory(dir);
-      checkpoint_point_reached("before_latest");
-      write_file_durably(dir + "/" + kLatestName, tag + "\n");
-    } catch (const std::filesystem::filesystem_error& e) {
-      failure = std::make_exception_ptr(
-          IoError("cannot commit checkpoint " + final_dir + " (rank 0): " + e.what()));
+      commit_save(paths, manifest);
     } catch (...) {
       failure = std::current_exception();
     }
   }
   agree_on_failure(failure, "save_checkpoint");
-  ZEROSHARD_LOG(kInfo, "saved checkpoint " << final_dir << " at step " << global_step_);
+  ZEROSHARD_LOG(kInfo, "saved checkpoint " << paths.final_dir << " at step " << global_step_);
+}
+
+Manifest EngineState::checkpoint_manifest(const std::string& user_state) const {
+  Manifest m;
+  m.world_size = world_;
+  m.stage = stage_;
+  m.precision = to_string(dtype_);
+  m.alignment = kTensorAlignment;
+  m.unpadded_total = layout_.unpadded_total();
+  m.padded_total = layout_.padded_total();
+  m.shard_size = layout_.shard_size();
+  m.frozen_total = frozen_total(params_);
+  for (const ParamInfo& p : params_) {
+    m.tensors.push_back({.name = p.name,
+                         .shape = p.shape,
+                         .numel = p.numel,
+                         .group = p.group,
+                         .trainable = p.trainable,
+                         .offset = p.trainable ? layout_.offset(p.tensor) : p.frozen_offset});
+  }
+  for (const GroupInfo& g : groups_) {
+    m.groups.push_back({g.options.name, g.options.lr, g.options.weight_decay});
+  }
+  m.rule = rule_->name();
+  m.state_count = rule_->state_count();
+  m.rule_lr = rule_->default_lr();
+  m.rule_weight_decay = rule_->default_weight_decay();
+  m.rule_beta1 = rule_->beta1();
+  m.scheduler = scheduler_ ? scheduler_->name() : "";
+  m.global_step = global_step_;
+  m.micro_step = micro_step_;
+  m.lr_override = lr_override_;
+  m.last_grad_norm = last_grad_norm_;
+  if (scaler_) m.scaler = scaler_->state();
+  m.user_state = user_state;
+  return m;
 }
 
 namespace {
@@ -275,7 +319,7 @@ void check_fits(const Manifest& m, const std::string& path, const std::vector<Pa
 CheckpointInfo EngineState::load_checkpoint(const std::string& dir, const std::string& tag) {
   require_finalized();
   // Stage 3: every module released, and kept gathered copies dropped (they would be stale).
-  params_store_->release_all_after_step("load_checkpoint()");
+  coordinator_->release_all_after_step("load_checkpoint()");
   // Nothing below changes the engine until every rank has read and checked its part.
   std::exception_ptr failure;
   CheckpointInfo info;
@@ -341,10 +385,10 @@ CheckpointInfo EngineState::load_checkpoint(const std::string& dir, const std::s
     }
   }
   optimizer_->refresh_params_from_master();
-  params_store_->after_update();
+  coordinator_->after_update();
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const ParamInfo& p = params_[i];
-    if (!p.trainable) params_store_->store(static_cast<int>(i), frozen.data() + p.frozen_offset);
+    if (!p.trainable) coordinator_->store(static_cast<int>(i), frozen.data() + p.frozen_offset);
   }
   forget_initial_values();
   global_step_ = m.global_step;
@@ -459,7 +503,7 @@ bool EngineState::save_16bit_model(const std::string& path) {
       if (rank_ != 0 || failure) continue;
       try {
         raw.resize(params_[index].numel * dsize_);
-        backend_->copy_to_host(raw.data(), params_store_->data(index), raw.size());
+        backend_->copy_to_host(raw.data(), coordinator_->data(index), raw.size());
         file->pwrite_all(raw.data(), raw.size(), prefix.size() + entries[index].begin);
       } catch (...) {
         failure = std::current_exception();

@@ -81,6 +81,8 @@ class EngineState {
   // --- engine_checkpoint.cpp: sharded save and load ---
   void save_checkpoint(const std::string& dir, const std::string& tag,
                        const std::string& user_state);
+  /// Rank 0's manifest of a save: the model, the layout, the rule and the step, without the files.
+  Manifest checkpoint_manifest(const std::string& user_state) const;
   CheckpointInfo load_checkpoint(const std::string& dir, const std::string& tag);
   void load_weights(const std::string& file);
   bool save_16bit_model(const std::string& file);
@@ -112,6 +114,9 @@ class EngineState {
   std::vector<std::string> all_gather_text(const std::string& text);
 
   // --- engine_step.cpp ---
+  /// The micro-step's end; at the window's end the optimizer step, in its phases: scan the
+  /// gradients, handle non-finite ones, clip, update, refresh the parameters, clear the gradients
+  /// and move the schedule on.
   StepResult step();
   /// Per parameter group: the next update's scalars after the schedule and the group's options.
   GroupContexts step_contexts() const;
@@ -125,9 +130,62 @@ class EngineState {
   // fp16 loss scaling: the scaler hears of every boundary step, skipped or not.
   void on_overflow();
   void on_clean_step();
-  std::optional<LossScaler> scaler_;
   /// The factor the model scales its loss by: the scaler's, or 1 without fp16.
   double loss_scale() const { return scaler_ ? scaler_->scale() : 1.0; }
+  /// The schedule's values for the next update (or the override / the rule's own lr).
+  ScheduledValues scheduled() const;
+  double current_lr() const { return scheduled().lr; }
+
+  // --- what the engine's components and the library's other parts read ---
+  const Config& config() const noexcept { return config_; }
+  const UpdateRule& rule() const noexcept { return *rule_; }
+  DType dtype() const noexcept { return dtype_; }
+  GradHandover grad_handover() const noexcept { return grad_handover_; }
+  const std::vector<ParamInfo>& params() const noexcept { return params_; }
+  const ParamInfo& param(int index) const { return params_[index]; }
+  const std::vector<GroupInfo>& groups() const noexcept { return groups_; }
+  const std::vector<ModuleInfo>& modules() const noexcept { return modules_; }
+  ComputeBackend& backend() noexcept { return *backend_; }
+  MemoryTracker& tracker() noexcept { return tracker_; }
+  const StepTimes& times() const noexcept { return times_; }
+  /// The components, built by finalize().
+  OptimizerShard& optimizer() noexcept { return *optimizer_; }
+  const OptimizerShard& optimizer() const noexcept { return *optimizer_; }
+  ParamCoordinator& coordinator() noexcept { return *coordinator_; }
+
+ private:
+  // The public Engine and Parameter are this object's face (a pointer to implementation): their
+  // calls read and set its registration, step bookkeeping and collaborators directly.
+  friend class zeroshard::Engine;
+  friend class zeroshard::Parameter;
+
+  /// What the scan of the gradients found, summed over the ranks.
+  struct GradientSummary {
+    double unscale = 1.0;         ///< gradient_unscale() for this step
+    double sum_of_squares = 0.0;  ///< of the unscaled gradients, over every rank
+    bool nonfinite = false;       ///< some rank holds inf or NaN, or the sum overflowed
+    GroupContexts contexts;       ///< the update's scalars, checked alike on every rank
+  };
+  /// Collective: scans this rank's shard, lands an overlapped update and all-reduces the scan
+  /// with the digest of the step's learning rates (UsageError when the ranks differ).
+  GradientSummary scan_gradients();
+  /// Whether a non-finite gradient stops the update (not for bf16 without check_grad_overflow).
+  bool checks_nonfinite() const;
+  /// Out of the common path: fp16 skips the step and lowers the loss scale, bf16 skips it and
+  /// says so, fp32 throws a UsageError naming the first parameter that holds the value.
+  StepResult skip_nonfinite_step(StepResult result);
+  /// Collective: the first parameter, in registration order, non-finite on some rank; -1 when
+  /// only the sum overflowed.
+  int first_nonfinite_parameter();
+  /// gradient_clipping / (norm + 1e-6) when that is below 1, else 1 (DeepSpeed's coefficient).
+  double clip_coefficient(double norm) const;
+  /// Keeps super_offload's overlapped update when it matches, else runs the update; true when
+  /// the overlapped one was kept.
+  bool run_update(float grad_factor, const GroupContexts& contexts);
+  /// Spreads the updated parameters as the stage requires.
+  void refresh_parameters();
+  /// Zeroes the gradients but for the range the update has already cleared.
+  void clear_gradients_after_update();
 
   // Configuration and collaborators.
   Config config_;
@@ -161,7 +219,7 @@ class EngineState {
   std::vector<int> tensor_param_;  ///< trainable tensor index -> parameter index
   StepTimes times_;
   std::unique_ptr<EngineContext> context_;
-  std::unique_ptr<ParamCoordinator> params_store_;
+  std::unique_ptr<ParamCoordinator> coordinator_;
   std::unique_ptr<GradBucketer> bucketer_;
   std::unique_ptr<OptimizerShard> optimizer_;
   /// Device memory only: where the step's few all-reduced floats (norm, overflow) travel.
@@ -180,11 +238,8 @@ class EngineState {
   /// super_offload: the next window's update overlaps backward. Off after a step that clipped, as
   /// the next one likely clips too and the overlapped update would be thrown away.
   bool overlap_next_update_ = true;
-
-  /// The schedule's values for the next update (or the override / the rule's own lr).
-  ScheduledValues scheduled() const;
-  double current_lr() const { return scheduled().lr; }
   std::unique_ptr<LrScheduler> scheduler_;
+  std::optional<LossScaler> scaler_;
 };
 
 }  // namespace zeroshard::detail

@@ -46,19 +46,36 @@ StepResult EngineState::step() {
     return result;
   }
   micro_step_ = 0;
-  params_store_->release_all_after_step();
+  coordinator_->release_all_after_step();
 
   const auto update_start = std::chrono::steady_clock::now();
-  // Every stage scans this rank's shard and sums the ranks' parts: stage 0, which holds the whole
-  // reduced gradients, then finds the norm stages 1-3 find, bit for bit.
-  const std::int64_t lo = layout_.shard_begin(rank_);
-  const std::int64_t hi = layout_.shard_end(rank_);
-  const double unscale = gradient_unscale();
+  const GradientSummary gradients = scan_gradients();
+  if (gradients.nonfinite && checks_nonfinite()) return skip_nonfinite_step(result);
+  const double norm = std::sqrt(gradients.sum_of_squares);
+  last_grad_norm_ = norm;
+  result.grad_norm = norm;
+  const double clip = clip_coefficient(norm);
+  result.overlapped = run_update(static_cast<float>(gradients.unscale * clip), gradients.contexts);
+  overlap_next_update_ = clip == 1.0;
+  times_.update += seconds_since(update_start);
+  refresh_parameters();
+  clear_gradients_after_update();
+  ++global_step_;
+  on_clean_step();
+  result.updated = true;
+  print_progress(result);
+  return result;
+}
 
-  // The norm needs every rank's part before the clip coefficient is known, so one pass only
-  // inspects the gradients; the update then applies unscale x clip as one fp32 factor as it reads
-  // them. The owned range is contiguous (padding between tensors stays zero), so it is one scan.
-  const GradientScan scan = optimizer_->scan(lo, hi);
+EngineState::GradientSummary EngineState::scan_gradients() {
+  GradientSummary summary;
+  summary.unscale = gradient_unscale();
+  // Every stage scans this rank's shard and sums the ranks' parts: stage 0, which holds the whole
+  // reduced gradients, then finds the norm stages 1-3 find, bit for bit. The norm needs every
+  // rank's part before the clip coefficient is known, so this pass only inspects the gradients;
+  // the update then applies unscale x clip as one fp32 factor as it reads them. The owned range
+  // is contiguous (padding between tensors stays zero), so it is one scan.
+  const GradientScan scan = optimizer_->scan(layout_.shard_begin(rank_), layout_.shard_end(rank_));
   // After the scan, which lands the last parts of super_offload's update and reads the gradients
   // while its thread finishes them.
   try {
@@ -67,92 +84,100 @@ StepResult EngineState::step() {
     zero_grad();
     throw;
   }
-  const GroupContexts contexts = step_contexts();
+  summary.contexts = step_contexts();
   // The sum that finds the norm also carries the digest of what every rank must step with.
   std::vector<float> partial(2 + step_agreement_floats());
-  partial[0] = static_cast<float>(scan.sum_of_squares * unscale * unscale);
+  partial[0] = static_cast<float>(scan.sum_of_squares * summary.unscale * summary.unscale);
   partial[1] = scan.nonfinite ? 1.0f : 0.0f;
-  pack_step_agreement(contexts, partial.data() + 2);
+  pack_step_agreement(summary.contexts, partial.data() + 2);
   all_reduce_host(partial.data(), static_cast<int>(partial.size()), ReduceOp::kSum);
-  check_step_agreement(contexts, partial.data() + 2);
-  const double squares_total = partial[0];
-  const bool nonfinite = partial[1] != 0.0f || !std::isfinite(partial[0]);
-  // bf16 with check_grad_overflow off trusts the gradients, as DeepSpeed's BF16 optimizer does.
-  const bool check = dtype_ != DType::kBFloat16 || config_.bf16.check_grad_overflow;
-  if (nonfinite && check) {
-    if (dtype_ == DType::kFloat16) {
-      zero_grad();
-      result.skipped = true;
-      on_overflow();
-      return result;
-    }
-    // Every rank names the same parameter: the first one, in registration order, that holds a
-    // non-finite value in some rank's shard. A float carries the index exactly below 2^24
-    // parameters; the per-tensor scans and this extra all-reduce run only on the way to the
-    // error.
-    int culprit = -1;
-    for (const TensorPiece& piece : layout_.pieces(lo, hi)) {
-      if (optimizer_->scan(piece.flat_offset, piece.flat_offset + piece.size).nonfinite) {
-        culprit = tensor_param_[piece.tensor];
-        break;
-      }
-    }
-    zero_grad();
-    const auto count = static_cast<float>(params_.size());
-    float key = culprit >= 0 ? count - static_cast<float>(culprit) : 0.0f;
-    all_reduce_host(&key, 1, ReduceOp::kMax);
-    culprit = key > 0.0f ? static_cast<int>(count - key) : -1;
-    std::ostringstream os;
-    os << "non-finite gradient (inf or NaN) ";
-    if (culprit >= 0) {
-      os << "in parameter '" << params_[culprit].name << "'";
-    } else {
-      os << "(the sum of squares of the gradients overflowed fp32)";
-    }
-    // The check runs after the reduction, so any rank's backward may have produced the value.
-    os << " at step " << global_step_ + 1 << " (found after summing the ranks' gradients)";
-    if (dtype_ == DType::kBFloat16) {
-      // DeepSpeed's BF16 optimizer with check_grad_overflow skips such a step; there is no loss
-      // scale to lower, so it only says so.
-      if (rank_ == 0) {
-        ZEROSHARD_LOG(kProgress, os.str() << ": update skipped on every rank");
-      }
-      result.skipped = true;
-      return result;
-    }
-    os << "; the update was not applied (parameters and optimizer states are unchanged). Check "
-          "the model's backward and the learning rate, or train with fp16 dynamic loss scaling "
-          "or bf16 to skip such steps";
-    throw UsageError(os.str());
-  }
-  const double norm = std::sqrt(squares_total);
-  last_grad_norm_ = norm;
-  result.grad_norm = norm;
-  double clip = 1.0;
-  if (config_.gradient_clipping > 0.0) {
-    const double coefficient = config_.gradient_clipping / (norm + kClipEpsilon);
-    if (coefficient < 1.0) clip = coefficient;
-  }
+  check_step_agreement(summary.contexts, partial.data() + 2);
+  summary.sum_of_squares = partial[0];
+  summary.nonfinite = partial[1] != 0.0f || !std::isfinite(partial[0]);
+  return summary;
+}
 
+bool EngineState::checks_nonfinite() const {
+  // bf16 with check_grad_overflow off trusts the gradients, as DeepSpeed's BF16 optimizer does.
+  return dtype_ != DType::kBFloat16 || config_.bf16.check_grad_overflow;
+}
+
+double EngineState::clip_coefficient(double norm) const {
+  if (config_.gradient_clipping <= 0.0) return 1.0;
+  const double coefficient = config_.gradient_clipping / (norm + kClipEpsilon);
+  return coefficient < 1.0 ? coefficient : 1.0;
+}
+
+bool EngineState::run_update(float grad_factor, const GroupContexts& contexts) {
   optimizer_->leave_whole_gradients(bucketer_->leaves_full_grads());
-  const auto grad_factor = static_cast<float>(unscale * clip);
-  result.overlapped = optimizer_->keep_overlapped_update(grad_factor, contexts);
-  if (!result.overlapped) apply_update(grad_factor, contexts);
-  overlap_next_update_ = clip == 1.0;
-  times_.update += seconds_since(update_start);
+  if (optimizer_->keep_overlapped_update(grad_factor, contexts)) return true;
+  apply_update(grad_factor, contexts);
+  return false;
+}
+
+void EngineState::refresh_parameters() {
   const auto gather_start = std::chrono::steady_clock::now();
-  params_store_->after_update();
+  coordinator_->after_update();
   times_.gather += seconds_since(gather_start);
+}
+
+void EngineState::clear_gradients_after_update() {
   if (optimizer_->clears_whole_gradients()) {
     zero_grad(optimizer_->owned_begin(), optimizer_->owned_end());
   } else {
     zero_grad();
   }
-  ++global_step_;
-  on_clean_step();
-  result.updated = true;
-  print_progress(result);
-  return result;
+}
+
+StepResult EngineState::skip_nonfinite_step(StepResult result) {
+  if (dtype_ == DType::kFloat16) {
+    zero_grad();
+    result.skipped = true;
+    on_overflow();
+    return result;
+  }
+  const int culprit = first_nonfinite_parameter();
+  zero_grad();
+  std::ostringstream os;
+  os << "non-finite gradient (inf or NaN) ";
+  if (culprit >= 0) {
+    os << "in parameter '" << params_[culprit].name << "'";
+  } else {
+    os << "(the sum of squares of the gradients overflowed fp32)";
+  }
+  // The check runs after the reduction, so any rank's backward may have produced the value.
+  os << " at step " << global_step_ + 1 << " (found after summing the ranks' gradients)";
+  if (dtype_ == DType::kBFloat16) {
+    // DeepSpeed's BF16 optimizer with check_grad_overflow skips such a step; there is no loss
+    // scale to lower, so it only says so.
+    if (rank_ == 0) {
+      ZEROSHARD_LOG(kProgress, os.str() << ": update skipped on every rank");
+    }
+    result.skipped = true;
+    return result;
+  }
+  os << "; the update was not applied (parameters and optimizer states are unchanged). Check "
+        "the model's backward and the learning rate, or train with fp16 dynamic loss scaling "
+        "or bf16 to skip such steps";
+  throw UsageError(os.str());
+}
+
+int EngineState::first_nonfinite_parameter() {
+  // Every rank names the same parameter: the first one, in registration order, that holds a
+  // non-finite value in some rank's shard. A float carries the index exactly below 2^24
+  // parameters; the per-tensor scans and this extra all-reduce run only on the way to the error.
+  int culprit = -1;
+  for (const TensorPiece& piece :
+       layout_.pieces(layout_.shard_begin(rank_), layout_.shard_end(rank_))) {
+    if (optimizer_->scan(piece.flat_offset, piece.flat_offset + piece.size).nonfinite) {
+      culprit = tensor_param_[piece.tensor];
+      break;
+    }
+  }
+  const auto count = static_cast<float>(params_.size());
+  float key = culprit >= 0 ? count - static_cast<float>(culprit) : 0.0f;
+  all_reduce_host(&key, 1, ReduceOp::kMax);
+  return key > 0.0f ? static_cast<int>(count - key) : -1;
 }
 
 GroupContexts EngineState::step_contexts() const {
@@ -186,10 +211,10 @@ void EngineState::apply_update(float grad_factor, const GroupContexts& contexts)
   try {
     // A parameter shard on NVMe writes its cache back first: if that fails, this rank's update
     // has not begun and nothing of it is undone below.
-    params_store_->begin_update();
+    coordinator_->begin_update();
     updating = true;
     optimizer_->update(grad_factor, contexts);
-    params_store_->flush_update();
+    coordinator_->flush_update();
   } catch (...) {
     failure = std::current_exception();
   }
@@ -200,7 +225,7 @@ void EngineState::apply_update(float grad_factor, const GroupContexts& contexts)
   all_reduce_host(&failed, 1, ReduceOp::kMax);
   if (failed == 0.0f) return;
   const std::string first = failure_on_any_rank(failure);
-  params_store_->roll_back_update();
+  coordinator_->roll_back_update();
   // Going back reads the records current before the step. The step did not read those of the
   // sub-groups the step before left in the buffers, so damage to them on disk shows only here.
   std::exception_ptr lost;

@@ -151,7 +151,7 @@ std::vector<Entry> agreement_entries(const EngineState& state) {
   // In the key table's order, where a section's deciding keys (the stage) come before the keys
   // whose defaults follow from them.
   const nlohmann::ordered_json resolved =
-      nlohmann::ordered_json::parse(state.config_.resolved_json()).flatten();
+      nlohmann::ordered_json::parse(state.config().resolved_json()).flatten();
   for (const auto& [pointer, value] : resolved.items()) {
     std::string path = pointer.substr(1);
     for (char& c : path) {
@@ -160,16 +160,16 @@ std::vector<Entry> agreement_entries(const EngineState& state) {
     entries.push_back({true, path, value.is_string() ? value.get<std::string>() : value.dump()});
   }
   std::ostringstream rule;
-  rule << state.rule_->name() << ", lr " << state.rule_->default_lr() << ", weight_decay "
-       << state.rule_->default_weight_decay() << ", " << state.rule_->state_count()
+  rule << state.rule().name() << ", lr " << state.rule().default_lr() << ", weight_decay "
+       << state.rule().default_weight_decay() << ", " << state.rule().state_count()
        << " state arrays";
-  if (const auto beta1 = state.rule_->beta1()) rule << ", beta1 " << *beta1;
+  if (const auto beta1 = state.rule().beta1()) rule << ", beta1 " << *beta1;
   entries.push_back({false, "the update rule", rule.str()});
   entries.push_back(
       {false, "the gradient handover",
-       state.grad_handover_ == GradHandover::kAtEnd ? "at the end" : "per parameter"});
-  for (std::size_t g = 0; g < state.groups_.size(); ++g) {
-    const ParamGroupOptions& options = state.groups_[g].options;
+       state.grad_handover() == GradHandover::kAtEnd ? "at the end" : "per parameter"});
+  for (std::size_t g = 0; g < state.groups().size(); ++g) {
+    const ParamGroupOptions& options = state.groups()[g].options;
     std::ostringstream os;
     os << "'" << options.name << "'";
     if (options.lr) os << ", lr " << *options.lr;
@@ -177,13 +177,13 @@ std::vector<Entry> agreement_entries(const EngineState& state) {
     entries.push_back({false, "parameter group " + std::to_string(g), os.str()});
   }
   entries.push_back(
-      {false, "the number of registered parameters", std::to_string(state.params_.size())});
-  for (std::size_t i = 0; i < state.params_.size(); ++i) {
-    const ParamInfo& p = state.params_[i];
+      {false, "the number of registered parameters", std::to_string(state.params().size())});
+  for (std::size_t i = 0; i < state.params().size(); ++i) {
+    const ParamInfo& p = state.params()[i];
     std::ostringstream os;
-    os << "'" << p.name << "' " << format_shape(p.shape) << " " << to_string(state.dtype_)
+    os << "'" << p.name << "' " << format_shape(p.shape) << " " << to_string(state.dtype())
        << ", group " << p.group << (p.trainable ? ", trainable" : ", frozen") << ", module '"
-       << state.modules_[p.module].name << "'";
+       << state.modules()[p.module].name << "'";
     entries.push_back({false, "parameter " + std::to_string(i), os.str()});
   }
   return entries;

@@ -235,7 +235,7 @@ TEST_P(ConsolidatedChunks, AFailedReadOnOneRankIsAnErrorOnEveryRank) {
   const std::vector<float> whole = engine.consolidated_parameters();
   const int faulty = 0;  // the last rank's shard may be padding that is never read
   if (engine.rank() == faulty) {
-    detail::EngineInternals::state(engine).optimizer_->inject_swap_fault(
+    detail::EngineInternals::state(engine).optimizer().inject_swap_fault(
         0, {detail::IoFaultKind::kEio, 1, 1});
   }
   try {

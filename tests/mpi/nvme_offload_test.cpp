@@ -169,7 +169,8 @@ TEST(NvmeOffloadFaults, AnEioMidStepUndoesTheStepOnEveryRank) {
       const int faulty_rank = nvme.engine.world_size() - 1;
       if (nvme.engine.rank() == faulty_rank) {
         detail::EngineInternals::state(nvme.engine)
-            .optimizer_->inject_swap_fault(array, {detail::IoFaultKind::kEio, at, 1});
+            .optimizer()
+            .inject_swap_fault(array, {detail::IoFaultKind::kEio, at, 1});
       }
       try {
         nvme.train_step();
@@ -196,7 +197,7 @@ TEST(NvmeOffloadFaults, ShortTransfersAndEagainAreCompletedTransparently) {
     Trainer resident(resident_config);
     nvme.train_step();
     resident.train_step();
-    detail::EngineInternals::state(nvme.engine).optimizer_->inject_swap_fault(1, {kind, 2, 3});
+    detail::EngineInternals::state(nvme.engine).optimizer().inject_swap_fault(1, {kind, 2, 3});
     for (int s = 0; s < 2; ++s) {
       EXPECT_TRUE(nvme.train_step().updated);
       resident.train_step();
@@ -243,7 +244,7 @@ TEST(NvmeOffloadPipeline, EveryDepthGivesTheBitsOfResidentTraining) {
 /// Every array of the optimizer shard (the master, then each state) over the owned range, read
 /// through the engine: from host memory, or from the swap files and the buffers that cache them.
 std::vector<std::vector<float>> optimizer_arrays(Engine& engine) {
-  detail::OptimizerShard& shard = *detail::EngineInternals::state(engine).optimizer_;
+  detail::OptimizerShard& shard = detail::EngineInternals::state(engine).optimizer();
   std::vector<std::vector<float>> arrays(static_cast<std::size_t>(shard.array_count()));
   const std::int64_t count = shard.owned_end() - shard.owned_begin();
   for (int a = 0; a < shard.array_count(); ++a) {
@@ -310,7 +311,7 @@ TEST(NvmeOffloadPipeline, AlternatingPassesKeepTheBitsAcrossACheckpointAndASkipp
 TEST(NvmeOffloadPipeline, TheSubGroupsLeftInTheBuffersAreNotReadAgain) {
   constexpr int kBuffers = 3;
   Trainer nvme(pipeline_config(kBuffers, true, true));
-  const detail::OptimizerShard& shard = *detail::EngineInternals::state(nvme.engine).optimizer_;
+  const detail::OptimizerShard& shard = detail::EngineInternals::state(nvme.engine).optimizer();
   const std::int64_t tile = 8;
   const std::int64_t tiles = (shard.owned_end() - shard.owned_begin() + tile - 1) / tile;
   // One record of the master's file and one of the states' (AdamW: two arrays) per sub-group.
@@ -340,7 +341,7 @@ TEST(NvmeOffloadFaults, AFailureAnywhereInTheDeepPipelineUndoesTheStep) {
     resident.train_step();
     detail::EngineState& state = detail::EngineInternals::state(nvme.engine);
     const std::int64_t tiles =
-        (state.optimizer_->owned_end() - state.optimizer_->owned_begin() + 7) / 8;
+        (state.optimizer().owned_end() - state.optimizer().owned_begin() + 7) / 8;
     // Every tile is written once a step, one request each, and read unless the step before left
     // it in one of the 4 buffers.
     if (at > 2 * tiles - std::min<std::int64_t>(4, tiles)) break;
@@ -349,7 +350,7 @@ TEST(NvmeOffloadFaults, AFailureAnywhereInTheDeepPipelineUndoesTheStep) {
     const int faulty_rank = nvme.engine.world_size() - 1;
     const int array = static_cast<int>(at % 2);
     if (nvme.engine.rank() == faulty_rank) {
-      state.optimizer_->inject_swap_fault(array, {detail::IoFaultKind::kEio, at, 1});
+      state.optimizer().inject_swap_fault(array, {detail::IoFaultKind::kEio, at, 1});
     }
     try {
       nvme.train_step();
@@ -523,7 +524,8 @@ TEST(NvmeOffloadFaults, AnEioInTheParameterFileUndoesTheStepOnEveryRank) {
     toy_micro_step_any_precision(nvme.engine, nvme.tensors, nvme.handles, nvme.step++);
     if (nvme.engine.rank() == faulty_rank) {
       detail::EngineInternals::state(nvme.engine)
-          .params_store_->inject_swap_fault({detail::IoFaultKind::kEio, at, 1});
+          .coordinator()
+          .inject_swap_fault({detail::IoFaultKind::kEio, at, 1});
     }
     try {
       nvme.engine.step();
@@ -546,7 +548,7 @@ TEST(NvmeOffloadFaults, AFlippedByteInTheParameterFileIsCaughtAtTheGather) {
   // Rank 0 reads the damaged record when a gather needs it; the other ranks then wait in that
   // gather's collective, so only rank 0's error is checked (the test ends the job's use of it).
   if (run.engine.rank() != 0) return;
-  auto& params = *detail::EngineInternals::state(run.engine).params_store_;
+  auto& params = detail::EngineInternals::state(run.engine).coordinator();
   std::vector<char> out(static_cast<std::size_t>(4 * kParamTile));
   try {
     params.read_owned(run.engine.shard_begin() + kParamsInCpu, out.data(), MemoryLocation::kHost,
