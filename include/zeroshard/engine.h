@@ -81,13 +81,37 @@ struct ParamGroupOptions {
   std::optional<double> weight_decay;
 };
 
-/// A gradient buffer handed to the model's backward (Parameter::grad_target()).
+/// The gradient contract: where the model's backward puts a trainable parameter's gradient, and
+/// when it hands it over.
+///
+/// In every micro-step the backward fetches the parameter's gradient buffer, puts the gradient in
+/// it, and then calls Engine::grad_ready(p) (or, under GradHandover::kAtEnd, Engine::
+/// all_grads_ready() once for all). Three accessors of Parameter fetch the same buffer:
+///   - grad()        fp32 models: add (+=) to it.
+///   - raw_grad()    any dtype (16-bit elements under fp16/bf16): add (+=) to it.
+///   - grad_target() any dtype, and says whether to add or to write: with `accumulate` false the
+///                   buffer holds nothing of this micro-step (window) and was not zeroed, so the
+///                   backward writes (=) every element, sparing the engine a zeroing pass.
+///
+/// | gradients kept in                          | the buffer is valid     | first fetch's
+/// accumulate |
+/// |--------------------------------------------|-------------------------|--------------------------|
+/// | stages 2-3, per-parameter handover         | from the fetch until    | false in every | | (a
+/// slot of a gradient bucket)              | grad_ready(): fetch it  | micro-step               |
+/// |                                            | again every micro-step  | | | stages 0-1, or
+/// GradHandover::kAtEnd (one   | the whole window, at    | false when every first   | | whole
+/// buffer over the accumulation window) | one address             | fetch of the window      | | |
+/// | before came through      | |                                            | | grad_target(),
+/// else true | | the model's own, adopted (adopt_memory())  | always, at one address  | true |
+///
+/// Every later fetch in the same micro-step (window) says true. A gradient never fetched in a
+/// micro-step (window) counts as zero. The buffers read as zero at the start of each window after
+/// step() or zero_grad(). Frozen parameters have no gradient (UsageError).
 struct GradTarget {
   /// Parameter::numel() elements of Parameter::dtype().
   void* data = nullptr;
-  /// True: the backward adds (+=) to what the buffer holds. False: it holds nothing of this
-  /// micro-step (or window) yet, and the backward writes (=) every element, as PyTorch's autograd
-  /// assigns a gradient that zero_grad(set_to_none=True) left unset (a GEMM with beta 0).
+  /// Add (true) or write every element (false), as the table above says; false is how PyTorch's
+  /// autograd assigns a gradient that zero_grad(set_to_none=True) left unset (a GEMM with beta 0).
   bool accumulate = true;
 };
 
@@ -109,23 +133,10 @@ class ZEROSHARD_API Parameter {
   /// require fp32 (UsageError otherwise); raw_data() and raw_grad() work for every dtype.
   float* data() const;
   void* raw_data() const;
-  /// Where the model's backward adds (+=) this parameter's gradient; zero at the start of every
-  /// accumulation window. Call Engine::grad_ready(*this) once it is complete. At stages 2-3 the
-  /// buffer is a slot of a gradient bucket: valid from this call until grad_ready(), so fetch it
-  /// again in every micro-step; with GradHandover::kAtEnd it stays put, as at stages 0-1. Frozen
-  /// parameters have none (UsageError).
+  /// The gradient buffer, as the gradient contract above (at GradTarget) says: grad() for fp32,
+  /// raw_grad() for any dtype, both to add to; grad_target() also says whether to add or write.
   float* grad() const;
   void* raw_grad() const;
-  /// raw_grad()'s buffer, for a backward that can write a gradient instead of adding it, which
-  /// spares the engine a pass zeroing every gradient. `accumulate` false: the buffer holds
-  /// nothing of this micro-step yet and was not zeroed; write every element before grad_ready()
-  /// or the next fetch. True: add to it, as to raw_grad(). At stages 2-3 the first fetch in a
-  /// micro-step says false. Where gradients accumulate over the window in one buffer (stages 0-1,
-  /// GradHandover::kAtEnd), the first fetch in a window says false once every gradient's first
-  /// fetch in the window before came through grad_target() (the step then leaves the buffer as
-  /// it is), and true otherwise; with adopted gradients it always says true. Every later fetch
-  /// in the micro-step or window says true. A gradient never fetched in a micro-step (window) is
-  /// zero.
   GradTarget grad_target() const;
 
   /// Sets the parameter's values: every rank passes the whole tensor (numel() fp32 values, e.g.
