@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "config/config_checks.h"  // check_config
 #include "config/config_schema.h"
 #include "config/key_suggestion.h"
 #include "zeroshard/config.h"
@@ -452,13 +453,6 @@ TEST(ConfigValidation, OffloadOptimizerNeedsAZeroStage) {
   EXPECT_THAT(error.what(), HasSubstr("needs stage 1, 2 or 3"));
 }
 
-TEST(ConfigValidation, OffloadRatioBelowOneNeedsStage3) {
-  ConfigError error = config_error(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2,
-    "offload_optimizer": {"device": "cpu", "ratio": 0.5}}})");
-  EXPECT_EQ(error.key_path(), "zero_optimization.offload_optimizer.ratio");
-  EXPECT_THAT(error.what(), HasSubstr("got 0.5 at zero_optimization.stage 2"));
-}
-
 TEST(ConfigValidation, CpuOffloadAtStage3IsAccepted) {
   const Config config = Config::from_json_string(R"({"train_batch_size": 8,
     "zero_optimization": {"stage": 3,
@@ -502,10 +496,14 @@ TEST(ConfigValidation, NvmeOnlyKeysWithDeviceCpuAreRefusedByName) {
 }
 
 TEST(ConfigValidation, PartialOffloadIsNotImplementedYet) {
-  ConfigError error = config_error(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
-    "offload_optimizer": {"device": "cpu", "ratio": 0.5}}})");
-  EXPECT_EQ(error.key_path(), "zero_optimization.offload_optimizer.ratio");
-  EXPECT_THAT(error.what(), HasSubstr("not implemented yet"));
+  for (int stage : {1, 2, 3}) {
+    ConfigError error = config_error(R"({"train_batch_size": 8, "zero_optimization": {"stage": )" +
+                                     std::to_string(stage) + R"(,
+      "offload_optimizer": {"device": "cpu", "ratio": 0.5}}})");
+    EXPECT_EQ(error.key_path(), "zero_optimization.offload_optimizer.ratio") << stage;
+    EXPECT_THAT(error.what(), HasSubstr("got 0.5; partial optimizer offload")) << stage;
+    EXPECT_THAT(error.what(), HasSubstr("not implemented yet: use 1.0")) << stage;
+  }
 }
 
 TEST(ConfigValidation, Fp16AndBf16Together) {
@@ -714,6 +712,106 @@ TEST(ConfigValidation, UnimplementedPrecisionFlagsAreRefused) {
     document["train_batch_size"] = 8;
     ConfigError error = config_error(document.dump());
     EXPECT_THAT(error.what(), HasSubstr("not implemented in zeroshard")) << text;
+  }
+}
+
+// --- whole-config rules: the same for a parsed Config and one built in code ----------------
+
+/// The ConfigError that check_config() raises for `config`; a test failure when it raises none.
+ConfigError check_error(const Config& config) {
+  try {
+    check_config(config);
+  } catch (const ConfigError& error) {
+    return error;
+  }
+  ADD_FAILURE() << "no ConfigError from check_config";
+  return ConfigError("", "");
+}
+
+TEST(ConfigRules, HoldForAConfigBuiltInCodeAsForAParsedOne) {
+  struct Rule {
+    const char* json;  // the zero_optimization section, or other top-level keys
+    std::function<void(Config&)> change;
+    const char* key;
+    const char* says;
+  };
+  using Device = OffloadDevice;
+  const Rule rules[] = {
+      {R"("zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}})",
+       [](Config& c) {
+         c.zero_optimization.stage = 2;
+         c.zero_optimization.offload_param.device = Device::kCpu;
+       },
+       "zero_optimization.offload_param.device", "parameter offload needs stage 3"},
+      {R"("zero_optimization": {"stage": 1, "offload_param": {"device": "cpu"}})",
+       [](Config& c) {
+         c.zero_optimization.stage = 1;
+         c.zero_optimization.offload_param.device = Device::kCpu;
+       },
+       "zero_optimization.offload_param.device", "parameter offload needs stage 3"},
+      {R"("zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}})",
+       [](Config& c) { c.zero_optimization.offload_optimizer.device = Device::kCpu; },
+       "zero_optimization.offload_optimizer.device", "optimizer offload needs stage 1, 2 or 3"},
+      {R"("fp16": {"enabled": true}, "bf16": {"enabled": true})",
+       [](Config& c) {
+         c.fp16.enabled = true;
+         c.bf16.enabled = true;
+       },
+       "bf16.enabled", "fp16.enabled and bf16.enabled are both true; enable at most one"},
+      {R"("zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}})",
+       [](Config& c) {
+         c.zero_optimization.stage = 3;
+         c.zero_optimization.offload_optimizer.device = Device::kNvme;
+       },
+       "zero_optimization.offload_optimizer.nvme_path", "missing; required when device is"},
+      {R"("zero_optimization": {"stage": 3,
+         "offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme"},
+         "offload_param": {"device": "nvme"}})",
+       [](Config& c) {
+         c.zero_optimization.stage = 3;
+         c.zero_optimization.offload_optimizer.device = Device::kNvme;
+         c.zero_optimization.offload_optimizer.nvme_path = "/local_nvme";
+         c.zero_optimization.offload_param.device = Device::kNvme;
+       },
+       "zero_optimization.offload_param.nvme_path", "missing; required when device is"},
+      {R"("zero_optimization": {"stage": 3,
+         "offload_optimizer": {"device": "cpu", "ratio": 0.5}})",
+       [](Config& c) {
+         c.zero_optimization.stage = 3;
+         c.zero_optimization.offload_optimizer.device = Device::kCpu;
+         c.zero_optimization.offload_optimizer.ratio = 0.5;
+       },
+       "zero_optimization.offload_optimizer.ratio", "not implemented yet: use 1.0"},
+      {R"("activation_checkpointing": {"contiguous_memory_optimization": true})",
+       [](Config& c) { c.activation_checkpointing.contiguous_memory_optimization = true; },
+       "activation_checkpointing.number_checkpoints", "required by contiguous_memory_optimization"},
+      {R"("scheduler": {"type": "WarmupDecayLR", "params": {"warmup_max_lr": 0.1}})",
+       [](Config& c) {
+         c.scheduler.type = "WarmupDecayLR";
+         c.scheduler.params["warmup_max_lr"] = 0.1;
+       },
+       "scheduler.params.total_num_steps", "missing; required by WarmupDecayLR"},
+  };
+  for (const Rule& rule : rules) {
+    Config built;
+    rule.change(built);
+    const ConfigError in_code = check_error(built);
+    EXPECT_EQ(in_code.key_path(), rule.key) << rule.json;
+    EXPECT_THAT(in_code.what(), HasSubstr(rule.says)) << rule.json;
+    const ConfigError parsed =
+        config_error(std::string(R"({"train_batch_size": 8, )") + rule.json + "}");
+    EXPECT_EQ(parsed.key_path(), in_code.key_path()) << rule.json;
+    EXPECT_STREQ(parsed.what(), in_code.what()) << rule.json;
+  }
+  EXPECT_NO_THROW(check_config(Config{}));
+}
+
+TEST(ConfigRules, AnyOffloadRatioButOneIsRefusedInCode) {
+  // The parser holds the ratio to 0..1; in code the rule still refuses what would train as 1.
+  for (double ratio : {0.0, 0.5, 1.5, std::nan("")}) {
+    Config config;
+    config.zero_optimization.offload_optimizer.ratio = ratio;
+    EXPECT_EQ(check_error(config).key_path(), "zero_optimization.offload_optimizer.ratio") << ratio;
   }
 }
 

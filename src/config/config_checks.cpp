@@ -6,6 +6,7 @@
 #include <string>
 
 #include "config/config_schema.h"
+#include "util/text.h"
 #include "zeroshard/error.h"
 #include "zeroshard/lr_scheduler.h"  // make_lr_scheduler
 #include "zeroshard/optimizer.h"     // make_update_rule
@@ -24,6 +25,47 @@ void check_refused_fields(const Config& config) {
   }
 }
 
+std::string quoted(OffloadDevice device) { return std::string("\"") + to_string(device) + "\""; }
+
+void check_precision(const Config& config) {
+  if (config.fp16.enabled && config.bf16.enabled) {
+    throw ConfigError("bf16.enabled",
+                      "fp16.enabled and bf16.enabled are both true; enable at most one");
+  }
+}
+
+// Without a folder the swapper would write its files into the working directory.
+void check_nvme_paths(const ZeroConfig& zero) {
+  struct Offload {
+    const char* path;
+    const OffloadConfig& config;
+  };
+  const Offload offloads[] = {{"zero_optimization.offload_optimizer", zero.offload_optimizer},
+                              {"zero_optimization.offload_param", zero.offload_param}};
+  for (const Offload& offload : offloads) {
+    if (offload.config.device == OffloadDevice::kNvme && offload.config.nvme_path.empty()) {
+      throw ConfigError(std::string(offload.path) + ".nvme_path",
+                        "missing; required when device is \"nvme\"");
+    }
+  }
+}
+
+// Parameters are partitioned, and so can leave the device, at stage 3 only; stage 0 keeps the
+// whole optimizer state on every rank, which has no shard to offload.
+void check_offload_stages(const ZeroConfig& zero) {
+  const std::string stage = "zero_optimization.stage " + std::to_string(zero.stage);
+  if (zero.offload_param.device != OffloadDevice::kNone && zero.stage < 3) {
+    throw ConfigError("zero_optimization.offload_param.device",
+                      "got " + quoted(zero.offload_param.device) + " at " + stage +
+                          "; parameter offload needs stage 3");
+  }
+  if (zero.offload_optimizer.device != OffloadDevice::kNone && zero.stage == 0) {
+    throw ConfigError("zero_optimization.offload_optimizer.device",
+                      "got " + quoted(zero.offload_optimizer.device) + " at " + stage +
+                          "; optimizer offload needs stage 1, 2 or 3");
+  }
+}
+
 void check_offload_devices(const ZeroConfig& zero) {
   if (zero.offload_param.device != OffloadDevice::kNvme ||
       zero.offload_optimizer.device == OffloadDevice::kNvme) {
@@ -32,9 +74,9 @@ void check_offload_devices(const ZeroConfig& zero) {
   // The update writes the parameter shard's swap file as it goes; only a master and states on
   // NVMe can go back to the step's start when one of those writes fails on some rank.
   throw ConfigError("zero_optimization.offload_param.device",
-                    std::string("got \"nvme\" with offload_optimizer.device \"") +
-                        to_string(zero.offload_optimizer.device) +
-                        "\"; parameters on NVMe need the optimizer states on NVMe too, so that a "
+                    "got \"nvme\" with offload_optimizer.device " +
+                        quoted(zero.offload_optimizer.device) +
+                        "; parameters on NVMe need the optimizer states on NVMe too, so that a "
                         "failed write rolls the whole step back: set "
                         "zero_optimization.offload_optimizer.device to \"nvme\", or keep the "
                         "parameters in CPU memory with \"cpu\"");
@@ -75,14 +117,47 @@ void check_stage_three_keys(const ZeroConfig& zero) {
   }
 }
 
+// The engine sizes the contiguous buffer from number_checkpoints when it keeps its first input.
+void check_activation_checkpointing(const ActivationCheckpointingConfig& checkpointing) {
+  if (checkpointing.contiguous_memory_optimization && !checkpointing.number_checkpoints) {
+    throw ConfigError("activation_checkpointing.number_checkpoints",
+                      "missing; required by contiguous_memory_optimization, whose buffer holds "
+                      "that many kept inputs");
+  }
+  if (!checkpointing.contiguous_memory_optimization && checkpointing.number_checkpoints) {
+    throw ConfigError("activation_checkpointing.number_checkpoints",
+                      "applies only with contiguous_memory_optimization: true (it sizes that "
+                      "buffer); remove it or enable the optimization");
+  }
+}
+
+void check_required_scheduler_params(const SchedulerConfig& scheduler) {
+  const detail::SchedulerSpec* spec = detail::find_scheduler_spec(scheduler.type);
+  if (spec == nullptr) return;
+  for (const detail::SchedulerParamSpec& param : spec->params) {
+    if (param.required && !scheduler.params.contains(param.name)) {
+      throw ConfigError("scheduler.params." + param.name, "missing; required by " + spec->type);
+    }
+  }
+}
+
+// Any value but 1 (the parser accepts 0..1): the engine offloads every sub-group, so a smaller
+// ratio would train as 1 without saying so.
+void check_offload_ratio(const OffloadConfig& offload) {
+  if (offload.ratio == 1.0) return;
+  throw ConfigError("zero_optimization.offload_optimizer.ratio",
+                    "got " + detail::format_number(offload.ratio) +
+                        "; partial optimizer offload (part of the sub-groups updated on the "
+                        "device) is not implemented yet: use 1.0");
+}
+
 void check_super_offload(const OffloadConfig& offload) {
   if (!offload.super_offload || offload.device == OffloadDevice::kCpu) return;
   // NVMe's pipelined step reads each sub-group's record once, in order; updating as buckets
   // arrive would read them in the reductions' order and hold a second copy of the states.
   throw ConfigError("zero_optimization.offload_optimizer.super_offload",
-                    std::string("got true with offload_optimizer.device \"") +
-                        to_string(offload.device) +
-                        "\"; the update overlaps backward only with the optimizer states in CPU "
+                    "got true with offload_optimizer.device " + quoted(offload.device) +
+                        "; the update overlaps backward only with the optimizer states in CPU "
                         "memory: set offload_optimizer.device to \"cpu\", or remove the key");
 }
 
@@ -155,7 +230,16 @@ void check_aio(const AioConfig& aio) {
   }
 }
 
+void check_key_combinations(const Config& config) {
+  check_precision(config);
+  check_nvme_paths(config.zero_optimization);
+  check_offload_stages(config.zero_optimization);
+  check_activation_checkpointing(config.activation_checkpointing);
+  check_required_scheduler_params(config.scheduler);
+}
+
 void check_config(const Config& config) {
+  check_key_combinations(config);
   check_offload_devices(config.zero_optimization);
   check_super_offload(config.zero_optimization.offload_optimizer);
   check_stage_three_keys(config.zero_optimization);
@@ -163,6 +247,7 @@ void check_config(const Config& config) {
   check_gradient_types(config);
   check_rule_and_schedule(config);
   check_refused_fields(config);
+  check_offload_ratio(config.zero_optimization.offload_optimizer);
 }
 
 }  // namespace zeroshard

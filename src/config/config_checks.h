@@ -16,12 +16,21 @@ inline constexpr std::int64_t kAioBlockAlignment = 4096;
 inline constexpr std::int64_t kAioMaxBlockSize = std::int64_t{1} << 30;
 inline constexpr std::int64_t kAioMaxInFlight = 4096;
 
-/// Throws ConfigError naming the key when `config` asks for what the engine refuses: a key that
-/// is accepted only at its default set otherwise (aio.use_gds, contiguous_gradients, ...), offload
-/// devices that do not go together, aio settings the swapper cannot use, gradient types the
-/// engine cannot honour, or optimizer and scheduler params that the update rule or the schedule
-/// refuses (the scheduler is checked as for a rule with betas when the config names no optimizer;
-/// the engine checks it again with the program's rule).
+/// Throws ConfigError naming the key when keys of `config` contradict each other: fp16 and bf16
+/// both enabled, an NVMe offload without nvme_path, an offload the ZeRO stage cannot do, a
+/// contiguous activation buffer without number_checkpoints (or the number without the buffer),
+/// or a scheduler without a param its type requires. The first part of check_config(); the
+/// parser also runs it before its own checks, so that these mistakes are reported before a
+/// request for something zeroshard does not implement.
+void check_key_combinations(const Config& config);
+
+/// Throws ConfigError naming the key when `config` asks for what the engine refuses: any of
+/// check_key_combinations(), a key that is accepted only at its default set otherwise
+/// (aio.use_gds, contiguous_gradients, ...), offload devices that do not go together, aio
+/// settings the swapper cannot use, gradient types the engine cannot honour, optimizer and
+/// scheduler params that the update rule or the schedule refuses (the scheduler is checked as for
+/// a rule with betas when the config names no optimizer; the engine checks it again with the
+/// program's rule), or an offload_optimizer.ratio other than 1 (not implemented yet).
 void check_config(const Config& config);
 
 /// The aio settings alone, for the swapper, which is also built without a Config.

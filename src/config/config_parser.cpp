@@ -264,10 +264,6 @@ ConfigError unknown_key(const std::string& prefix, const std::string& key) {
   return ConfigError(path, message + "; expected one of: " + join(listed));
 }
 
-std::string device_text(OffloadDevice device) {
-  return std::string("\"") + to_string(device) + "\"";
-}
-
 std::string optimizer_choices() {
   return detail::describe_expected(ValueKind::kString, detail::kAnyValue,
                                    detail::find_key_spec("optimizer.type")->choices);
@@ -532,62 +528,8 @@ void ConfigParser::read_scheduler_params(const json& params) {
 }
 
 void ConfigParser::check_combinations(const json& document) {
-  if (config_.fp16.enabled && config_.bf16.enabled) {
-    throw ConfigError("bf16.enabled",
-                      "fp16.enabled and bf16.enabled are both true; enable at most one");
-  }
-
+  check_key_combinations(config_);
   ZeroConfig& zero = config_.zero_optimization;
-  const std::string stage = "zero_optimization.stage " + std::to_string(zero.stage);
-  struct Offload {
-    const char* path;
-    const OffloadConfig& config;
-  };
-  const Offload offloads[] = {{"zero_optimization.offload_optimizer", zero.offload_optimizer},
-                              {"zero_optimization.offload_param", zero.offload_param}};
-  for (const Offload& offload : offloads) {
-    if (offload.config.device == OffloadDevice::kNvme && offload.config.nvme_path.empty()) {
-      throw ConfigError(std::string(offload.path) + ".nvme_path",
-                        "missing; required when device is \"nvme\"");
-    }
-  }
-  if (zero.offload_param.device != OffloadDevice::kNone && zero.stage < 3) {
-    throw ConfigError("zero_optimization.offload_param.device",
-                      "got " + device_text(zero.offload_param.device) + " at " + stage +
-                          "; parameter offload needs stage 3");
-  }
-  if (zero.offload_optimizer.device != OffloadDevice::kNone && zero.stage == 0) {
-    throw ConfigError("zero_optimization.offload_optimizer.device",
-                      "got " + device_text(zero.offload_optimizer.device) + " at " + stage +
-                          "; optimizer offload needs stage 1, 2 or 3");
-  }
-  if (zero.offload_optimizer.ratio < 1.0 && zero.stage != 3) {
-    throw ConfigError("zero_optimization.offload_optimizer.ratio",
-                      "got " + detail::format_number(zero.offload_optimizer.ratio) + " at " +
-                          stage + "; a ratio below 1 needs stage 3");
-  }
-
-  const ActivationCheckpointingConfig& checkpointing = config_.activation_checkpointing;
-  if (checkpointing.contiguous_memory_optimization && !checkpointing.number_checkpoints) {
-    throw ConfigError("activation_checkpointing.number_checkpoints",
-                      "missing; required by contiguous_memory_optimization, whose buffer holds "
-                      "that many kept inputs");
-  }
-  if (!checkpointing.contiguous_memory_optimization && checkpointing.number_checkpoints) {
-    throw ConfigError("activation_checkpointing.number_checkpoints",
-                      "applies only with contiguous_memory_optimization: true (it sizes that "
-                      "buffer); remove it or enable the optimization");
-  }
-
-  if (const detail::SchedulerSpec* scheduler =
-          detail::find_scheduler_spec(config_.scheduler.type)) {
-    for (const detail::SchedulerParamSpec& param : scheduler->params) {
-      if (param.required && !config_.scheduler.params.contains(param.name)) {
-        throw ConfigError("scheduler.params." + param.name,
-                          "missing; required by " + scheduler->type);
-      }
-    }
-  }
 
   auto given = [&document](const char* key) -> std::optional<std::int64_t> {
     auto it = document.find(key);
@@ -619,6 +561,20 @@ void ConfigParser::check_combinations(const json& document) {
 
   if (refusal_) throw *refusal_;
   check_config(config_);
+  check_nvme_only_keys();
+}
+
+// Kept out of check_config(): these ask to remove a key from the file. In a Config built in code
+// the swap knobs have no effect with device cpu, and an OffloadConfig{} assigned to offload_param
+// carries the optimizer's buffer_count.
+void ConfigParser::check_nvme_only_keys() const {
+  const ZeroConfig& zero = config_.zero_optimization;
+  struct Offload {
+    const char* path;
+    const OffloadConfig& config;
+  };
+  const Offload offloads[] = {{"zero_optimization.offload_optimizer", zero.offload_optimizer},
+                              {"zero_optimization.offload_param", zero.offload_param}};
   for (const Offload& offload : offloads) {
     const std::string path(offload.path);
     if (offload.config.device != OffloadDevice::kCpu) continue;
@@ -640,12 +596,6 @@ void ConfigParser::check_combinations(const json& document) {
     nvme_only("pipeline_read", offload.config.pipeline_read);
     nvme_only("pipeline_write", offload.config.pipeline_write);
     nvme_only("fast_init", offload.config.fast_init);
-  }
-  if (zero.offload_optimizer.ratio < 1.0) {
-    throw ConfigError("zero_optimization.offload_optimizer.ratio",
-                      "got " + detail::format_number(zero.offload_optimizer.ratio) +
-                          "; partial optimizer offload (part of the sub-groups updated on the "
-                          "device) is not implemented yet: use 1.0");
   }
 }
 

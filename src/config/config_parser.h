@@ -37,6 +37,8 @@ class ConfigParser {
   void read_optimizer_params(const nlohmann::json& params);
   void read_scheduler_params(const nlohmann::json& params);
   void check_combinations(const nlohmann::json& document);
+  /// The NVMe swap knobs given with device cpu, where they have no effect.
+  void check_nvme_only_keys() const;
   /// Remembers the first request for something zeroshard does not implement; it is raised only
   /// after every other check, so that mistakes in the file are reported first.
   void refuse(const std::string& path, const std::string& message);
