@@ -8,6 +8,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "mpi/toy_model.h"
 
@@ -107,6 +108,46 @@ TEST(EngineConfig, ACodeBuiltConfigIsCheckedAsAParsedOneIs) {
   EXPECT_EQ(key_of_error([](Config& c) { c.zero_optimization.contiguous_gradients = false; }),
             "zero_optimization.contiguous_gradients");
   EXPECT_EQ(key_of_error([](Config&) {}), "");
+}
+
+TEST(EngineConfig, ACodeBuiltConfigMeetsTheCrossKeyRules) {
+  // Each of these trained before, silently doing something other than asked.
+  const auto error_of = [](void (*change)(Config&)) -> std::pair<std::string, std::string> {
+    Config config = toy_config(2);
+    change(config);
+    try {
+      Engine engine = make_engine(config, make_adamw({}));
+    } catch (const ConfigError& error) {
+      return {error.key_path(), error.what()};
+    }
+    return {"", "no ConfigError"};
+  };
+  const auto param_offload_at_stage_2 =
+      error_of([](Config& c) { c.zero_optimization.offload_param.device = OffloadDevice::kCpu; });
+  EXPECT_EQ(param_offload_at_stage_2.first, "zero_optimization.offload_param.device");
+  EXPECT_THAT(param_offload_at_stage_2.second, HasSubstr("parameter offload needs stage 3"));
+  const auto optimizer_offload_at_stage_0 = error_of([](Config& c) {
+    c.zero_optimization.stage = 0;
+    c.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
+  });
+  EXPECT_EQ(optimizer_offload_at_stage_0.first, "zero_optimization.offload_optimizer.device");
+  EXPECT_THAT(optimizer_offload_at_stage_0.second, HasSubstr("needs stage 1, 2 or 3"));
+  const auto both_precisions = error_of([](Config& c) {
+    c.fp16.enabled = true;
+    c.bf16.enabled = true;
+  });
+  EXPECT_EQ(both_precisions.first, "bf16.enabled");
+  EXPECT_THAT(both_precisions.second, HasSubstr("enable at most one"));
+  const auto nvme_without_path = error_of(
+      [](Config& c) { c.zero_optimization.offload_optimizer.device = OffloadDevice::kNvme; });
+  EXPECT_EQ(nvme_without_path.first, "zero_optimization.offload_optimizer.nvme_path");
+  EXPECT_THAT(nvme_without_path.second, HasSubstr("required when device is \"nvme\""));
+  const auto partial_offload = error_of([](Config& c) {
+    c.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
+    c.zero_optimization.offload_optimizer.ratio = 0.5;
+  });
+  EXPECT_EQ(partial_offload.first, "zero_optimization.offload_optimizer.ratio");
+  EXPECT_THAT(partial_offload.second, HasSubstr("not implemented yet"));
 }
 
 TEST(EngineLearningRate, NonFiniteValuesAreRefused) {
