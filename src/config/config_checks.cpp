@@ -36,13 +36,7 @@ void check_precision(const Config& config) {
 
 // Without a folder the swapper would write its files into the working directory.
 void check_nvme_paths(const ZeroConfig& zero) {
-  struct Offload {
-    const char* path;
-    const OffloadConfig& config;
-  };
-  const Offload offloads[] = {{"zero_optimization.offload_optimizer", zero.offload_optimizer},
-                              {"zero_optimization.offload_param", zero.offload_param}};
-  for (const Offload& offload : offloads) {
+  for (const OffloadSection& offload : offload_sections(zero)) {
     if (offload.config.device == OffloadDevice::kNvme && offload.config.nvme_path.empty()) {
       throw ConfigError(std::string(offload.path) + ".nvme_path",
                         "missing; required when device is \"nvme\"");
@@ -236,6 +230,11 @@ void check_key_combinations(const Config& config) {
   check_offload_stages(config.zero_optimization);
   check_activation_checkpointing(config.activation_checkpointing);
   check_required_scheduler_params(config.scheduler);
+}
+
+std::array<OffloadSection, 2> offload_sections(const ZeroConfig& zero) {
+  return {{{"zero_optimization.offload_optimizer", zero.offload_optimizer},
+           {"zero_optimization.offload_param", zero.offload_param}}};
 }
 
 void check_config(const Config& config) {

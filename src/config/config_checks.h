@@ -4,6 +4,7 @@
 // rules.
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 #include "zeroshard/config.h"
@@ -32,6 +33,13 @@ void check_key_combinations(const Config& config);
 /// a rule with betas when the config names no optimizer; the engine checks it again with the
 /// program's rule), or an offload_optimizer.ratio other than 1 (not implemented yet).
 void check_config(const Config& config);
+
+/// An offload section of zero_optimization with its key path, for rules that hold for both.
+struct OffloadSection {
+  const char* path;  ///< "zero_optimization.offload_optimizer" or "...offload_param"
+  const OffloadConfig& config;
+};
+std::array<OffloadSection, 2> offload_sections(const ZeroConfig& zero);
 
 /// The aio settings alone, for the swapper, which is also built without a Config.
 void check_aio(const AioConfig& aio);

@@ -569,13 +569,7 @@ void ConfigParser::check_combinations(const json& document) {
 // carries the optimizer's buffer_count.
 void ConfigParser::check_nvme_only_keys() const {
   const ZeroConfig& zero = config_.zero_optimization;
-  struct Offload {
-    const char* path;
-    const OffloadConfig& config;
-  };
-  const Offload offloads[] = {{"zero_optimization.offload_optimizer", zero.offload_optimizer},
-                              {"zero_optimization.offload_param", zero.offload_param}};
-  for (const Offload& offload : offloads) {
+  for (const OffloadSection& offload : offload_sections(zero)) {
     const std::string path(offload.path);
     if (offload.config.device != OffloadDevice::kCpu) continue;
     // With device cpu every element stays in CPU memory: the NVMe swap knobs have nothing to act
