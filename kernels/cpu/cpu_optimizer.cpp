@@ -39,8 +39,10 @@ bool probe_support(Isa isa) noexcept {
       // F16C for the fp16 gradient and copy in Adam's loop; every AVX2 CPU has it.
       return __builtin_cpu_supports("avx2") && cpu_has_f16c();
     case Isa::kAvx512:
-      // BW for the 16-bit lanes of the bf16 gradient and copy in the rule's loop.
-      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+      // BW for the 16-bit lanes of the bf16 gradient and copy in the rule's loop; F16C for the
+      // scan's 256-bit fp16 loads, which both vector paths share (every AVX-512 CPU has it).
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             cpu_has_f16c();
 #endif
     default:
       return false;

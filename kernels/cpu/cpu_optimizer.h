@@ -133,6 +133,9 @@ struct KernelTable {
   void (*lion)(const ChunkArrays&, std::int64_t, const LionScalars&);
   void (*adagrad)(const ChunkArrays&, std::int64_t, const AdagradScalars&);
   void (*square_sums)(const float*, std::int64_t, double*);
+  /// The same of bf16 or fp16 values, widened in the loop; nullptr: widened in chunks first.
+  void (*square_sums_bf16)(const void*, std::int64_t, double*);
+  void (*square_sums_fp16)(const void*, std::int64_t, double*);
 };
 extern const KernelTable kScalarKernels;
 #if defined(ZEROSHARD_CPU_X86)

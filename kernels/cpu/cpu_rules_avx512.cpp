@@ -1,5 +1,5 @@
 // The AVX-512 path: the rules' loops sixteen lanes wide. CMakeLists.txt compiles this file alone
-// with -mavx512f -mavx512bw; the dispatcher calls it only on a CPU that has both.
+// with -mavx512f -mavx512bw -mf16c; the dispatcher calls it only on a CPU that has all three.
 #include <immintrin.h>
 
 #include "kernels/cpu/cpu_optimizer.h"
