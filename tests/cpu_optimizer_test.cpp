@@ -2,19 +2,22 @@
 // on sizes that are not multiples of any vector width, and on a shard large enough to be split
 // over threads; and the fused call (16-bit gradient, gradient factor, 16-bit copy, the gradient
 // cleared as it is read) against the same work done in three passes; the gradient scan's lanes on
-// every path.
+// every path, and its sum the same on any number of threads.
 #include "kernels/cpu/cpu_optimizer.h"
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "precision/half_conversion.h"
@@ -446,6 +449,93 @@ TEST_P(CpuOptimizerFusedPaths, FusedGradientsAreHalfConversionsOfEveryPattern) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Isas, CpuOptimizerFusedPaths,
+                         ::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512),
+                         [](const auto& info) { return std::string(to_string(info.param)); });
+
+// --- The gradient norm's scan over threads ---------------------------------------------------
+
+// Sets the OpenMP team's size for one scope and restores it after.
+class ScopedThreads {
+ public:
+  explicit ScopedThreads(int threads) : saved_(omp_get_max_threads()) {
+    omp_set_num_threads(threads);
+  }
+  ~ScopedThreads() { omp_set_num_threads(saved_); }
+  ScopedThreads(const ScopedThreads&) = delete;
+  ScopedThreads& operator=(const ScopedThreads&) = delete;
+
+ private:
+  int saved_;
+};
+
+// The scan of `values` stored as `dtype` on 1 to 4 threads (3 and 4 oversubscribe a 2-core
+// machine): the bits of each against the first's, which `expect` then checks.
+void expect_scan_independent_of_threads(Isa isa, const std::vector<float>& values, DType dtype,
+                                        const std::function<void(double)>& expect) {
+  const std::vector<unsigned char> stored = stored_as(values, dtype);
+  const auto n = static_cast<std::int64_t>(values.size());
+  std::optional<double> first;
+  for (int threads = 1; threads <= 4; ++threads) {
+    const ScopedThreads scope(threads);
+    const double sum = sum_of_squares(isa, stored.data(), dtype, n);
+    if (!first) {
+      first = sum;
+      expect(sum);
+    }
+    EXPECT_EQ(std::bit_cast<std::uint64_t>(sum), std::bit_cast<std::uint64_t>(*first))
+        << to_string(isa) << ", " << to_string(dtype) << ", " << threads << " threads";
+  }
+}
+
+class CpuOptimizerScanPaths : public ::testing::TestWithParam<Isa> {};
+
+TEST_P(CpuOptimizerScanPaths, GivesTheSameBitsOnAnyThreadCountAndPathAndMatchesDouble) {
+  const Isa isa = GetParam();
+  if (!supported(isa)) GTEST_SKIP() << "this CPU has no " << to_string(isa) << " path";
+  // Past the threading threshold (2^20), ending inside a tile and off a multiple of 16.
+  const std::int64_t n = (std::int64_t{1} << 20) + 2053;
+  const Shard shard(n, 0, 5);
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+    // The values as the scan sees them, widened, squared and added in element order in double.
+    const std::vector<unsigned char> stored = stored_as(shard.grad, dtype);
+    std::vector<float> widened(shard.grad.size());
+    convert_to_float_portable(stored.data(), dtype, widened.data(), n);
+    double want = 0.0;
+    for (float value : widened) want += static_cast<double>(value) * value;
+    const double scalar = sum_of_squares(Isa::kScalar, stored.data(), dtype, n);
+    expect_scan_independent_of_threads(isa, shard.grad, dtype, [&](double sum) {
+      // Two sums of a million positive terms in double differ by a few ulps per thousand terms.
+      EXPECT_NEAR(sum, want, want * 1e-12) << to_string(isa) << ", " << to_string(dtype);
+      EXPECT_EQ(std::bit_cast<std::uint64_t>(sum), std::bit_cast<std::uint64_t>(scalar))
+          << to_string(isa) << " against the scalar path, " << to_string(dtype);
+    });
+  }
+}
+
+TEST_P(CpuOptimizerScanPaths, FindsANonFiniteValueInAnyTileOnAnyThreadCount) {
+  const Isa isa = GetParam();
+  if (!supported(isa)) GTEST_SKIP() << "this CPU has no " << to_string(isa) << " path";
+  const std::int64_t n = (std::int64_t{1} << 20) + 2053;
+  const Shard shard(n, 0, 9);
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  // In a middle tile, in the last (partial) tile, and a NaN beside an infinity.
+  for (const auto& [at, value] :
+       {std::pair{std::int64_t{9} * 65536 + 77, inf}, std::pair{n - 1, -inf},
+        std::pair{std::int64_t{12} * 65536, nan}}) {
+    std::vector<float> values = shard.grad;
+    values[static_cast<std::size_t>(at)] = value;
+    if (value != value) values[3] = inf;
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+      expect_scan_independent_of_threads(isa, values, dtype, [&](double sum) {
+        EXPECT_FALSE(std::isfinite(sum)) << to_string(isa) << ", " << to_string(dtype) << ", "
+                                         << value << " at " << at << ": " << sum;
+      });
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Isas, CpuOptimizerScanPaths,
                          ::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512),
                          [](const auto& info) { return std::string(to_string(info.param)); });
 

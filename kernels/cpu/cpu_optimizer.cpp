@@ -3,10 +3,12 @@
 // inside each tile, so that every array is streamed from memory once.
 #include "kernels/cpu/cpu_optimizer.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>  // std::size
 #include <string>
+#include <vector>
 
 #include "precision/half_conversion.h"
 #include "util/text.h"
@@ -104,6 +106,20 @@ void over_tiles(std::int64_t n, const Range& range) {
     const std::int64_t begin = t * kTile;
     range(begin, begin + kTile < n ? begin + kTile : n);
   }
+}
+
+// Calls `tile(t, begin, end)` for each tile of [0, n): on the caller's thread below
+// kThreadedFrom, over the OpenMP team in the update's static schedule from there on. For results
+// that must not depend on the thread count, where over_tiles' one call per thread is not enough.
+template <typename Tile>
+void for_each_tile(std::int64_t n, const Tile& tile) {
+  const std::int64_t tiles = (n + kTile - 1) / kTile;
+  if (n < kThreadedFrom) {
+    for (std::int64_t t = 0; t < tiles; ++t) tile(t, t * kTile, std::min(n, (t + 1) * kTile));
+    return;
+  }
+#pragma omp parallel for schedule(static)
+  for (std::int64_t t = 0; t < tiles; ++t) tile(t, t * kTile, std::min(n, (t + 1) * kTile));
 }
 
 template <typename Scalars>
@@ -249,6 +265,46 @@ void adagrad(Isa isa, const RuleArrays& arrays, std::int64_t n, const AdagradSca
 
 void add_square_sums(Isa isa, const float* values, std::int64_t n, double* lanes) {
   kernels(isa).square_sums(values, n, lanes);
+}
+
+double sum_of_squares(Isa isa, const void* values, DType dtype, std::int64_t n) {
+  if (n <= 0) return 0.0;
+  const KernelTable& table = kernels(isa);  // refused here, before any thread starts
+  const auto square_sums = table.square_sums;
+  const auto in_loop = dtype == DType::kBFloat16  ? table.square_sums_bf16
+                       : dtype == DType::kFloat16 ? table.square_sums_fp16
+                                                  : nullptr;
+  const auto* bytes = static_cast<const unsigned char*>(values);
+  const auto size = static_cast<std::int64_t>(size_of(dtype));
+  const auto tile_sum = [&](std::int64_t begin, std::int64_t end) noexcept {
+    double lanes[kSquareLanes] = {};
+    if (dtype == DType::kFloat32) {
+      square_sums(static_cast<const float*>(values) + begin, end - begin, lanes);
+    } else if (in_loop != nullptr) {
+      in_loop(bytes + begin * size, end - begin, lanes);
+    } else {
+      // Widened a chunk at a time into L1; chunks are multiples of 16, so the lanes see each
+      // element where one call over the widened tile would put it.
+      alignas(64) float widened[kChunk];
+      for (std::int64_t at = begin; at < end; at += kChunk) {
+        const std::int64_t count = std::min(kChunk, end - at);
+        convert_to_float(bytes + at * size, dtype, widened, count);
+        square_sums(widened, count, lanes);
+      }
+    }
+    double sum = 0.0;
+    for (double lane : lanes) sum += lane;
+    return sum;
+  };
+  if (n <= kTile) return tile_sum(0, n);
+  // One partial per tile, added in tile order: the same additions whichever thread ran a tile.
+  std::vector<double> partials(static_cast<std::size_t>((n + kTile - 1) / kTile));
+  for_each_tile(n, [&](std::int64_t t, std::int64_t begin, std::int64_t end) {
+    partials[static_cast<std::size_t>(t)] = tile_sum(begin, end);
+  });
+  double total = 0.0;
+  for (double partial : partials) total += partial;
+  return total;
 }
 
 }  // namespace zeroshard::detail::cpu_optimizer

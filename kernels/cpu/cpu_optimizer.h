@@ -86,6 +86,13 @@ inline constexpr int kSquareLanes = 16;
 /// depend on the path, the stage or how the shard was split into calls at multiples of 16.
 void add_square_sums(Isa isa, const float* values, std::int64_t n, double* lanes);
 
+/// The gradient norm's sum of squares of values[0, n), stored as `dtype` and widened to double:
+/// each tile of 2^16 elements summed in its own lanes (added in lane order), the tiles' sums added
+/// in tile order. Large scans spread the tiles over the OpenMP team as the rules do; the bits
+/// depend only on the values and n, never on the path or the thread count. Non-finite exactly
+/// when some value is: no sum of finite squares reaches inf in double.
+double sum_of_squares(Isa isa, const void* values, DType dtype, std::int64_t n);
+
 enum class SgdKind { kPlain, kMomentum, kNesterov };
 
 /// Each updates elements [0, n) of `arrays` on the given path; results are bit-identical on every

@@ -32,25 +32,6 @@ char* at(void* data, DType dtype, std::int64_t index) {
   return static_cast<char*>(data) + index * static_cast<std::int64_t>(size_of(dtype));
 }
 
-/// Sums of squares in double, element i of the scan into lane i mod kSquareLanes, added up in
-/// lane order at the end: a fixed lane assignment keeps the result the same on every path of the
-/// CPU kernels (stage 0 must find stages 1-3's norm bit for bit).
-class SquareSums {
- public:
-  /// `count` is a multiple of kSquareLanes except in the last call.
-  void add(const float* values, std::int64_t count) {
-    cpu_optimizer::add_square_sums(cpu_optimizer::active_isa(), values, count, lanes_);
-  }
-  double total() const {
-    double sum = 0.0;
-    for (double lane : lanes_) sum += lane;
-    return sum;
-  }
-
- private:
-  double lanes_[cpu_optimizer::kSquareLanes] = {};
-};
-
 /// The host copies as soon as it is asked, so a copy is always finished.
 class FinishedCopy final : public CopyEvent {
  public:
@@ -153,20 +134,10 @@ class CpuBackend final : public ComputeBackend {
   }
 
   GradientScan scan(const void* data, DType dtype, std::int64_t count) override {
-    SquareSums sums;
-    if (dtype == DType::kFloat32) {
-      sums.add(static_cast<const float*>(data), count);
-    } else {
-      float block[kBlock];
-      for (std::int64_t done = 0; done < count; done += kBlock) {
-        const std::int64_t n = std::min(kBlock, count - done);
-        convert_to_float(at(data, dtype, done), dtype, block, n);
-        sums.add(block, n);
-      }
-    }
-    const double total = sums.total();
-    // A finite float's square is below 2^256, so no sum of them reaches inf in double: the sum
-    // is non-finite exactly when some element is, and needs no test of its own per element.
+    // In tiles over the OpenMP team, summed in a fixed order: stage 0 must find stages 1-3's
+    // norm bit for bit, whatever the thread count.
+    const double total =
+        cpu_optimizer::sum_of_squares(cpu_optimizer::active_isa(), data, dtype, count);
     return {.sum_of_squares = total, .nonfinite = !std::isfinite(total)};
   }
 
