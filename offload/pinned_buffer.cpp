@@ -8,6 +8,7 @@
 #include <string>
 #include <utility>
 
+#include "memory/host_first_touch.h"  // zero_host
 #include "util/log.h"
 #include "zeroshard/error.h"
 
@@ -27,6 +28,9 @@ PinnedBuffer::PinnedBuffer(std::size_t bytes, MemoryTracker* tracker, MemoryCate
   // 1 MiB request is not split at the device's segment limit (virtio-blk: 254 pages). Advisory:
   // where they are off the kernel refuses, and 4 KiB pages serve as before.
   [[maybe_unused]] const int advised = madvise(data_, bytes_, MADV_HUGEPAGE);
+  // The pages are faulted in by the threads the update's static schedule gives them to (mlock
+  // would fault them all on this one).
+  zero_host(data_, bytes_);
   // Locking keeps the pages resident, so the kernel never has to fault them in mid-transfer.
   if (mlock(data_, bytes_) == 0) {
     locked_ = true;

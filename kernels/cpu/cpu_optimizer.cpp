@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "memory/host_first_touch.h"  // kFirstTouchTile, kFirstTouchThreadedFrom
 #include "precision/half_conversion.h"
 #include "util/text.h"
 #include "zeroshard/error.h"
@@ -29,6 +30,9 @@ constexpr std::int64_t kTile = std::int64_t{1} << 16;
 // the tiles' 64-byte alignment.
 constexpr std::int64_t kChunk = 1024;
 static_assert(kTile % kChunk == 0 && kChunk % 16 == 0);
+// Host arrays are first touched in the same tiles and schedule (memory/host_first_touch.h).
+static_assert(kFirstTouchTile == kTile * sizeof(float) &&
+              kFirstTouchThreadedFrom == kThreadedFrom * sizeof(std::uint16_t));
 
 // Whether the CPU runs each path, asked once: CPUID (behind cpu_has_f16c) traps to the hypervisor
 // in a VM (3-11 us each where measured), and callers look a path up once per call.

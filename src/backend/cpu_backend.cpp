@@ -10,6 +10,7 @@
 #include "backend/compute_backend.h"
 #include "kernels/cpu/block_quantizer.h"
 #include "kernels/cpu/cpu_optimizer.h"
+#include "memory/host_first_touch.h"  // zero_host
 #include "precision/half_conversion.h"
 #include "util/check.h"
 
@@ -60,9 +61,7 @@ class CpuBackend final : public ComputeBackend {
   }
   bool fuses_tensors() const noexcept override { return false; }
 
-  void zero(void* data, std::size_t bytes) override {
-    if (bytes > 0) std::memset(data, 0, bytes);
-  }
+  void zero(void* data, std::size_t bytes) override { zero_host(data, bytes); }
   void copy(void* destination, const void* source, std::size_t bytes) override {
     if (bytes > 0) std::memcpy(destination, source, bytes);
   }

@@ -4,13 +4,13 @@
 #include <sys/mman.h>
 
 #include <cstdlib>
-#include <cstring>
 #include <fstream>
 #include <new>
 #include <sstream>
 #include <string>
 #include <utility>
 
+#include "memory/host_first_touch.h"  // zero_host, kHugePageBytes
 #include "util/check.h"
 #include "zeroshard/error.h"
 
@@ -102,37 +102,40 @@ class HostMemory final : public MemoryResource {
  public:
   MemoryLocation location() const noexcept override { return MemoryLocation::kHost; }
   void* allocate(std::size_t bytes, MemoryCategory category) override {
-    const std::size_t rounded =
-        (bytes + kBufferAlignment - 1) / kBufferAlignment * kBufferAlignment;
-    void* data = std::aligned_alloc(kBufferAlignment, rounded);
-    if (data == nullptr) {
-      std::ostringstream os;
-      os << "cannot allocate " << bytes << " bytes of host memory for " << to_string(category)
-         << " [" << where(__FILE__, __LINE__)
-         << "]; lower the ZeRO stage's resident bytes (higher stage, smaller buckets) or offload";
-      throw OutOfMemoryError(os.str());
-    }
-    std::memset(data, 0, rounded);
-    return data;
+    const Block block = map(bytes, category, kBufferAlignment,
+                            "lower the ZeRO stage's resident bytes (higher stage, smaller buckets) "
+                            "or offload");
+    // First touched by the thread that will update each part, not all by this one.
+    zero_host(block.data, block.bytes);
+    return block.data;
   }
   void* allocate_uninitialized(std::size_t bytes, MemoryCategory category) override {
-    // Transparent huge pages where the buffer spans some: a fresh buffer is mapped once per
-    // 2 MiB instead of once per 4 KiB as it is first written.
-    constexpr std::size_t kHugePage = std::size_t{2} << 20;
     constexpr std::size_t kDirectIoAlignment = 4096;
-    const std::size_t alignment = bytes >= kHugePage ? kHugePage : kDirectIoAlignment;
+    return map(bytes, category, kDirectIoAlignment, "free host memory and retry").data;
+  }
+  void deallocate(void* data) noexcept override { std::free(data); }
+
+ private:
+  struct Block {
+    void* data;
+    std::size_t bytes;  ///< rounded up to the alignment
+  };
+  // Transparent huge pages where the buffer spans some: a fresh buffer is mapped once per 2 MiB
+  // instead of once per 4 KiB as it is first written.
+  static Block map(std::size_t bytes, MemoryCategory category, std::size_t alignment,
+                   const char* advice) {
+    if (bytes >= kHugePageBytes) alignment = kHugePageBytes;
     const std::size_t rounded = (bytes + alignment - 1) / alignment * alignment;
     void* data = std::aligned_alloc(alignment, rounded);
     if (data == nullptr) {
       std::ostringstream os;
       os << "cannot allocate " << bytes << " bytes of host memory for " << to_string(category)
-         << " [" << where(__FILE__, __LINE__) << "]; free host memory and retry";
+         << " [" << where(__FILE__, __LINE__) << "]; " << advice;
       throw OutOfMemoryError(os.str());
     }
-    if (alignment == kHugePage) ::madvise(data, rounded, MADV_HUGEPAGE);  // advice only
-    return data;
+    if (alignment == kHugePageBytes) ::madvise(data, rounded, MADV_HUGEPAGE);  // advice only
+    return {data, rounded};
   }
-  void deallocate(void* data) noexcept override { std::free(data); }
 };
 
 }  // namespace

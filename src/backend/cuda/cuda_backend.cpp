@@ -17,6 +17,7 @@
 #include "backend/cuda/device_buffer.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/kernels.h"
+#include "memory/host_first_touch.h"  // zero_host
 #include "optim/builtin_rule.h"
 #include "optim/rule_checks.h"
 #include "util/check.h"
@@ -91,7 +92,8 @@ class PinnedHostMemory final : public detail::MemoryResource {
     if (error != cudaSuccess) {
       throw_allocation_error("cudaHostAlloc", bytes, to_string(category), error);
     }
-    std::memset(data, 0, bytes);
+    // cudaHostAlloc has placed the pages already; the fill at least runs on every core.
+    detail::zero_host(data, bytes);
     return data;
   }
   void deallocate(void* data) noexcept override {
