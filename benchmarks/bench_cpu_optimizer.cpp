@@ -1,12 +1,15 @@
 // The CPU AdamW against the memory system's limit, in one run: every path the CPU has (AVX-512,
 // AVX2, scalar) beside a streaming kernel that moves the same 28 bytes per parameter (reads p, g,
-// m, v; writes p, m, v) with one add and no other arithmetic, at 1 and 2 OpenMP threads. The
-// fused 16-bit steps (a bf16 or fp16 gradient in, scaled by a factor, a copy of the weights in
-// the same type out) also move 28 bytes per parameter (reads p 4, g 2, m v 8; writes p m v 12,
-// the copy 2) and are set beside a streaming kernel that moves those. Google Benchmark's rows come
-// first; then each update and its stream run alternately, round after round, and the median ratio
-// goes to stderr. ZEROSHARD_BENCH_PARAMS sets the size (default 100M), ZEROSHARD_BENCH_ROUNDS the
-// alternated rounds (default 9; 0 skips them).
+// m, v; writes p, m, v) with one add and no other arithmetic, at 1, 2, 4, ... OpenMP threads up to
+// the processors there are (and that count itself). The fused 16-bit steps (a bf16 or fp16
+// gradient in, scaled by a factor, a copy of the weights in the same type out) also move 28 bytes
+// per parameter (reads p 4, g 2, m v 8; writes p m v 12, the copy 2) and are set beside a
+// streaming kernel that moves those. The gradient norm's scan of the same gradient is set beside
+// a read-only stream of its bytes and against the update's time for the same elements, which it
+// precedes in every step. Google Benchmark's rows come first; then each pass and its stream (and
+// a scan's update) run alternately, round after round, and the medians go to stderr as a table.
+// ZEROSHARD_BENCH_PARAMS sets the size (default 100M), ZEROSHARD_BENCH_ROUNDS the alternated
+// rounds (default 9; 0 skips them).
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
@@ -72,12 +75,6 @@ Arrays& arrays_of(std::int64_t n) {
   auto& slot = cache[n];
   if (!slot) slot = std::make_unique<Arrays>(n);
   return *slot;
-}
-
-void count_bytes(benchmark::State& state, std::int64_t n) {
-  state.SetBytesProcessed(state.iterations() * n * kAdamWBytesPerParam);
-  state.counters["Gparam/s"] = benchmark::Counter(static_cast<double>(n) * 1e-9,
-                                                  benchmark::Counter::kIsIterationInvariantRate);
 }
 
 constexpr cpu::AdamScalars kAdamWScalars{.weight_factor = 1.0f - 1e-3f * 1e-2f,
@@ -162,27 +159,66 @@ void stream_bf16_pass(Arrays& a, int threads) {
   }
 }
 
+// The gradient norm's scan, as the CPU backend runs it before the update: the gradient as stored
+// (fp32, or bf16 bits read as bf16 or fp16), on `threads` OpenMP threads.
+void scan_pass(cpu::Isa isa, Arrays& a, int threads, zeroshard::DType dtype) {
+  omp_set_num_threads(threads);
+  const void* grad = dtype == zeroshard::DType::kFloat32 ? static_cast<const void*>(a.grad.get())
+                                                         : a.grad_bf16.get();
+  double sum = cpu::sum_of_squares(isa, grad, dtype, a.n);
+  benchmark::DoNotOptimize(sum);
+}
+
+// The scan's bytes read once, in the optimizer's tiles, with one integer add per 4 bytes.
+void read_stream_pass(Arrays& a, int threads, std::size_t element_bytes) {
+  const std::int64_t n = a.n;
+  const auto* words = element_bytes == 4
+                          ? reinterpret_cast<const std::uint32_t*>(a.grad.get())
+                          : reinterpret_cast<const std::uint32_t*>(a.grad_bf16.get());
+  const auto per_word = static_cast<std::int64_t>(4 / element_bytes);
+  std::uint32_t total = 0;
+  omp_set_num_threads(threads);
+#pragma omp parallel for schedule(static) reduction(+ : total)
+  for (std::int64_t t = 0; t < (n + 65535) / 65536; ++t) {
+    const std::int64_t end = ((t + 1) * 65536 < n ? (t + 1) * 65536 : n) / per_word;
+    std::uint32_t sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (std::int64_t i = t * 65536 / per_word; i < end; ++i) sum += words[i];
+    total += sum;
+  }
+  benchmark::DoNotOptimize(total);
+}
+
 using Pass = std::function<void()>;
 
-void register_row(const std::string& name, std::int64_t n, Pass pass) {
-  benchmark::RegisterBenchmark(name.c_str(),
-                               [n, pass](benchmark::State& state) {
-                                 for (auto _ : state) {
-                                   pass();
-                                   benchmark::ClobberMemory();
-                                 }
-                                 count_bytes(state, n);
-                               })
+void register_row(const std::string& name, std::int64_t n, double bytes_per_param, Pass pass) {
+  benchmark::RegisterBenchmark(
+      name.c_str(),
+      [n, bytes_per_param, pass](benchmark::State& state) {
+        for (auto _ : state) {
+          pass();
+          benchmark::ClobberMemory();
+        }
+        state.SetBytesProcessed(static_cast<std::int64_t>(
+            static_cast<double>(state.iterations() * n) * bytes_per_param));
+        state.counters["Gparam/s"] = benchmark::Counter(
+            static_cast<double>(n) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+      })
       ->Unit(benchmark::kMillisecond)
       ->UseRealTime();
 }
 
-// An update and the stream of its bytes, timed alternately in one loop, so that the machine's
-// drifts touch both alike; which runs first alternates too.
+// A pass and the stream of its bytes, timed alternately in one loop, so that the machine's drifts
+// touch both alike; which runs first rotates too. A scan also has the update of its elements
+// beside it: the step runs both, and the scan's share of the update's time is what it costs.
 struct Pairing {
-  std::string name;
+  std::string pass;
+  std::string isa;
+  int threads;
+  double bytes_per_param;
   Pass ours;
   Pass stream;
+  Pass update;  ///< empty but for a scan
 };
 
 double seconds_of(const Pass& pass) {
@@ -193,32 +229,47 @@ double seconds_of(const Pass& pass) {
 
 void print_alternated(const std::vector<Pairing>& pairings, std::int64_t n, int rounds) {
   std::fprintf(stderr,
-               "\nalternated, %d rounds after one warm-up each; GB/s at %lld bytes per parameter;"
-               " ratio: the median over rounds of stream time / update time\n",
-               rounds, static_cast<long long>(kAdamWBytesPerParam));
-  std::fprintf(stderr, "%-40s %12s %12s %8s\n", "update", "ours GB/s", "stream GB/s", "ratio");
-  const double bytes = static_cast<double>(n) * kAdamWBytesPerParam;
+               "\nalternated, %d rounds after one warm-up each, %lld parameters; GB/s at the "
+               "bytes per parameter shown; medians over rounds of stream time / our time and of a "
+               "scan's time / its update's time\n",
+               rounds, static_cast<long long>(n));
+  std::fprintf(stderr, "%-18s %-7s %7s %6s %10s %12s %12s %12s\n", "pass", "isa", "threads",
+               "B/par", "ours GB/s", "stream GB/s", "stream/ours", "scan/update");
   for (const Pairing& pairing : pairings) {
-    pairing.ours();
-    pairing.stream();
-    std::vector<double> ours, stream, ratios;
+    std::vector<const Pass*> passes = {&pairing.ours, &pairing.stream};
+    if (pairing.update) passes.push_back(&pairing.update);
+    for (const Pass* pass : passes) (*pass)();
+    std::vector<std::vector<double>> times(passes.size());
+    std::vector<double> stream_ratios;
+    std::vector<double> update_ratios;
     for (int round = 0; round < rounds; ++round) {
-      double o = 0.0;
-      double s = 0.0;
-      if (round % 2 == 0) {
-        o = seconds_of(pairing.ours);
-        s = seconds_of(pairing.stream);
-      } else {
-        s = seconds_of(pairing.stream);
-        o = seconds_of(pairing.ours);
+      std::vector<double> t(passes.size());
+      for (std::size_t k = 0; k < passes.size(); ++k) {
+        const std::size_t which = (k + static_cast<std::size_t>(round)) % passes.size();
+        t[which] = seconds_of(*passes[which]);
       }
-      ours.push_back(o);
-      stream.push_back(s);
-      ratios.push_back(s / o);
+      for (std::size_t k = 0; k < passes.size(); ++k) times[k].push_back(t[k]);
+      stream_ratios.push_back(t[1] / t[0]);
+      if (pairing.update) update_ratios.push_back(t[0] / t[2]);
     }
-    std::fprintf(stderr, "%-40s %12.2f %12.2f %8.3f\n", pairing.name.c_str(),
-                 bytes / median(ours) * 1e-9, bytes / median(stream) * 1e-9, median(ratios));
+    const double bytes = static_cast<double>(n) * pairing.bytes_per_param;
+    char update_ratio[32] = "";
+    if (pairing.update)
+      std::snprintf(update_ratio, sizeof update_ratio, "%.3f", median(update_ratios));
+    std::fprintf(stderr, "%-18s %-7s %7d %6.0f %10.2f %12.2f %12.3f %12s\n", pairing.pass.c_str(),
+                 pairing.isa.c_str(), pairing.threads, pairing.bytes_per_param,
+                 bytes / median(times[0]) * 1e-9, bytes / median(times[1]) * 1e-9,
+                 median(stream_ratios), update_ratio);
   }
+}
+
+// 1, 2, 4, ... up to the processors this process may use, and that count itself.
+std::vector<int> thread_counts() {
+  const int processors = omp_get_num_procs();
+  std::vector<int> counts;
+  for (int threads = 1; threads < processors; threads *= 2) counts.push_back(threads);
+  counts.push_back(processors);
+  return counts;
 }
 
 }  // namespace
@@ -235,27 +286,51 @@ int main(int argc, char** argv) {
   for (cpu::Isa isa : {cpu::Isa::kAvx512, cpu::Isa::kAvx2, cpu::Isa::kScalar}) {
     if (cpu::supported(isa)) isas.push_back(isa);
   }
+  using zeroshard::DType;
+  struct Kind {
+    const char* name;  ///< of the update's row
+    const char* scan_name;
+    DType dtype;  ///< of the gradient (and the copy, for the 16-bit passes)
+  };
+  const Kind kinds[] = {{"AdamW fp32", "scan fp32", DType::kFloat32},
+                        {"AdamW fused bf16", "scan bf16", DType::kBFloat16},
+                        {"AdamW fused fp16", "scan fp16", DType::kFloat16}};
   std::vector<Pairing> pairings;
-  for (int threads : {1, 2}) {
+  for (int threads : thread_counts()) {
     const std::string suffix = "/" + std::to_string(n) + "/threads:" + std::to_string(threads);
     const Pass stream = [&a, threads] { stream_pass(a, threads); };
     const Pass stream_bf16 = [&a, threads] { stream_bf16_pass(a, threads); };
-    register_row("BM_StreamSameBytes" + suffix, n, stream);
-    register_row("BM_StreamSameBytesBf16" + suffix, n, stream_bf16);
+    const Pass read_fp32 = [&a, threads] { read_stream_pass(a, threads, 4); };
+    const Pass read_16 = [&a, threads] { read_stream_pass(a, threads, 2); };
+    register_row("BM_StreamSameBytes" + suffix, n, kAdamWBytesPerParam, stream);
+    register_row("BM_StreamSameBytesBf16" + suffix, n, kAdamWBytesPerParam, stream_bf16);
+    register_row("BM_StreamReadFp32" + suffix, n, 4, read_fp32);
+    register_row("BM_StreamRead16Bit" + suffix, n, 2, read_16);
     for (cpu::Isa isa : isas) {
-      const std::string name = std::string("BM_CpuAdamW_") + cpu::to_string(isa) + suffix;
-      const Pass ours = [&a, isa, threads] { adamw_pass(isa, a, threads); };
-      register_row(name, n, ours);
-      pairings.push_back({name, ours, stream});
-      for (const auto& [type_name, dtype] : {std::pair{"Bf16", zeroshard::DType::kBFloat16},
-                                             std::pair{"Fp16", zeroshard::DType::kFloat16}}) {
-        const std::string fused =
-            std::string("BM_CpuAdamWFused") + type_name + "_" + cpu::to_string(isa) + suffix;
-        const Pass ours_fused = [&a, isa, threads, dtype] {
-          fused_16bit_pass(isa, a, threads, dtype);
-        };
-        register_row(fused, n, ours_fused);
-        pairings.push_back({fused, ours_fused, stream_bf16});
+      const std::string isa_name = cpu::to_string(isa);
+      for (const Kind& kind : kinds) {
+        const bool fp32 = kind.dtype == DType::kFloat32;
+        const DType dtype = kind.dtype;
+        const Pass update =
+            fp32 ? Pass([&a, isa, threads] { adamw_pass(isa, a, threads); })
+                 : Pass([&a, isa, threads, dtype] { fused_16bit_pass(isa, a, threads, dtype); });
+        const std::string type =
+            fp32 ? "" : (dtype == DType::kBFloat16 ? "FusedBf16" : "FusedFp16");
+        const std::string update_row = "BM_CpuAdamW" + type + "_" + isa_name + suffix;
+        register_row(update_row, n, kAdamWBytesPerParam, update);
+        pairings.push_back({kind.name,
+                            isa_name,
+                            threads,
+                            kAdamWBytesPerParam,
+                            update,
+                            fp32 ? stream : stream_bf16,
+                            {}});
+        const Pass scan = [&a, isa, threads, dtype] { scan_pass(isa, a, threads, dtype); };
+        const double scan_bytes = static_cast<double>(zeroshard::size_of(dtype));
+        const std::string scan_type = fp32 ? "Fp32" : (dtype == DType::kBFloat16 ? "Bf16" : "Fp16");
+        register_row("BM_CpuNormScan" + scan_type + "_" + isa_name + suffix, n, scan_bytes, scan);
+        pairings.push_back({kind.scan_name, isa_name, threads, scan_bytes, scan,
+                            fp32 ? read_fp32 : read_16, update});
       }
     }
   }
