@@ -27,6 +27,7 @@
 
 #include "bench_median.h"
 #include "kernels/cpu/cpu_optimizer.h"
+#include "memory/memory_tracker.h"  // host_memory
 
 namespace {
 
@@ -38,19 +39,18 @@ namespace cpu = zeroshard::detail::cpu_optimizer;
 // read and 12 + 2 written.
 constexpr std::int64_t kAdamWBytesPerParam = 28;
 
-// Page-aligned arrays, first touched by the OpenMP team so that their pages spread like the
-// work does.
+// The arrays as the engine allocates its host shard (memory/memory_tracker.h): huge pages where
+// they span some, zeroed (first touched) by the OpenMP team in the update's tiles, then filled.
 struct Arrays {
   explicit Arrays(std::int64_t n) : n(n) {
     for (auto* array : {&param, &grad, &exp_avg, &exp_avg_sq}) {
-      array->reset(static_cast<float*>(std::aligned_alloc(4096, bytes(sizeof(float)))));
+      array->reset(static_cast<float*>(allocate(sizeof(float))));
       float* data = array->get();
 #pragma omp parallel for schedule(static)
       for (std::int64_t i = 0; i < n; ++i) data[i] = 1e-3f * static_cast<float>(i % 1000);
     }
     for (auto* array : {&grad_bf16, &param_bf16}) {
-      array->reset(
-          static_cast<std::uint16_t*>(std::aligned_alloc(4096, bytes(sizeof(std::uint16_t)))));
+      array->reset(static_cast<std::uint16_t*>(allocate(sizeof(std::uint16_t))));
       std::uint16_t* data = array->get();
 #pragma omp parallel for schedule(static)
       for (std::int64_t i = 0; i < n; ++i) {
@@ -58,12 +58,13 @@ struct Arrays {
       }
     }
   }
-  std::size_t bytes(std::size_t element) const {
-    return (static_cast<std::size_t>(n) * element + 4095) / 4096 * 4096;
+  void* allocate(std::size_t element) const {
+    return zeroshard::detail::host_memory().allocate(static_cast<std::size_t>(n) * element,
+                                                     zeroshard::MemoryCategory::kOptimizerStates);
   }
 
   struct Free {
-    void operator()(void* p) const noexcept { std::free(p); }
+    void operator()(void* p) const noexcept { zeroshard::detail::host_memory().deallocate(p); }
   };
   std::int64_t n;
   std::unique_ptr<float, Free> param, grad, exp_avg, exp_avg_sq;
