@@ -81,6 +81,11 @@ inline double seconds_since(std::chrono::steady_clock::time_point start) {
 struct StepTimes {
   double reduce = 0.0;
   double update = 0.0;
+  /// Parts of the update: this rank's gradient-norm scan; the wait for super_offload's thread
+  /// and the ranks' sum of the norm; the rule's pass (with any swap and copy waits inside it).
+  double scan = 0.0;
+  double norm_wait = 0.0;
+  double rule = 0.0;
   double gather = 0.0;
   /// Swap files: what the update waited for reads and writes (I/O it did not hide).
   double swap_read_wait = 0.0;

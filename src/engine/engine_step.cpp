@@ -75,7 +75,10 @@ EngineState::GradientSummary EngineState::scan_gradients() {
   // rank's part before the clip coefficient is known, so this pass only inspects the gradients;
   // the update then applies unscale x clip as one fp32 factor as it reads them. The owned range
   // is contiguous (padding between tensors stays zero), so it is one scan.
+  const auto scan_start = std::chrono::steady_clock::now();
   const GradientScan scan = optimizer_->scan(layout_.shard_begin(rank_), layout_.shard_end(rank_));
+  times_.scan += seconds_since(scan_start);
+  const auto norm_start = std::chrono::steady_clock::now();
   // After the scan, which lands the last parts of super_offload's update and reads the gradients
   // while its thread finishes them.
   try {
@@ -91,6 +94,7 @@ EngineState::GradientSummary EngineState::scan_gradients() {
   partial[1] = scan.nonfinite ? 1.0f : 0.0f;
   pack_step_agreement(summary.contexts, partial.data() + 2);
   all_reduce_host(partial.data(), static_cast<int>(partial.size()), ReduceOp::kSum);
+  times_.norm_wait += seconds_since(norm_start);
   check_step_agreement(summary.contexts, partial.data() + 2);
   summary.sum_of_squares = partial[0];
   summary.nonfinite = partial[1] != 0.0f || !std::isfinite(partial[0]);
@@ -110,9 +114,11 @@ double EngineState::clip_coefficient(double norm) const {
 
 bool EngineState::run_update(float grad_factor, const GroupContexts& contexts) {
   optimizer_->leave_whole_gradients(bucketer_->leaves_full_grads());
-  if (optimizer_->keep_overlapped_update(grad_factor, contexts)) return true;
-  apply_update(grad_factor, contexts);
-  return false;
+  const auto rule_start = std::chrono::steady_clock::now();
+  const bool kept = optimizer_->keep_overlapped_update(grad_factor, contexts);
+  if (!kept) apply_update(grad_factor, contexts);
+  times_.rule += seconds_since(rule_start);
+  return kept;
 }
 
 void EngineState::refresh_parameters() {
@@ -278,8 +284,11 @@ void EngineState::print_progress(const StepResult& result) {
   if (dtype_ == DType::kFloat16) os << " | loss_scale " << loss_scale();
   if (config_.wall_clock_breakdown) {
     const double per_step = 1000.0 / static_cast<double>(every);
+    // The update's parts after the gathers: scripts/gpu-check.sh reads "update X ms | gather".
     os << " | reduce " << times_.reduce * per_step << " ms | update " << times_.update * per_step
-       << " ms | gather " << times_.gather * per_step << " ms";
+       << " ms | gather " << times_.gather * per_step << " ms | update = scan "
+       << times_.scan * per_step << " ms + norm waits " << times_.norm_wait * per_step
+       << " ms + rule " << times_.rule * per_step << " ms";
     if (optimizer_->offloaded()) {
       os << " | host-device copy wait " << times_.copy_wait * per_step
          << " ms (of backward and the update)";
