@@ -1,12 +1,19 @@
-// The accounting allocator counts every byte by category, keeps true peaks, and the report
-// renders the same numbers as a table and as JSON.
+// The accounting allocator counts every byte by category, keeps true peaks, zeroes large buffers
+// on the OpenMP team on huge-page boundaries, and the report renders the same numbers as a table
+// and as JSON.
 #include "memory/memory_tracker.h"
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "memory/host_first_touch.h"  // kHugePageBytes
 
 namespace zeroshard::detail {
 namespace {
@@ -40,6 +47,26 @@ TEST(MemoryTracker, BuffersAreAlignedZeroedAndMovable) {
   EXPECT_EQ(tracker.current(MemoryCategory::kGradients), 100);
   b = TrackedBuffer();
   EXPECT_EQ(tracker.current(MemoryCategory::kGradients), 0);
+}
+
+TEST(MemoryTracker, LargeBuffersAreOnHugePageBoundariesAndZeroedOnAnyThreadCount) {
+  MemoryTracker tracker;
+  // Past the threshold of the team's fill, ending inside a tile; reused memory holds old bytes.
+  const std::size_t bytes = (std::size_t{5} << 20) + 4100;
+  const int saved_threads = omp_get_max_threads();
+  for (int threads = 1; threads <= 3; ++threads) {
+    omp_set_num_threads(threads);
+    {
+      TrackedBuffer dirty(tracker, MemoryCategory::kOptimizerStates, bytes);
+      std::memset(dirty.data(), 0xA5, bytes);
+    }
+    TrackedBuffer a(tracker, MemoryCategory::kOptimizerStates, bytes);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(a.data()) % kHugePageBytes, 0u);
+    const auto* data = a.as<unsigned char>();
+    EXPECT_EQ(std::count(data, data + bytes, 0), static_cast<std::ptrdiff_t>(bytes))
+        << threads << " threads";
+  }
+  omp_set_num_threads(saved_threads);
 }
 
 TEST(MemoryReport, JsonAndTableCarryTheSameNumbers) {
