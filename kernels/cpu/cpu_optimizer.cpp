@@ -4,9 +4,9 @@
 #include "kernels/cpu/cpu_optimizer.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <cstring>
-#include <iterator>  // std::size
 #include <string>
 #include <vector>
 
@@ -198,10 +198,16 @@ const char* to_string(Isa isa) noexcept {
 
 bool supported(Isa isa) noexcept {
   // A function-local static: initialised once, thread-safely, on the first call.
-  static const bool table[] = {probe_support(Isa::kScalar), probe_support(Isa::kAvx2),
+  static const std::array<bool, 3> table = [] {
+#if defined(ZEROSHARD_CPU_X86)
+    // The first call may come from another file's static initialiser, before libgcc's own.
+    __builtin_cpu_init();
+#endif
+    return std::array<bool, 3>{probe_support(Isa::kScalar), probe_support(Isa::kAvx2),
                                probe_support(Isa::kAvx512)};
+  }();
   const auto index = static_cast<std::size_t>(isa);
-  return index < std::size(table) && table[index];
+  return index < table.size() && table[index];
 }
 
 Isa active_isa() {
