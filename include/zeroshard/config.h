@@ -35,6 +35,11 @@ struct OffloadConfig {
   /// SuperOffload). Exact: a step whose norm clips, that overflows or whose inputs changed is
   /// redone from the untouched arrays, so training is bit for bit as without it.
   bool super_offload = false;
+  /// offload_optimizer only: the share of this rank's cores that run the host's update, its
+  /// gradient-norm scan and super_offload's overlapped update (DeepSpeed's default 0.8). The
+  /// rank's cores are those of its CPU affinity mask, divided among the ranks of its host when
+  /// they all share one mask; OMP_NUM_THREADS, when set, gives the team's size instead.
+  double cpuadam_cores_perc = 0.8;
 };
 
 /// `zero_optimization`. Sizes are in elements, as in DeepSpeed.

@@ -12,6 +12,7 @@
 
 #include "memory/host_first_touch.h"  // kFirstTouchTile, kFirstTouchThreadedFrom
 #include "precision/half_conversion.h"
+#include "util/cpu_team.h"
 #include "util/text.h"
 #include "zeroshard/error.h"
 
@@ -105,7 +106,7 @@ void over_tiles(std::int64_t n, const Range& range) {
     return;
   }
   const std::int64_t tiles = (n + kTile - 1) / kTile;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(cpu_team_size())
   for (std::int64_t t = 0; t < tiles; ++t) {
     const std::int64_t begin = t * kTile;
     range(begin, begin + kTile < n ? begin + kTile : n);
@@ -122,7 +123,7 @@ void for_each_tile(std::int64_t n, const Tile& tile) {
     for (std::int64_t t = 0; t < tiles; ++t) tile(t, t * kTile, std::min(n, (t + 1) * kTile));
     return;
   }
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(cpu_team_size())
   for (std::int64_t t = 0; t < tiles; ++t) tile(t, t * kTile, std::min(n, (t + 1) * kTile));
 }
 

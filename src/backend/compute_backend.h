@@ -142,8 +142,9 @@ void apply_in_widened_chunks(const ShardSlice& slice, const FusedStepIo& io,
   }
 }
 
-/// The host backend: `rule` runs as given, in the calling thread.
-std::unique_ptr<ComputeBackend> make_cpu_backend(const UpdateRule& rule);
+/// The host backend: `rule` runs as given, in the calling thread; the built-in rules, the scan and
+/// zeroing split large ranges over `team` OpenMP threads (0: OpenMP's default team).
+std::unique_ptr<ComputeBackend> make_cpu_backend(const UpdateRule& rule, int team = 0);
 
 /// The backend for `device`. For a CUDA device `rule` must be one of the built-in rules (it runs
 /// as a fused kernel); a user's own rule gets UsageError naming it. Working memory the backend

@@ -13,6 +13,7 @@
 #include "memory/host_first_touch.h"  // zero_host
 #include "precision/half_conversion.h"
 #include "util/check.h"
+#include "util/cpu_team.h"
 
 #if ZEROSHARD_WITH_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -43,8 +44,8 @@ class FinishedCopy final : public CopyEvent {
 
 class CpuBackend final : public ComputeBackend {
  public:
-  explicit CpuBackend(const UpdateRule& rule)
-      : rule_(rule), builtin_(dynamic_cast<const BuiltinRule*>(&rule)) {}
+  CpuBackend(const UpdateRule& rule, int team)
+      : rule_(rule), builtin_(dynamic_cast<const BuiltinRule*>(&rule)), team_(team) {}
 
   Device device() const noexcept override { return Device::cpu(); }
   MemoryResource& memory() noexcept override { return host_memory(); }
@@ -61,7 +62,10 @@ class CpuBackend final : public ComputeBackend {
   }
   bool fuses_tensors() const noexcept override { return false; }
 
-  void zero(void* data, std::size_t bytes) override { zero_host(data, bytes); }
+  void zero(void* data, std::size_t bytes) override {
+    const CpuTeamScope team(team_);
+    zero_host(data, bytes);
+  }
   void copy(void* destination, const void* source, std::size_t bytes) override {
     if (bytes > 0) std::memcpy(destination, source, bytes);
   }
@@ -135,6 +139,7 @@ class CpuBackend final : public ComputeBackend {
   GradientScan scan(const void* data, DType dtype, std::int64_t count) override {
     // In tiles over the OpenMP team, summed in a fixed order: stage 0 must find stages 1-3's
     // norm bit for bit, whatever the thread count.
+    const CpuTeamScope team(team_);
     const double total =
         cpu_optimizer::sum_of_squares(cpu_optimizer::active_isa(), data, dtype, count);
     return {.sum_of_squares = total, .nonfinite = !std::isfinite(total)};
@@ -142,6 +147,7 @@ class CpuBackend final : public ComputeBackend {
 
   void apply_rule(const ShardSlice& slice, const FusedStepIo& io, const StepContext& context,
                   std::span<float> scratch) override {
+    const CpuTeamScope team(team_);
     if (builtin_ != nullptr) {
       builtin_->apply_fused(slice, io, context);
       return;
@@ -181,12 +187,13 @@ class CpuBackend final : public ComputeBackend {
  private:
   const UpdateRule& rule_;
   const BuiltinRule* builtin_;  ///< null for a user's own rule
+  int team_;                    ///< threads of its parallel loops; 0: OpenMP's default
 };
 
 }  // namespace
 
-std::unique_ptr<ComputeBackend> make_cpu_backend(const UpdateRule& rule) {
-  return std::make_unique<CpuBackend>(rule);
+std::unique_ptr<ComputeBackend> make_cpu_backend(const UpdateRule& rule, int team) {
+  return std::make_unique<CpuBackend>(rule, team);
 }
 
 std::unique_ptr<ComputeBackend> make_compute_backend(const Device& device, const UpdateRule& rule,

@@ -145,6 +145,16 @@ void check_offload_ratio(const OffloadConfig& offload) {
                         "device) is not implemented yet: use 1.0");
 }
 
+// The parser holds the key to its range; a Config built in code is held to it here, since a share
+// of 0 or NaN would leave the update no thread.
+void check_cores_share(const OffloadConfig& offload) {
+  const double share = offload.cpuadam_cores_perc;
+  if (share > 0.0 && share <= 1.0) return;
+  throw ConfigError(
+      "zero_optimization.offload_optimizer.cpuadam_cores_perc",
+      "got " + detail::format_number(share) + ", expected a share of the rank's cores in (0, 1]");
+}
+
 void check_super_offload(const OffloadConfig& offload) {
   if (!offload.super_offload || offload.device == OffloadDevice::kCpu) return;
   // NVMe's pipelined step reads each sub-group's record once, in order; updating as buckets
@@ -241,6 +251,7 @@ void check_config(const Config& config) {
   check_key_combinations(config);
   check_offload_devices(config.zero_optimization);
   check_super_offload(config.zero_optimization.offload_optimizer);
+  check_cores_share(config.zero_optimization.offload_optimizer);
   check_stage_three_keys(config.zero_optimization);
   check_aio(config.aio);
   check_gradient_types(config);

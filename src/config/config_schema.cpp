@@ -16,6 +16,7 @@ namespace {
 constexpr Range kStageRange{.min = 0, .max = 3};
 constexpr Range kAtLeastOne{.min = 1};
 constexpr Range kFraction{.min = 0, .max = 1};
+constexpr Range kShare{.min = 0, .max = 1, .min_exclusive = true};
 
 const char* const kIntegration = "a Python-side integration";
 
@@ -695,9 +696,13 @@ std::vector<KeySpec> make_key_specs() {
       {.path = "zero_optimization.offload_optimizer.cpuadam_cores_perc",
        .kind = K::kNumber,
        .default_json = "0.8",
-       .meaning = "Superchip offload: share of CPU cores for the CPU optimizer.",
-       .status = S::kRefused,
-       .range = kFraction},
+       .meaning = "Share of this rank's CPU cores that run the host's update and its gradient "
+                  "scan (super_offload's too): the cores of the rank's affinity mask, divided "
+                  "among its host's ranks when they share one mask. OMP_NUM_THREADS, when set, "
+                  "sets the team instead. zeroshard applies it to every optimizer offload, not "
+                  "to super_offload alone.",
+       .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.offload_optimizer.cpuadam_cores_perc),
+       .range = kShare},
       {.path = "zero_optimization.offload_param",
        .kind = K::kSection,
        .default_json = "null",

@@ -7,7 +7,10 @@
 #include <cstring>
 #include <utility>
 
+#include "kernels/cpu/cpu_optimizer.h"
 #include "optim/builtin_rule.h"
+#include "util/cpu_team.h"
+#include "util/log.h"
 
 namespace zeroshard::detail {
 
@@ -29,11 +32,22 @@ OptimizerShard::OptimizerShard(const EngineContext& context, const UpdateRule& r
   }
   const OffloadConfig& offload = context_.config.zero_optimization.offload_optimizer;
   Tier tier = Tier::kDevice;
+  int host_team = 0;
   if (offload.device != OffloadDevice::kNone) {
-    host_backend_ = make_cpu_backend(rule_);
+    const CpuTeam team = cpu_team_for_share(offload.cpuadam_cores_perc);
+    host_team = team.size;
+    host_backend_ = make_cpu_backend(rule_, host_team);
     update_backend_ = host_backend_.get();
     tier = offload.pin_memory ? Tier::kPinnedHost : Tier::kPageableHost;
+    if (context_.rank == 0) {
+      ZEROSHARD_LOG(kInfo, "the offloaded update runs on the host, on "
+                               << team.description << ", per rank; the "
+                               << cpu_optimizer::to_string(cpu_optimizer::active_isa())
+                               << " path (OMP_PLACES and OMP_PROC_BIND place the threads)");
+    }
   }
+  // The host arrays are first touched by the team that updates them, in the update's schedule.
+  const CpuTeamScope first_touch(host_team);
   const std::int64_t owned = context_.update_end() - owned_begin_;
   master_aliases_params_ = !offloaded() && context_.dtype == DType::kFloat32;
   // With whole gradients (stages 0-1, or handed over at the end of backward) the shard is read

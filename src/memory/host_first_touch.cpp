@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "util/cpu_team.h"
+
 namespace zeroshard::detail {
 
 void zero_host(void* data, std::size_t bytes) noexcept {
@@ -14,7 +16,7 @@ void zero_host(void* data, std::size_t bytes) noexcept {
   auto* base = static_cast<unsigned char*>(data);
   const auto tiles = static_cast<std::int64_t>((bytes + kFirstTouchTile - 1) / kFirstTouchTile);
   // schedule(static), as the update's tiles: thread k of P touches the k-th P-th of the array.
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(cpu_team_size())
   for (std::int64_t t = 0; t < tiles; ++t) {
     const std::size_t begin = static_cast<std::size_t>(t) * kFirstTouchTile;
     const std::size_t end = begin + kFirstTouchTile < bytes ? begin + kFirstTouchTile : bytes;

@@ -4,12 +4,15 @@
 // refused by name.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "mpi/toy_model.h"
+#include "zeroshard/log.h"
 
 namespace zeroshard::testing {
 namespace {
@@ -235,6 +238,78 @@ TEST(OffloadKeys, MaxInCpuBelowTheShardIsRefusedByName) {
     EXPECT_EQ(error.key_path(), "zero_optimization.offload_param.max_in_cpu");
     EXPECT_NE(std::string(error.what()).find("parameter shard of"), std::string::npos)
         << error.what();
+  }
+}
+
+// A shard large enough for the host's update and scan to run on a team: the team the share of
+// cores gives changes where each tile runs, never a bit, and the start-up report says how many
+// threads run it and why.
+TEST(OffloadCores, TheShareOfCoresSetsTheTeamAndChangesNoBit) {
+  const std::int64_t numel = (std::int64_t{1} << 21) * 3 + 37;
+  int rank = 0;
+  const auto train_large = [numel, &rank](Config config) {
+    Engine engine = make_engine(std::move(config), make_adamw());
+    rank = engine.rank();
+    const Parameter w = engine.register_parameter("w", {numel});
+    std::vector<float> values(static_cast<std::size_t>(numel));
+    for (std::int64_t i = 0; i < numel; ++i) values[i] = initial_value(0, i);
+    w.copy_from(values);
+    for (std::int64_t step = 0; step < 3; ++step) {
+      float* grad = w.grad();
+      for (std::int64_t i = 0; i < numel; ++i) {
+        grad[i] = toy_gradient(values[i], 0, i, engine.rank(), step);
+      }
+      engine.grad_ready(w);
+      EXPECT_TRUE(engine.step().updated);
+    }
+    return std::make_pair(engine.consolidated_parameters(), engine.global_grad_norm());
+  };
+  Config resident = toy_config(2);
+  resident.zero_optimization.reduce_bucket_size = numel;
+  resident.gradient_clipping = 1.0;
+  const auto expected = train_large(resident);
+
+  std::vector<std::string> reports;
+  set_log_level(LogLevel::kInfo);
+  set_log_sink([&reports](const LogRecord& record) { reports.emplace_back(record.message); });
+  for (const double share : {0.5, 1.0}) {
+    Config offloaded = resident;
+    offloaded.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
+    offloaded.zero_optimization.offload_optimizer.cpuadam_cores_perc = share;
+    const auto trained = train_large(offloaded);
+    EXPECT_TRUE(same_bits(trained.first, expected.first)) << "cpuadam_cores_perc " << share;
+    EXPECT_EQ(trained.second, expected.second) << "cpuadam_cores_perc " << share;
+  }
+  set_log_sink({});
+  set_log_level(LogLevel::kProgress);
+
+  if (rank != 0) return;  // rank 0 reports for every rank
+  std::vector<std::string> team_lines;
+  for (const std::string& line : reports) {
+    if (line.find("the offloaded update runs on the host") != std::string::npos) {
+      team_lines.push_back(line);
+    }
+  }
+  ASSERT_EQ(team_lines.size(), 2u);
+  if (std::getenv("OMP_NUM_THREADS") == nullptr) {
+    EXPECT_NE(team_lines[0].find("cpuadam_cores_perc 0.5 of"), std::string::npos) << team_lines[0];
+    EXPECT_NE(team_lines[1].find("cpuadam_cores_perc 1 of"), std::string::npos) << team_lines[1];
+  } else {
+    EXPECT_NE(team_lines[0].find("OMP_NUM_THREADS="), std::string::npos) << team_lines[0];
+  }
+}
+
+TEST(OffloadCores, AShareOutsideZeroToOneIsRefusedByName) {
+  for (const double share : {0.0, -0.5, 1.5, std::nan("")}) {
+    Config config = toy_config(2);
+    config.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
+    config.zero_optimization.offload_optimizer.cpuadam_cores_perc = share;
+    try {
+      make_engine(config, make_adamw());
+      FAIL() << "cpuadam_cores_perc " << share << " was accepted";
+    } catch (const ConfigError& error) {
+      EXPECT_EQ(error.key_path(), "zero_optimization.offload_optimizer.cpuadam_cores_perc");
+    }
   }
 }
 
