@@ -12,10 +12,15 @@
 #   of running scripts/install_deps.sh.
 # GPU_CHECK_INSTALL_DEPS=0: the packages are installed already; install nothing.
 # GPU_CHECK_BUILD_DIR (build-gpu; one configured already is built as it is configured),
-# GPU_CHECK_TEST_TIMEOUT (s per test, 120), GPU_CHECK_TESTS_LIMIT (s for all tests, 240),
-# GPU_CHECK_OFFLOAD_LIMIT (s for the offload run, 240), GPU_CHECK_STEPS (3), GPU_CHECK_PARAMS (the
-# offload run's parameters; default: the largest the estimator fits). CUDA_VISIBLE_DEVICES set empty (or
-# -1) hides the GPUs, as it does from CUDA.
+# GPU_CHECK_BUDGET (s for the whole script, 570: a section that would not finish in what is left
+# is skipped and says so), GPU_CHECK_TEST_TIMEOUT (s per test, 120), GPU_CHECK_TESTS_LIMIT (s for
+# all tests, 120), GPU_CHECK_OFFLOAD_LIMIT (s for each offload run, 120), GPU_CHECK_STEPS (3),
+# GPU_CHECK_PARAMS (the offload runs' parameters; default: the largest the estimator fits),
+# GPU_CHECK_HOST_SWEEP=1 (run the host's thread sweep without a GPU too). CUDA_VISIBLE_DEVICES set
+# empty (or -1) hides the GPUs, as it does from CUDA.
+#
+# Order: what the offload work needs first (the host, the thread sweep, the offload runs with and
+# without super_offload), then the kernel benchmarks, the gpu tests and the overlap benchmark.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,9 +30,10 @@ if (($# != 1)); then
 fi
 out=$(mkdir -p "$1" && cd "$1" && pwd)
 build=${GPU_CHECK_BUILD_DIR:-build-gpu}
+budget=${GPU_CHECK_BUDGET:-570}
 test_timeout=${GPU_CHECK_TEST_TIMEOUT:-120}
-tests_limit=${GPU_CHECK_TESTS_LIMIT:-240}
-offload_limit=${GPU_CHECK_OFFLOAD_LIMIT:-240}
+tests_limit=${GPU_CHECK_TESTS_LIMIT:-120}
+offload_limit=${GPU_CHECK_OFFLOAD_LIMIT:-120}
 steps=${GPU_CHECK_STEPS:-3}
 report="$out/report.md"
 started=$(date +%s)
@@ -36,6 +42,14 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
 
 elapsed() { echo "$(($(date +%s) - started)) s"; }
+# Seconds of the budget left, and whether a section of at most $1 s still fits (it says when not).
+left() { echo $((budget - ($(date +%s) - started))); }
+fits() {
+  if (($(left) < $1)); then
+    echo "skipped: $(left) s of the ${budget} s budget left, the section may take $1 s" >>"$report"
+    return 1
+  fi
+}
 section() { printf '\n## %s\n\n' "$1" >>"$report"; }
 # Runs "$@" with its output in $out/$log; the last lines go to the report when it fails.
 logged() {
@@ -107,6 +121,18 @@ fi
 echo "- nvcc: $( (nvcc --version 2>/dev/null || /usr/local/cuda/bin/nvcc --version) |
   grep -o 'release [0-9.]*' | head -n 1)" >>"$report"
 
+# --- the host: what the offloaded update runs on --------------------------------------------
+section "Host"
+{
+  lscpu 2>/dev/null | grep -E '^(Model name|Socket\(s\)|Core\(s\) per socket|Thread\(s\) per core|NUMA node)' |
+    sed 's/  */ /g; s/^/- /'
+  echo "- vector extensions: $(grep -m1 -o -wE 'avx2|f16c|avx512f|avx512bw' /proc/cpuinfo 2>/dev/null |
+    sort -u | paste -sd ' ')"
+  echo "- transparent huge pages: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null ||
+    echo unknown)"
+  echo "- CPUs in this process's affinity mask: $(nproc)"
+} >>"$report"
+
 # --- build ----------------------------------------------------------------------------------
 section "Build"
 build_start=$(date +%s)
@@ -150,85 +176,29 @@ echo "- ${#targets[@]} targets built in $(($(date +%s) - build_start)) s with $(
   "$build/CMakeCache.txt" 2>/dev/null | paste -sd ' '))" >>"$report"
 grep -c 'warning:' "$out/build.log" 2>/dev/null | xargs -I{} echo "- compiler warnings: {}" \
   >>"$report"
+build_failed=$failed
 
-# --- kernel benchmarks ----------------------------------------------------------------------
-section "Kernel benchmarks"
-if ((failed != 0)) && [[ ! -x "$build/benchmarks/bench_kernels" ]]; then
-  echo "not run: the build failed" >>"$report"
-elif [[ -n "$gpu_reason" ]]; then
-  echo "skipped: $gpu_reason" >>"$report"
-else
-  # The fused AdamW against a device-to-device copy of the same bytes, with the ratio lines the
-  # program prints; then the host's CPU update, which the offloaded step runs.
-  if logged bench-kernels.log "$build/benchmarks/bench_kernels" --benchmark_min_time=0.1; then
-    printf '```\n%s\n```\n' "$(grep -vE '^(---|Run on|CPU Caches|  L[123]|Load Average)' \
-      "$out/bench-kernels.log")" >>"$report"
+# --- the host's update on every thread count ---------------------------------------------------
+section "Host update: every thread count"
+if [[ ! -x "$build/benchmarks/bench_cpu_optimizer" ]]; then
+  echo "not run: the benchmark did not build" >>"$report"
+elif [[ -n "$gpu_reason" && "${GPU_CHECK_HOST_SWEEP:-0}" != 1 ]]; then
+  echo "skipped: $gpu_reason (GPU_CHECK_HOST_SWEEP=1 runs it)" >>"$report"
+elif fits 150; then
+  # Each update against a stream of its bytes at the same thread count (the stream is the host's
+  # memory bandwidth there), and the norm scan against its update, on the vector paths: 1, 2, 4,
+  # ... threads up to the CPUs of this process, 3 alternated rounds of 100M parameters.
+  if ZEROSHARD_BENCH_ROUNDS=3 logged bench-cpu.log timeout 150 \
+    "$build/benchmarks/bench_cpu_optimizer" --benchmark_filter='^$'; then
+    printf '```\n%s\n```\n' "$(sed -n '/^alternated/,$p' "$out/bench-cpu.log" | grep -v scalar)" \
+      >>"$report"
   else
     failed=1
   fi
-  # Only the alternated rounds (each path against the stream of its bytes), 5 of them.
-  if ZEROSHARD_BENCH_ROUNDS=5 logged bench-cpu.log timeout 180 \
-    "$build/benchmarks/bench_cpu_optimizer" --benchmark_filter='^$'; then
-    printf '\nCPU update (the offloaded step'"'"'s):\n\n```\n%s\n```\n' "$(grep -iE \
-      'alternated|ratio|BM_' "$out/bench-cpu.log" | head -n 30)" >>"$report"
-  fi
-fi
-
-# --- the offloaded update during backward ----------------------------------------------------
-section "Offloaded AdamW after backward vs during it (super_offload)"
-if ((failed != 0)) && [[ ! -x "$build/benchmarks/zeroshard-overlap-bench" ]]; then
-  echo "not run: the build failed" >>"$report"
-elif [[ -n "$gpu_reason" ]]; then
-  echo "skipped: $gpu_reason" >>"$report"
-else
-  # The model computes on the GPU and the update runs on the host, as ZeRO-Offload trains: the
-  # two alternated, step by step, in one process.
-  if logged super-offload.log timeout 90 "$build/benchmarks/zeroshard-overlap-bench" \
-    --device cuda --super-offload --stages 23 --layers 8 --width 4096 --batch 64 --steps 6 \
-    --warmup 2; then
-    printf '```\n%s\n```\n' "$(cat "$out/super-offload.log")" >>"$report"
-  else
-    echo "failed or timed out; output in super-offload.log" >>"$report"
-  fi
-fi
-
-# --- tests ----------------------------------------------------------------------------------
-section "ctest -L gpu"
-if ((failed != 0)); then
-  echo "not run: the build failed" >>"$report"
-elif [[ -n "$gpu_reason" ]]; then
-  echo "skipped: $gpu_reason" >>"$report"
-else
-  test_start=$(date +%s)
-  # Cases not started by the stop time are reported as not run, so the offload run still gets
-  # its turn on a machine lent for minutes.
-  ctest --test-dir "$build" -L gpu -j"$(($(nproc) / 2))" --timeout "$test_timeout" \
-    --stop-time "$(date -d "+${tests_limit} sec" +%H:%M:%S)" --output-on-failure --output-junit "$out/ctest-junit.xml" >"$out/ctest.log" 2>&1 || failed=1
-  python3 - "$out/ctest-junit.xml" >>"$report" <<'EOF'
-import sys, xml.etree.ElementTree as ET
-cases = ET.parse(sys.argv[1]).getroot().iter("testcase")
-rows, counts = [], {}
-for case in cases:
-    status = case.get("status", "run")
-    if case.find("failure") is not None:
-        status = "failed"
-    elif case.find("skipped") is not None or status == "notrun":
-        status = "skipped"
-    else:
-        status = "passed" if status == "run" else status
-    counts[status] = counts.get(status, 0) + 1
-    rows.append((case.get("name"), status, float(case.get("time", 0))))
-print(", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + "\n")
-print("| test | result | seconds |\n| --- | --- | --- |")
-for name, status, seconds in rows:
-    print(f"| {name} | {status} | {seconds:.1f} |")
-EOF
-  echo >>"$report"
-  echo "$(($(date +%s) - test_start)) s; output in ctest.log" >>"$report"
 fi
 
 # --- the offload run ------------------------------------------------------------------------
-section "Offload training run (stage 3, bf16, optimizer on the host)"
+section "Offload training runs (stage 3, bf16, optimizer on the host)"
 offload_config="$out/offload-config.json"
 cat >"$offload_config" <<'EOF'
 {
@@ -285,13 +255,24 @@ EOF
     echo "not run: the estimator gave no size (see above)" >>"$report"
     failed=1
   else
-    run_start=$(date +%s)
-    logged offload.log timeout "$offload_limit" "$build/examples/mlp/zeroshard-train-mlp" \
-      --config "$offload_config" \
-      --device cuda --steps "$steps" --layers "$layers" --width "$width" --inputs "$inputs" \
-      --classes "$classes" --report-json "$out/offload-report.json" || failed=1
-    python3 - "$out/offload.log" "$out/offload-report.json" "$offload_params" "$estimate_device" \
-      "$estimate_host" "$(($(date +%s) - run_start))" "$layers" "$width" >>"$report" <<'EOF'
+    for variant in after during; do
+      config="$offload_config"
+      if [[ "$variant" == during ]]; then
+        config="$out/offload-config-super.json"
+        sed 's/"pin_memory": true}/"pin_memory": true, "super_offload": true}/' \
+          "$offload_config" >"$config"
+      fi
+      printf '\n### The update %s backward%s\n\n' "$variant" \
+        "$([[ $variant == during ]] && echo ' (super_offload)')" >>"$report"
+      fits $((offload_limit + 10)) || continue
+      run_start=$(date +%s)
+      logged "offload-$variant.log" timeout "$offload_limit" \
+        "$build/examples/mlp/zeroshard-train-mlp" --config "$config" \
+        --device cuda --steps "$steps" --layers "$layers" --width "$width" --inputs "$inputs" \
+        --classes "$classes" --report-json "$out/offload-report-$variant.json" || failed=1
+      python3 - "$out/offload-$variant.log" "$out/offload-report-$variant.json" \
+        "$offload_params" "$estimate_device" "$estimate_host" "$(($(date +%s) - run_start))" \
+        "$layers" "$width" >>"$report" <<'EOF'
 import json, os, re, sys
 log, report_path, params, est_device, est_host, seconds, layers, width = sys.argv[1:9]
 gib = lambda b: f"{int(b) / 2**30:.2f} GiB"
@@ -301,21 +282,25 @@ for line in open(log):
     if m:
         trainer[int(m[1])] = (float(m[2]), float(m[3]))
     m = re.match(r".*step (\d+) \| lr .*reduce ([\d.e+-]+) ms \| update ([\d.e+-]+) ms \| gather "
-                 r"([\d.e+-]+) ms(?:.*copy wait ([\d.e+-]+) ms)?", line)
+                 r"([\d.e+-]+) ms(?:.*update = scan ([\d.e+-]+) ms \+ norm waits ([\d.e+-]+) ms "
+                 r"\+ rule ([\d.e+-]+) ms)?(?:.*copy wait ([\d.e+-]+) ms)?", line)
     if m:
         engine[int(m[1])] = [float(x) if x else 0.0 for x in m.groups()[1:]]
 print(f"MLP of {layers} layers of width {width}: {int(params) / 1e9:.2f}B parameters; "
       f"{seconds} s in all (set-up, {len(trainer)} steps, checksums).\n")
-print("| step | ms/step | forward + backward | step() | reduce | CPU update | host-device copy "
-      "wait | gather |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+print("| step | ms/step | forward + backward | step() | reduce | CPU update | of it: scan | "
+      "norm waits | rule | host-device copy wait | gather |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for step, (total, stepping) in sorted(trainer.items()):
-    reduce, update, gather, wait = engine.get(step, [0.0] * 4)
+    reduce, update, gather, scan, norm, rule, wait = engine.get(step, [0.0] * 7)
     print(f"| {step} | {total:.0f} | {total - stepping:.0f} | {stepping:.0f} | {reduce:.0f} | "
-          f"{update - wait:.0f} | {wait:.0f} | {gather:.0f} |")
+          f"{update - wait:.0f} | {scan:.0f} | {norm:.0f} | {rule:.0f} | {wait:.0f} | "
+          f"{gather:.0f} |")
 print("\nforward + backward: the model's GPU compute and its gathers; CPU update: the update's "
-      "time less its waits on copies; copy wait: the host blocked on device-host copies in "
-      "backward and the update.\n")
+      "time less its waits on copies (scan: the gradient-norm scan; norm waits: the wait for "
+      "super_offload's thread and the ranks' sum; rule: the update rule's pass, or keeping the "
+      "overlapped one); copy wait: the host blocked on device-host copies in backward and the "
+      "update. The update's rate: parameters / (rule time).\n")
 if os.path.exists(report_path):
     memory = json.load(open(report_path))["memory"][0]
     print("| memory per rank | measured peak | estimate | measured / estimate |")
@@ -329,6 +314,78 @@ if os.path.exists(report_path):
 else:
     print("no memory report (the run failed)")
 EOF
+    done
+  fi
+fi
+
+# --- kernel benchmarks ----------------------------------------------------------------------
+section "Kernel benchmarks"
+if ((build_failed != 0)) && [[ ! -x "$build/benchmarks/bench_kernels" ]]; then
+  echo "not run: the build failed" >>"$report"
+elif [[ -n "$gpu_reason" ]]; then
+  echo "skipped: $gpu_reason" >>"$report"
+elif fits 60; then
+  # The fused AdamW against a device-to-device copy of the same bytes, with the ratio lines the
+  # program prints.
+  if logged bench-kernels.log "$build/benchmarks/bench_kernels" --benchmark_min_time=0.1; then
+    printf '```\n%s\n```\n' "$(grep -vE '^(---|Run on|CPU Caches|  L[123]|Load Average)' \
+      "$out/bench-kernels.log")" >>"$report"
+  else
+    failed=1
+  fi
+fi
+
+# --- tests ----------------------------------------------------------------------------------
+section "ctest -L gpu"
+if ((build_failed != 0)); then
+  echo "not run: the build failed" >>"$report"
+elif [[ -n "$gpu_reason" ]]; then
+  echo "skipped: $gpu_reason" >>"$report"
+elif fits 60; then
+  test_start=$(date +%s)
+  # The stop time leaves the overlap benchmark its turn.
+  tests_limit=$((tests_limit < $(left) - 90 ? tests_limit : $(left) - 90))
+  # Cases not started by the stop time are reported as not run.
+  ctest --test-dir "$build" -L gpu -j"$(($(nproc) / 2))" --timeout "$test_timeout" \
+    --stop-time "$(date -d "+${tests_limit} sec" +%H:%M:%S)" --output-on-failure --output-junit "$out/ctest-junit.xml" >"$out/ctest.log" 2>&1 || failed=1
+  python3 - "$out/ctest-junit.xml" >>"$report" <<'EOF'
+import sys, xml.etree.ElementTree as ET
+cases = ET.parse(sys.argv[1]).getroot().iter("testcase")
+rows, counts = [], {}
+for case in cases:
+    status = case.get("status", "run")
+    if case.find("failure") is not None:
+        status = "failed"
+    elif case.find("skipped") is not None or status == "notrun":
+        status = "skipped"
+    else:
+        status = "passed" if status == "run" else status
+    counts[status] = counts.get(status, 0) + 1
+    rows.append((case.get("name"), status, float(case.get("time", 0))))
+print(", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + "\n")
+print("| test | result | seconds |\n| --- | --- | --- |")
+for name, status, seconds in rows:
+    print(f"| {name} | {status} | {seconds:.1f} |")
+EOF
+  echo >>"$report"
+  echo "$(($(date +%s) - test_start)) s; output in ctest.log" >>"$report"
+fi
+
+# --- the offloaded update during backward ----------------------------------------------------
+section "Offloaded AdamW after backward vs during it (super_offload)"
+if ((build_failed != 0)) && [[ ! -x "$build/benchmarks/zeroshard-overlap-bench" ]]; then
+  echo "not run: the build failed" >>"$report"
+elif [[ -n "$gpu_reason" ]]; then
+  echo "skipped: $gpu_reason" >>"$report"
+elif fits 90; then
+  # The model computes on the GPU and the update runs on the host, as ZeRO-Offload trains: the
+  # two alternated, step by step, in one process.
+  if logged super-offload.log timeout 90 "$build/benchmarks/zeroshard-overlap-bench" \
+    --device cuda --super-offload --stages 23 --layers 8 --width 4096 --batch 64 --steps 6 \
+    --warmup 2; then
+    printf '```\n%s\n```\n' "$(cat "$out/super-offload.log")" >>"$report"
+  else
+    echo "failed or timed out; output in super-offload.log" >>"$report"
   fi
 fi
 

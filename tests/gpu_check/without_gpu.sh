@@ -22,8 +22,11 @@ expect "# zeroshard GPU check"
 expect "- GPU: none: CUDA_VISIBLE_DEVICES='' hides every GPU"
 expect "## Build"
 expect "targets built in"
-for section in "ctest -L gpu" "Kernel benchmarks" "Offloaded AdamW after backward vs during it" \
-  "Offload training run"; do
+expect "## Host"
+expect "- CPUs in this process's affinity mask:"
+expect "skipped: CUDA_VISIBLE_DEVICES='' hides every GPU (GPU_CHECK_HOST_SWEEP=1 runs it)"
+for section in "Host update: every thread count" "ctest -L gpu" "Kernel benchmarks" \
+  "Offloaded AdamW after backward vs during it" "Offload training runs"; do
   expect "## $section"
 done
 if [[ $(grep -c "^skipped: CUDA_VISIBLE_DEVICES='' hides every GPU$" "$report") != 4 ]]; then
