@@ -94,6 +94,15 @@ EngineState::~EngineState() {
   // not be freed on it, nor may the communicator order anything after it.
   backend_->detach_stream();
   set_communicators_stream(nullptr);
+  // In dependency order, not the members' reverse order. The reductions still in flight (an
+  // engine unwound mid-backward) write the optimizer's gradient shard: they finish first. The
+  // optimizer's update thread (super_offload) may read and clear the bucketer's whole gradients:
+  // the optimizer joins it before the bucketer goes. The coordinator, which the optimizer refers
+  // to, goes last.
+  if (bucketer_) bucketer_->abandon_in_flight();
+  optimizer_.reset();
+  bucketer_.reset();
+  coordinator_.reset();
   activations_->free_all();
 }
 

@@ -61,8 +61,13 @@ GradBucketer::GradBucketer(const EngineContext& context, DType comm_dtype, bool 
   plan();
 }
 
-GradBucketer::~GradBucketer() {
+GradBucketer::~GradBucketer() { abandon_in_flight(); }
+
+void GradBucketer::abandon_in_flight() noexcept {
+  // A dropped request is waited for quietly (Request's destructor), so every rank still takes
+  // part in the collectives it launched alike.
   for (Bucket& bucket : buckets_) bucket.request = Request();
+  in_flight_.clear();
   gathers_.clear();
 }
 

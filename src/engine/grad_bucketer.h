@@ -60,6 +60,9 @@ class GradBucketer {
   /// reductions it launched, which every rank launched alike, without delivering their sums,
   /// frees its slots, and starts readiness over. Nothing is launched.
   void drop_micro_step();
+  /// The engine is going: waits for every reduction and gather in flight, which write the sink's
+  /// memory and this object's, without delivering their sums.
+  void abandon_in_flight() noexcept;
   /// Lets the transport advance the reductions in flight (MPI moves non-blocking collectives only
   /// inside MPI calls): called at every grad_ready() and gather(), so that a reduction proceeds
   /// while the model computes instead of all at once when it is waited for.

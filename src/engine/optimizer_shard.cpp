@@ -113,6 +113,11 @@ OptimizerShard::OptimizerShard(const EngineContext& context, const UpdateRule& r
   }
 }
 
+OptimizerShard::~OptimizerShard() {
+  // The update thread writes next_arrays_, which the members' order would free before it.
+  update_thread_.reset();
+}
+
 // Offloaded, the parameters in the device tier are written through staging on either backend (on
 // the CPU the copies are host copies), so the CPU tests run the GPU's order of operations.
 bool OptimizerShard::writes_back_through_staging() const {

@@ -27,6 +27,8 @@ class OptimizerShard final : public ReducedGradientSink {
   /// (data_types.grad_accum_dtype), so that offload never changes the sums.
   OptimizerShard(const EngineContext& context, const UpdateRule& rule, ParamCoordinator& params,
                  char* full_grads, DType grad_shard_dtype);
+  /// Joins the update thread before the arrays it writes are freed.
+  ~OptimizerShard() override;
 
   bool offloaded() const noexcept { return update_backend_ != &context_.backend; }
   /// offload_optimizer.device nvme: the master weights and states live in swap files.

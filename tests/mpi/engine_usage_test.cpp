@@ -282,36 +282,5 @@ TEST_F(StepAgreement, RanksThatSetTheSameValuesTrainOn) {
   run_step(3, [](Engine& engine, std::vector<Parameter>&) { engine.set_lr(5e-4); });
 }
 
-TEST(EngineLifetime, AnActivationBufferThatOutlivesItsEngineIsEmptied) {
-  ActivationBuffer kept;
-  {
-    Engine engine = toy_engine();
-    engine.register_parameter("a.weight", {8});
-    kept = engine.allocate_activations(4096);
-    ASSERT_NE(kept.data(), nullptr);
-    EXPECT_EQ(kept.bytes(), 4096u);
-    ActivationBuffer replaced = engine.allocate_activations(64);
-    replaced = engine.allocate_activations(128);  // the 64 bytes go back at once
-    EXPECT_EQ(
-        engine.memory_report().at(MemoryCategory::kActivations, engine_memory(engine)).current,
-        4096 + 128);
-  }
-  // Freed with the engine: a pointer into freed memory would be the alternative.
-  EXPECT_EQ(kept.data(), nullptr);
-  EXPECT_EQ(kept.bytes(), 0u);
-}
-
-TEST(EngineLifetime, EveryCallOnAMovedFromEngineIsAUsageError) {
-  Engine engine = toy_engine();
-  engine.register_parameter("a.weight", {8});
-  Engine moved = std::move(engine);
-  const std::string message = message_of<UsageError>([&] { engine.step(); });
-  EXPECT_THAT(message, HasSubstr("moved-from Engine"));
-  EXPECT_THROW(engine.register_parameter("b.weight", {4}), UsageError);
-  EXPECT_THROW(engine.memory_report(), UsageError);
-  EXPECT_THROW(engine.allocate_activations(16), UsageError);
-  EXPECT_EQ(moved.parameters().size(), 1u);
-}
-
 }  // namespace
 }  // namespace zeroshard::testing

@@ -1,0 +1,122 @@
+// What an engine leaves behind when it is destroyed: reductions still in flight mid-backward, and
+// activation buffers that outlive it. Run under ASan+UBSan (docs/testing.md) to see the memory
+// errors each case once had.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "mpi/toy_model.h"
+
+namespace zeroshard::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+Engine toy_engine_at(int stage) {
+  AdamWOptions options;
+  options.lr = 1e-3;
+  return make_engine(toy_config(stage), make_adamw(options));
+}
+
+// Runs `call`, which must throw E, and returns the message.
+template <typename E, typename Call>
+std::string message_of(Call&& call) {
+  try {
+    call();
+  } catch (const E& error) {
+    return error.what();
+  }
+  ADD_FAILURE() << "no exception of the expected type";
+  return {};
+}
+
+// The model's backward fails after handing over `handed_over` gradients, the last registered
+// tensors' first: that launches the reductions of the buckets they complete (one window of one
+// micro-step, so at stages 0-1 too), and the exception unwinds the engine before any step(). A
+// ring reduce-scatter moves one step per poll, so with three ranks or more the reduction launched
+// by the last hand-over is still in flight.
+void backward_that_throws(Engine& engine, const std::vector<ToyTensor>& tensors,
+                          const std::vector<Parameter>& handles, int handed_over) {
+  for (const Parameter& p : handles) engine.gather(p.module());
+  for (const Parameter& p : handles) engine.release(p.module());
+  int count = 0;
+  for (std::size_t k = tensors.size(); k-- > 0;) {
+    if (!tensors[k].trainable) continue;
+    auto guard = engine.gathered(handles[k].module());
+    add_toy_gradient(engine, handles[k], k, 0);
+    engine.grad_ready(handles[k]);
+    if (++count == handed_over) throw std::runtime_error("backward failed");
+  }
+}
+
+TEST(EngineLifetime, AnEngineUnwoundMidBackwardWaitsForItsReductionsAtEveryStage) {
+  const std::vector<ToyTensor> tensors = uneven_toy_tensors();
+  for (int stage = 0; stage <= 3; ++stage) {
+    // super_offload (stages 1-3): the update thread also runs, on the buckets that landed.
+    for (const bool super_offload : {false, true}) {
+      if (super_offload && stage == 0) continue;
+      Config config = toy_config(stage);
+      if (super_offload) {
+        config.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
+        config.zero_optimization.offload_optimizer.super_offload = true;
+      }
+      // 1-5 of the 6 trainable gradients: a bucket boundary falls after one of them.
+      for (int handed_over = 1; handed_over <= 5; ++handed_over) {
+        const std::string where = "stage " + std::to_string(stage) +
+                                  (super_offload ? " with super_offload" : "") + ", " +
+                                  std::to_string(handed_over) + " gradients handed over";
+        try {
+          Engine engine = make_engine(config, decayed_adamw());
+          const std::vector<Parameter> handles = register_toy(engine, tensors);
+          backward_that_throws(engine, tensors, handles, handed_over);
+          ADD_FAILURE() << "the backward did not throw; " << where;
+        } catch (const std::runtime_error& error) {
+          EXPECT_STREQ(error.what(), "backward failed") << where;
+        }
+      }
+      // The ranks are still in step: a new engine trains.
+      Engine engine = make_engine(config, decayed_adamw());
+      const std::vector<Parameter> handles = register_toy(engine, tensors);
+      toy_micro_step(engine, tensors, handles, 0);
+      EXPECT_TRUE(engine.step().updated) << "stage " << stage;
+    }
+  }
+}
+
+TEST(EngineLifetime, AnActivationBufferThatOutlivesItsEngineIsEmptied) {
+  ActivationBuffer kept;
+  {
+    Engine engine = toy_engine_at(2);
+    engine.register_parameter("a.weight", {8});
+    kept = engine.allocate_activations(4096);
+    ASSERT_NE(kept.data(), nullptr);
+    EXPECT_EQ(kept.bytes(), 4096u);
+    ActivationBuffer replaced = engine.allocate_activations(64);
+    replaced = engine.allocate_activations(128);  // the 64 bytes go back at once
+    EXPECT_EQ(
+        engine.memory_report().at(MemoryCategory::kActivations, engine_memory(engine)).current,
+        4096 + 128);
+  }
+  // Freed with the engine: a pointer into freed memory would be the alternative.
+  EXPECT_EQ(kept.data(), nullptr);
+  EXPECT_EQ(kept.bytes(), 0u);
+}
+
+TEST(EngineLifetime, EveryCallOnAMovedFromEngineIsAUsageError) {
+  Engine engine = toy_engine_at(2);
+  engine.register_parameter("a.weight", {8});
+  Engine moved = std::move(engine);
+  const std::string message = message_of<UsageError>([&] { engine.step(); });
+  EXPECT_THAT(message, HasSubstr("moved-from Engine"));
+  EXPECT_THROW(engine.register_parameter("b.weight", {4}), UsageError);
+  EXPECT_THROW(engine.memory_report(), UsageError);
+  EXPECT_THROW(engine.allocate_activations(16), UsageError);
+  EXPECT_EQ(moved.parameters().size(), 1u);
+}
+
+}  // namespace
+}  // namespace zeroshard::testing
