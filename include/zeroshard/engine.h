@@ -25,6 +25,7 @@ namespace zeroshard {
 
 namespace detail {
 class ActivationRegistry;
+class EngineLifetime;
 class EngineState;
 class TrackedBuffer;
 struct EngineInternals;
@@ -115,7 +116,10 @@ struct GradTarget {
   bool accumulate = true;
 };
 
-/// A handle to one registered parameter. Cheap to copy; valid while its engine lives.
+/// A handle to one registered parameter. Cheap to copy (a shared pointer and an index). It may
+/// outlive its engine, and then every call but name() and shape() throws UsageError naming the
+/// parameter. Their references stay valid while the engine or a handle to one of its parameters
+/// lives (an engine moved from one Engine object to another keeps its handles valid).
 class ZEROSHARD_API Parameter {
  public:
   Parameter() = default;
@@ -148,8 +152,11 @@ class ZEROSHARD_API Parameter {
  private:
   friend class Engine;
   friend class detail::EngineState;
-  Parameter(detail::EngineState* state, int index) : state_(state), index_(index) {}
-  detail::EngineState* state_ = nullptr;
+  Parameter(std::shared_ptr<detail::EngineLifetime> engine, int index)
+      : engine_(std::move(engine)), index_(index) {}
+  /// The engine's state; UsageError for an empty handle or one whose engine was destroyed.
+  detail::EngineState& state() const;
+  std::shared_ptr<detail::EngineLifetime> engine_;
   int index_ = -1;
 };
 

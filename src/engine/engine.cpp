@@ -90,6 +90,7 @@ EngineState::EngineState(Config config, Device device, std::unique_ptr<Communica
 }
 
 EngineState::~EngineState() {
+  lifetime_->end();
   // The model's compute stream may already be destroyed; the buffers the components free must
   // not be freed on it, nor may the communicator order anything after it.
   backend_->detach_stream();
@@ -412,22 +413,27 @@ ScheduledValues EngineState::scheduled() const {
 
 // --- Parameter -----------------------------------------------------------------------------------
 
-namespace {
-const detail::ParamInfo& info(const detail::EngineState* state, int index) {
-  ZEROSHARD_CHECK_USAGE(state != nullptr, "use of an empty Parameter handle");
-  return state->param(index);
+detail::EngineState& Parameter::state() const {
+  detail::EngineState* state = engine_ ? engine_->state() : nullptr;
+  ZEROSHARD_CHECK_USAGE(state != nullptr, "Parameter '" << name()
+                                                        << "': its Engine was destroyed; keep the "
+                                                           "Engine alive while its parameters "
+                                                           "are used");
+  return *state;
 }
-}  // namespace
 
-const std::string& Parameter::name() const { return info(state_, index_).name; }
-const std::vector<std::int64_t>& Parameter::shape() const { return info(state_, index_).shape; }
-std::int64_t Parameter::numel() const { return info(state_, index_).numel; }
-bool Parameter::trainable() const { return info(state_, index_).trainable; }
-DType Parameter::dtype() const {
-  info(state_, index_);
-  return state_->dtype_;
+const std::string& Parameter::name() const {
+  ZEROSHARD_CHECK_USAGE(engine_ != nullptr, "use of an empty Parameter handle");
+  return engine_->name(index_);
 }
-ModuleId Parameter::module() const { return info(state_, index_).module; }
+const std::vector<std::int64_t>& Parameter::shape() const {
+  ZEROSHARD_CHECK_USAGE(engine_ != nullptr, "use of an empty Parameter handle");
+  return engine_->shape(index_);
+}
+std::int64_t Parameter::numel() const { return state().param(index_).numel; }
+bool Parameter::trainable() const { return state().param(index_).trainable; }
+DType Parameter::dtype() const { return state().dtype_; }
+ModuleId Parameter::module() const { return state().param(index_).module; }
 
 float* Parameter::data() const {
   ZEROSHARD_CHECK_USAGE(dtype() == DType::kFloat32,
@@ -435,29 +441,20 @@ float* Parameter::data() const {
                                                  << to_string(dtype()) << "; use raw_data()");
   return static_cast<float*>(raw_data());
 }
-void* Parameter::raw_data() const {
-  info(state_, index_);
-  return state_->param_data(index_);
-}
+void* Parameter::raw_data() const { return state().param_data(index_); }
 float* Parameter::grad() const {
   ZEROSHARD_CHECK_USAGE(dtype() == DType::kFloat32,
                         "Parameter::grad() of '" << name() << "' needs fp32, but the model is "
                                                  << to_string(dtype()) << "; use raw_grad()");
   return static_cast<float*>(raw_grad());
 }
-void* Parameter::raw_grad() const {
-  info(state_, index_);
-  return state_->param_grad(index_, false).data;
-}
-GradTarget Parameter::grad_target() const {
-  info(state_, index_);
-  return state_->param_grad(index_, true);
-}
+void* Parameter::raw_grad() const { return state().param_grad(index_, false).data; }
+GradTarget Parameter::grad_target() const { return state().param_grad(index_, true); }
 void Parameter::copy_from(std::span<const float> values) const {
   ZEROSHARD_CHECK_USAGE(static_cast<std::int64_t>(values.size()) == numel(),
                         "Parameter::copy_from('" << name() << "'): got " << values.size()
                                                  << " values, the parameter has " << numel());
-  state_->copy_param_from(index_, values.data());
+  state().copy_param_from(index_, values.data());
 }
 
 // --- ActivationBuffer ----------------------------------------------------------------------------
@@ -570,16 +567,17 @@ Parameter Engine::register_parameter(const std::string& name, std::vector<std::i
   p.trainable = options.trainable;
   p.group = options.group;
   p.module = module;
+  s.lifetime_->add_parameter(p.name, p.shape);
   s.params_.push_back(std::move(p));
   const int index = static_cast<int>(s.params_.size()) - 1;
   s.modules_[module].params.push_back(index);
-  return Parameter(state_.get(), index);
+  return Parameter(s.lifetime_, index);
 }
 
 void Engine::finalize() { live().finalize(); }
 
 std::int64_t Engine::flat_offset(Parameter parameter) const {
-  ZEROSHARD_CHECK_USAGE(parameter.state_ == state_.get(),
+  ZEROSHARD_CHECK_USAGE(parameter.engine_ == live().lifetime_,
                         "flat_offset() with a parameter of another engine");
   live().lay_out();
   const detail::ParamInfo& p = live().params_[parameter.index_];
@@ -605,7 +603,7 @@ ModuleId Engine::add_module(const std::string& name, const std::vector<ParamSlic
   detail::ModuleInfo info;
   info.name = name;
   for (const ParamSlice& slice : slices) {
-    ZEROSHARD_CHECK_USAGE(slice.parameter.state_ == state_.get(),
+    ZEROSHARD_CHECK_USAGE(slice.parameter.engine_ == s.lifetime_,
                           "add_module('" << name << "') with a parameter of another engine");
     const detail::ParamInfo& p = s.params_[slice.parameter.index_];
     ZEROSHARD_CHECK_USAGE(p.trainable, "add_module('" << name << "'): parameter '" << p.name
@@ -656,14 +654,14 @@ void Engine::adopt_memory(const ModelMemory& memory) {
 std::vector<Parameter> Engine::parameters() const {
   std::vector<Parameter> result;
   for (std::size_t i = 0; i < live().params_.size(); ++i) {
-    result.push_back(Parameter(state_.get(), static_cast<int>(i)));
+    result.push_back(Parameter(live().lifetime_, static_cast<int>(i)));
   }
   return result;
 }
 
 Parameter Engine::parameter(std::string_view name) const {
   for (std::size_t i = 0; i < live().params_.size(); ++i) {
-    if (live().params_[i].name == name) return Parameter(state_.get(), static_cast<int>(i));
+    if (live().params_[i].name == name) return Parameter(live().lifetime_, static_cast<int>(i));
   }
   throw UsageError("no parameter named '" + std::string(name) + "' is registered");
 }
@@ -692,7 +690,7 @@ GradHandover Engine::grad_handover() const { return live().grad_handover_; }
 void Engine::all_grads_ready() { live().mark_all_grads_ready(); }
 
 void Engine::grad_ready(Parameter parameter) {
-  ZEROSHARD_CHECK_USAGE(parameter.state_ == state_.get(),
+  ZEROSHARD_CHECK_USAGE(parameter.engine_ == live().lifetime_,
                         "grad_ready() with a parameter of another engine");
   live().mark_grad_ready(parameter.index_);
 }
@@ -782,7 +780,8 @@ void Engine::visit_consolidated_parameters(
   detail::EngineState& state = live();
   state.visit_consolidated(
       [&](const detail::TensorPiece& piece, const float* values) {
-        visit({Parameter(&state, state.tensor_param_[piece.tensor]), piece.offset_in_tensor,
+        visit({Parameter(state.lifetime_, state.tensor_param_[piece.tensor]),
+               piece.offset_in_tensor,
                std::span<const float>(values, static_cast<std::size_t>(piece.size))});
       },
       chunk_elements);

@@ -16,6 +16,7 @@
 #include "checkpoint/checkpoint_format.h"
 #include "engine/activation_registry.h"
 #include "engine/engine_context.h"
+#include "engine/engine_lifetime.h"
 #include "engine/grad_bucketer.h"
 #include "engine/optimizer_shard.h"
 #include "engine/param_coordinator.h"
@@ -186,6 +187,9 @@ class EngineState {
   void refresh_parameters();
   /// Zeroes the gradients but for the range the update has already cleared.
   void clear_gradients_after_update();
+
+  /// What the handles this engine gave out share with it; they may outlive it.
+  std::shared_ptr<EngineLifetime> lifetime_ = std::make_shared<EngineLifetime>(*this);
 
   // Configuration and collaborators.
   Config config_;

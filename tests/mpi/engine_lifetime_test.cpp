@@ -1,10 +1,13 @@
 // What an engine leaves behind when it is destroyed: reductions still in flight mid-backward, and
-// activation buffers that outlive it. Run under ASan+UBSan (docs/testing.md) to see the memory
-// errors each case once had.
+// Parameter handles and activation buffers that outlive it. Run under ASan+UBSan
+// (docs/testing.md) to see the memory errors each case once had.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -85,6 +88,57 @@ TEST(EngineLifetime, AnEngineUnwoundMidBackwardWaitsForItsReductionsAtEveryStage
       EXPECT_TRUE(engine.step().updated) << "stage " << stage;
     }
   }
+}
+
+TEST(EngineLifetime, EveryCallOnAParameterOfADestroyedEngineIsAUsageErrorNamingIt) {
+  std::vector<Parameter> kept;
+  {
+    Engine engine = toy_engine_at(2);
+    kept = register_toy(engine, uneven_toy_tensors());
+  }
+  const Parameter& weight = kept[0];  // "a.weight", trainable
+  const Parameter& frozen = kept[2];  // "frozen.table"
+  const std::vector<float> values(91, 0.5f);
+  for (const Parameter& p : {weight, frozen}) {
+    const std::vector<std::function<void()>> calls = {
+        [&] { p.numel(); },          [&] { p.trainable(); }, [&] { p.dtype(); },
+        [&] { p.module(); },         [&] { p.data(); },      [&] { p.raw_data(); },
+        [&] { p.grad(); },           [&] { p.raw_grad(); },  [&] { p.grad_target(); },
+        [&] { p.copy_from(values); }};
+    for (std::size_t c = 0; c < calls.size(); ++c) {
+      const std::string message = message_of<UsageError>(calls[c]);
+      EXPECT_THAT(message, HasSubstr("'" + p.name() + "'")) << "call " << c;
+      EXPECT_THAT(message, HasSubstr("Engine was destroyed")) << "call " << c;
+    }
+  }
+  // What the handle names stays readable, for messages and logs.
+  EXPECT_EQ(weight.name(), "a.weight");
+  EXPECT_EQ(weight.shape(), std::vector<std::int64_t>{91});
+  EXPECT_EQ(frozen.name(), "frozen.table");
+}
+
+TEST(EngineLifetime, AParameterOfADestroyedEngineIsRefusedByAnotherEngine) {
+  Parameter stale;
+  {
+    Engine engine = toy_engine_at(2);
+    stale = engine.register_parameter("a.weight", {8});
+  }
+  Engine engine = toy_engine_at(2);
+  engine.register_parameter("a.weight", {8});
+  EXPECT_THAT(message_of<UsageError>([&] { engine.grad_ready(stale); }),
+              HasSubstr("another engine"));
+  EXPECT_THAT(message_of<UsageError>([&] { engine.flat_offset(stale); }),
+              HasSubstr("another engine"));
+}
+
+TEST(EngineLifetime, NameAndShapeOfAHandleStayValidAfterItsEngineIsDestroyed) {
+  std::optional<Engine> engine(toy_engine_at(2));
+  const Parameter p = engine->register_parameter("fc1.weight", {4, 3});
+  const std::string& name = p.name();
+  const std::vector<std::int64_t>& shape = p.shape();
+  engine.reset();
+  EXPECT_EQ(name, "fc1.weight");
+  EXPECT_EQ(shape, (std::vector<std::int64_t>{4, 3}));
 }
 
 TEST(EngineLifetime, AnActivationBufferThatOutlivesItsEngineIsEmptied) {
