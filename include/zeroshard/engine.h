@@ -229,8 +229,8 @@ struct CheckpointInfo {
 
 /// Shards a model's optimizer over the ranks of a communicator. Movable, not copyable; every
 /// call on a moved-from engine throws UsageError. Parameter handles, GatheredModule and
-/// GatheredModel guards and ActivationCheckpointer refer to the engine and must not be used
-/// after it is destroyed; ActivationBuffer alone may outlive it.
+/// GatheredModel guards and ActivationBuffer may outlive it (see each); ActivationCheckpointer
+/// refers to the engine and must not be used after it is destroyed.
 class ZEROSHARD_API Engine {
  public:
   /// Computes on the CPU. `rule` may be null: the config's `optimizer` section then chooses it.
@@ -296,42 +296,37 @@ class ZEROSHARD_API Engine {
   /// modules (prefetched ones included) and persistent tensors; 0 at stages 0-2.
   std::int64_t peak_gathered_bytes() const;
 
-  /// Keeps a module gathered for the guard's lifetime.
-  class GatheredModule {
+  /// Keeps a module gathered for the guard's lifetime. The guard follows the engine when the
+  /// Engine object is moved, and its end does nothing once the engine was destroyed (the
+  /// gathered copies went with it). Its end never throws: a failed release is logged.
+  class ZEROSHARD_API GatheredModule {
    public:
-    GatheredModule(Engine& engine, ModuleId module) : engine_(&engine), module_(module) {
-      engine.gather(module);
-    }
-    GatheredModule(GatheredModule&& other) noexcept
-        : engine_(std::exchange(other.engine_, nullptr)), module_(other.module_) {}
+    GatheredModule(Engine& engine, ModuleId module);
+    GatheredModule(GatheredModule&& other) noexcept = default;
     GatheredModule& operator=(GatheredModule&&) = delete;
     GatheredModule(const GatheredModule&) = delete;
     GatheredModule& operator=(const GatheredModule&) = delete;
-    ~GatheredModule() {
-      if (engine_ != nullptr) engine_->release(module_);
-    }
+    ~GatheredModule();
 
    private:
-    Engine* engine_;
+    std::shared_ptr<detail::EngineLifetime> engine_;
     ModuleId module_;
   };
   GatheredModule gathered(ModuleId module) { return GatheredModule(*this, module); }
 
-  /// Keeps the whole model gathered for the guard's lifetime (gather_model()).
-  class GatheredModel {
+  /// Keeps the whole model gathered for the guard's lifetime (gather_model()); it outlives or
+  /// follows its engine as GatheredModule does.
+  class ZEROSHARD_API GatheredModel {
    public:
-    explicit GatheredModel(Engine& engine) : engine_(&engine) { engine.gather_model(); }
-    GatheredModel(GatheredModel&& other) noexcept
-        : engine_(std::exchange(other.engine_, nullptr)) {}
+    explicit GatheredModel(Engine& engine);
+    GatheredModel(GatheredModel&& other) noexcept = default;
     GatheredModel& operator=(GatheredModel&&) = delete;
     GatheredModel(const GatheredModel&) = delete;
     GatheredModel& operator=(const GatheredModel&) = delete;
-    ~GatheredModel() {
-      if (engine_ != nullptr) engine_->release_model();
-    }
+    ~GatheredModel();
 
    private:
-    Engine* engine_;
+    std::shared_ptr<detail::EngineLifetime> engine_;
   };
   GatheredModel gathered_model() { return GatheredModel(*this); }
 

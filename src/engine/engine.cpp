@@ -2,6 +2,7 @@
 // parameter handles, and the forwarding from Engine to its state.
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <optional>
 #include <random>  // random_device: the run id
 #include <sstream>
@@ -13,6 +14,7 @@
 #include "engine/shape.h"
 #include "precision/half_conversion.h"
 #include "util/check.h"
+#include "util/log.h"
 
 namespace zeroshard {
 namespace detail {
@@ -365,6 +367,18 @@ void EngineState::release(ModuleId module) {
   coordinator_->release(module);
 }
 
+void EngineState::gather_model() {
+  for (std::size_t m = 0; m < modules_.size(); ++m) {
+    if (modules_[m].slices.empty()) gather(static_cast<ModuleId>(m));
+  }
+}
+
+void EngineState::release_model() {
+  for (std::size_t m = modules_.size(); m-- > 0;) {
+    if (modules_[m].slices.empty()) release(static_cast<ModuleId>(m));
+  }
+}
+
 void EngineState::copy_param_from(int index, const float* values) {
   require_finalized();
   note_initial_values(index, values,
@@ -625,16 +639,39 @@ ModuleId Engine::add_module(const std::string& name, const std::vector<ParamSlic
   return static_cast<ModuleId>(s.modules_.size()) - 1;
 }
 
-void Engine::gather_model() {
-  for (std::size_t m = 0; m < live().modules_.size(); ++m) {
-    if (live().modules_[m].slices.empty()) gather(static_cast<ModuleId>(m));
+void Engine::gather_model() { live().gather_model(); }
+void Engine::release_model() { live().release_model(); }
+
+namespace {
+// A guard's end: releases on the state its engine lives in now, which a move of the Engine
+// object keeps; nothing once the engine was destroyed, as the gathered copies went with it.
+template <class Release>
+void end_guard(const detail::EngineLifetime* engine, const char* guard, Release release) noexcept {
+  detail::EngineState* state = engine != nullptr ? engine->state() : nullptr;
+  if (state == nullptr) return;
+  try {
+    release(*state);
+  } catch (const std::exception& error) {
+    ZEROSHARD_LOG(kError, guard << "'s end could not release: " << error.what());
   }
 }
+}  // namespace
 
-void Engine::release_model() {
-  for (std::size_t m = live().modules_.size(); m-- > 0;) {
-    if (live().modules_[m].slices.empty()) release(static_cast<ModuleId>(m));
-  }
+Engine::GatheredModule::GatheredModule(Engine& engine, ModuleId module)
+    : engine_(engine.live().lifetime_), module_(module) {
+  engine.gather(module);
+}
+Engine::GatheredModule::~GatheredModule() {
+  end_guard(engine_.get(), "GatheredModule",
+            [this](detail::EngineState& state) { state.release(module_); });
+}
+
+Engine::GatheredModel::GatheredModel(Engine& engine) : engine_(engine.live().lifetime_) {
+  engine.gather_model();
+}
+Engine::GatheredModel::~GatheredModel() {
+  end_guard(engine_.get(), "GatheredModel",
+            [](detail::EngineState& state) { state.release_model(); });
 }
 
 std::int64_t Engine::peak_gathered_bytes() const {

@@ -57,6 +57,9 @@ class EngineState {
   void copy_param_from(int index, const float* values);
   void gather(ModuleId module);
   void release(ModuleId module);
+  /// Every module of whole parameters, in order (released in reverse).
+  void gather_model();
+  void release_model();
   void mark_grad_ready(int index);
   void mark_all_grads_ready();
   /// super_offload: at the window's last micro-step, before its first gradient is reduced, starts

@@ -1,6 +1,7 @@
-// What an engine leaves behind when it is destroyed: reductions still in flight mid-backward, and
-// Parameter handles and activation buffers that outlive it. Run under ASan+UBSan
-// (docs/testing.md) to see the memory errors each case once had.
+// What an engine leaves behind when it is destroyed: reductions still in flight mid-backward,
+// Parameter handles, gathered-module guards and activation buffers that outlive it, and guards
+// alive while it is moved. Run under ASan+UBSan (docs/testing.md) to see the memory errors each
+// case once had.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -139,6 +140,41 @@ TEST(EngineLifetime, NameAndShapeOfAHandleStayValidAfterItsEngineIsDestroyed) {
   engine.reset();
   EXPECT_EQ(name, "fc1.weight");
   EXPECT_EQ(shape, (std::vector<std::int64_t>{4, 3}));
+}
+
+// The guard is kept past its engine's end, as an exception unwinding a trainer might leave it.
+TEST(EngineLifetime, AGatheredModuleThatOutlivesItsEngineDoesNothingAtItsEnd) {
+  for (int stage = 0; stage <= 3; ++stage) {
+    std::optional<Engine::GatheredModule> module_guard;
+    std::optional<Engine::GatheredModel> model_guard;
+    {
+      auto engine = std::make_unique<Engine>(toy_engine_at(stage));
+      const std::vector<Parameter> handles = register_toy(*engine, uneven_toy_tensors());
+      module_guard.emplace(engine->gathered(handles[3].module()));
+      model_guard.emplace(engine->gathered_model());
+    }
+    module_guard.reset();
+    model_guard.reset();
+  }
+}
+
+// A guard alive while its engine moves (into a container, out of a factory) releases on the
+// engine it now lives in.
+TEST(EngineLifetime, AGatheredModuleReleasesOnTheEngineItsEngineWasMovedInto) {
+  const std::vector<ToyTensor> tensors = uneven_toy_tensors();
+  for (int stage = 0; stage <= 3; ++stage) {
+    Engine engine = toy_engine_at(stage);
+    const std::vector<Parameter> handles = register_toy(engine, tensors);
+    std::optional<Engine> moved;
+    {
+      auto module_guard = engine.gathered(handles[3].module());
+      auto model_guard = engine.gathered_model();
+      moved.emplace(std::move(engine));
+    }
+    // Every module was released: stage 3's step() refuses to update while one is gathered.
+    toy_micro_step(*moved, tensors, handles, 0);
+    EXPECT_TRUE(moved->step().updated) << "stage " << stage;
+  }
 }
 
 TEST(EngineLifetime, AnActivationBufferThatOutlivesItsEngineIsEmptied) {
