@@ -2,6 +2,7 @@
 // checked reading of shard sections, a disk that fills up during a save, and crash safety: a
 // process killed between its shard writes and the `latest` update leaves the previous checkpoint
 // the one that loads, and a save that never completed is never loaded.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <spawn.h>
 #include <sys/mount.h>
@@ -15,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -24,6 +26,7 @@
 #include "checkpoint/direct_io.h"
 #include "checkpoint/shard_writer.h"
 #include "comm/self_communicator.h"
+#include "manifest_mutations.h"
 #include "mpi/toy_model.h"
 #include "util/crc32c.h"
 
@@ -167,9 +170,73 @@ TEST(CheckpointManifest, NegativeCountersAreRefusedByName) {
   for (const char* key : {"global_step", "micro_step"}) {
     nlohmann::json j = nlohmann::json::parse(detail::manifest_to_json(m));
     j[key] = -1;
-    expect_error<CheckpointError>([&] { detail::manifest_from_json(j.dump(), "m"); },
-                                  std::string(key) + " -1 is negative");
+    expect_error<CheckpointError>(
+        [&] { detail::manifest_from_json(j.dump(), "m"); },
+        "field '" + std::string(key) + "': got -1, expected an integer 0..");
   }
+}
+
+// Every leaf of a manifest, put in turn each of manifest_mutations(): the parse succeeds or throws
+// CheckpointError naming the file, and no integer field takes 2^63 - 1 (the step counters would
+// wrap at the next step). Run it under UBSan too (docs/testing.md).
+TEST(CheckpointManifest, EveryMutatedFieldParsesOrIsRefusedNamingTheFileAndTheField) {
+  detail::Manifest m;
+  m.world_size = 2;
+  m.stage = 3;
+  m.precision = "fp16";
+  m.alignment = 16;
+  m.unpadded_total = 10;
+  m.padded_total = 32;
+  m.shard_size = 16;
+  m.frozen_total = 4;
+  m.tensors.push_back({"w", {2, 5}, 10, 0, true, 0});
+  m.tensors.push_back({"f", {4}, 4, 0, false, 0});
+  m.groups.push_back({"default", 0.5, 0.25});
+  m.rule = "adamw";
+  m.state_count = 2;
+  m.rule_lr = 0.1;
+  m.rule_beta1 = 0.9;
+  m.global_step = 7;
+  m.scaler = detail::LossScalerState{.scale = 512.0,
+                                     .iterations_since_overflow = 3,
+                                     .hysteresis_left = 2,
+                                     .overflows = 1,
+                                     .iteration = 8};
+  m.shards = {{"rank_00000.bin", 3 * 16 * 4, 8, {{1, 2}, {3, 4}, {5, 6}}},
+              {"rank_00001.bin", 3 * 16 * 4, 8, {{7, 8}, {9, 10}, {11, 12}}}};
+  m.frozen = detail::ManifestFile{"frozen.bin", 16, 4, {{13}}};
+  m.user_state = "{}";
+  const nlohmann::json good = nlohmann::json::parse(detail::manifest_to_json(m));
+  ASSERT_NO_THROW(detail::manifest_from_json(good.dump(), "damaged.json"));
+  const nlohmann::json largest = std::numeric_limits<std::int64_t>::max();
+  int parsed = 0;
+  int refused = 0;
+  for (const nlohmann::json::json_pointer& leaf : manifest_leaves(good, false)) {
+    std::string field = leaf.back();
+    for (auto p = leaf; field.find_first_not_of("0123456789") == std::string::npos;) {
+      p = p.parent_pointer();
+      field = p.back();
+    }
+    const bool integer = good.at(leaf).is_number_integer();
+    for (const nlohmann::json& value : manifest_mutations()) {
+      nlohmann::json damaged = good;
+      damaged[leaf] = value;
+      const std::string where = leaf.to_string() + " = " + value.dump();
+      try {
+        detail::manifest_from_json(damaged.dump(), "damaged.json");
+        ++parsed;
+        EXPECT_FALSE(integer && value == largest) << where << " was accepted";
+      } catch (const CheckpointError& error) {
+        ++refused;
+        EXPECT_THAT(error.what(), ::testing::HasSubstr("damaged.json")) << where;
+        if (integer && value == largest) {
+          EXPECT_THAT(error.what(), ::testing::HasSubstr("'" + field + "'")) << where;
+        }
+      }
+    }
+  }
+  EXPECT_GT(parsed, 0);
+  EXPECT_GT(refused, 300);
 }
 
 Engine one_rank_engine() {

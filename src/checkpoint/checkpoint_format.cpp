@@ -18,6 +18,7 @@
 #include <fstream>
 #include <future>
 #include <iterator>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>  // nlohmann::json
 #include <optional>
@@ -43,17 +44,81 @@ std::string rank_suffix() {
   throw CheckpointError("checkpoint file " + path + rank_suffix() + ": " + what);
 }
 
-template <typename T>
-T field(const nlohmann::json& j, const char* key, const std::string& path) {
+const nlohmann::json& present(const nlohmann::json& j, const char* key, const std::string& path) {
   if (!j.contains(key)) {
     throw CheckpointError("checkpoint manifest " + path + ": field '" + key +
                           "' is missing; the file is not a zeroshard manifest or is damaged");
   }
+  return j.at(key);
+}
+
+// Strings, booleans, doubles and sections; integers go through integer_field().
+template <typename T>
+T field(const nlohmann::json& j, const char* key, const std::string& path) {
+  const nlohmann::json& value = present(j, key, path);
   try {
-    return j.at(key).get<T>();
+    return value.get<T>();
   } catch (const nlohmann::json::exception& e) {
     throw CheckpointError("checkpoint manifest " + path + ": field '" + key + "': " + e.what());
   }
+}
+
+// Bounds of the integers a manifest holds, so that nothing computed from them overflows: element
+// counts and offsets within the 2^56 elements an engine lays out at most, file sizes within 2^62
+// bytes, step counters within 2^53 (exact in the doubles that schedules and bias corrections
+// compute with, and far from wrapping when the next step adds one).
+constexpr std::int64_t kMaxElements = std::int64_t{1} << 56;
+constexpr std::int64_t kMaxSteps = std::int64_t{1} << 53;
+constexpr std::int64_t kMaxFileBytes = std::int64_t{1} << 62;
+constexpr std::int64_t kMaxInt = std::numeric_limits<int>::max();
+constexpr std::int64_t kMaxCrc = std::numeric_limits<std::uint32_t>::max();
+
+// `value` of field `key` as an integer in [min, max]: a JSON integer, not 1.5, true or "1".
+std::int64_t integer_in(const nlohmann::json& value, const char* key, const std::string& path,
+                        std::int64_t min, std::int64_t max) {
+  bool fits = value.is_number_integer();
+  if (fits && value.is_number_unsigned()) {
+    fits = value.get<std::uint64_t>() <= static_cast<std::uint64_t>(max) &&
+           static_cast<std::int64_t>(value.get<std::uint64_t>()) >= min;
+  } else if (fits) {
+    fits = value.get<std::int64_t>() >= min && value.get<std::int64_t>() <= max;
+  }
+  if (!fits) {
+    throw CheckpointError("checkpoint manifest " + path + ": field '" + key + "': got " +
+                          printable_text(value.dump()) + ", expected an integer " +
+                          std::to_string(min) + ".." + std::to_string(max) +
+                          "; the file is damaged or was edited");
+  }
+  return value.is_number_unsigned() ? static_cast<std::int64_t>(value.get<std::uint64_t>())
+                                    : value.get<std::int64_t>();
+}
+
+std::int64_t integer_field(const nlohmann::json& j, const char* key, const std::string& path,
+                           std::int64_t min, std::int64_t max) {
+  return integer_in(present(j, key, path), key, path, min, max);
+}
+
+// An array of integers in [min, max] in field `key` (`list` is the array, or one of its rows).
+std::vector<std::int64_t> integer_list(const nlohmann::json& list, const char* key,
+                                       const std::string& path, std::int64_t min,
+                                       std::int64_t max) {
+  if (!list.is_array()) {
+    throw CheckpointError("checkpoint manifest " + path + ": field '" + key + "': got " +
+                          printable_text(list.dump()) +
+                          ", expected an array of integers; the file is damaged or was edited");
+  }
+  std::vector<std::int64_t> values;
+  for (const nlohmann::json& value : list) values.push_back(integer_in(value, key, path, min, max));
+  return values;
+}
+
+std::vector<std::uint32_t> crc_list(const nlohmann::json& list, const char* key,
+                                    const std::string& path) {
+  std::vector<std::uint32_t> crcs;
+  for (std::int64_t crc : integer_list(list, key, path, 0, kMaxCrc)) {
+    crcs.push_back(static_cast<std::uint32_t>(crc));
+  }
+  return crcs;
 }
 
 nlohmann::json file_to_json(const ManifestFile& f) {
@@ -68,23 +133,29 @@ ManifestFile file_from_json(const nlohmann::json& j, const std::string& path, in
                             std::int64_t section_elements) {
   ManifestFile f;
   f.name = field<std::string>(j, "name", path);
-  f.bytes = field<std::int64_t>(j, "bytes", path);
+  f.bytes = integer_field(j, "bytes", path, 0, kMaxFileBytes);
   if (version == 1) {
     f.chunk_elements = section_elements;
-    for (std::uint32_t crc : field<std::vector<std::uint32_t>>(j, "section_crc32c", path)) {
+    for (std::uint32_t crc : crc_list(present(j, "section_crc32c", path), "section_crc32c", path)) {
       f.chunk_crc.push_back({crc});
     }
   } else {
-    f.chunk_elements = field<std::int64_t>(j, "chunk_elements", path);
-    f.chunk_crc = field<std::vector<std::vector<std::uint32_t>>>(j, "chunk_crc32c", path);
+    f.chunk_elements = integer_field(j, "chunk_elements", path, 1, kMaxElements);
+    const nlohmann::json& sections = present(j, "chunk_crc32c", path);
+    if (!sections.is_array()) crc_list(sections, "chunk_crc32c", path);  // throws, naming it
+    for (const nlohmann::json& section : sections) {
+      f.chunk_crc.push_back(crc_list(section, "chunk_crc32c", path));
+    }
   }
   return f;
 }
 
 // Whether `f` holds `sections` sections of `section_elements`, each with a checksum per chunk.
+// Divided rather than multiplied: the product of the manifest's numbers could overflow.
 bool fits(const ManifestFile& f, std::size_t sections, std::int64_t section_elements) {
-  if (f.chunk_elements <= 0 || f.chunk_crc.size() != sections ||
-      f.bytes != static_cast<std::int64_t>(sections) * section_elements * 4) {
+  const auto section_bytes = static_cast<std::int64_t>(sections) * 4;
+  if (f.chunk_elements <= 0 || f.chunk_crc.size() != sections || f.bytes % section_bytes != 0 ||
+      f.bytes / section_bytes != section_elements) {
     return false;
   }
   const std::int64_t chunks = (section_elements + f.chunk_elements - 1) / f.chunk_elements;
@@ -177,30 +248,30 @@ Manifest manifest_from_json(const std::string& text, const std::string& path) {
                           "); the file is damaged");
   }
   Manifest m;
-  m.format_version = field<int>(j, "format_version", path);
-  if (m.format_version > kCheckpointFormatVersion || m.format_version < 1) {
+  m.format_version = static_cast<int>(integer_field(j, "format_version", path, 1, kMaxInt));
+  if (m.format_version > kCheckpointFormatVersion) {
     throw CheckpointError("checkpoint manifest " + path + ": format_version " +
                           std::to_string(m.format_version) + ", this zeroshard reads 1.." +
                           std::to_string(kCheckpointFormatVersion) +
                           "; load it with the newer zeroshard that wrote it");
   }
-  m.world_size = field<int>(j, "world_size", path);
-  m.stage = field<int>(j, "stage", path);
+  m.world_size = static_cast<int>(integer_field(j, "world_size", path, 1, kMaxInt));
+  m.stage = static_cast<int>(integer_field(j, "stage", path, 0, 3));
   m.precision = field<std::string>(j, "precision", path);
   const nlohmann::json layout = field<nlohmann::json>(j, "layout", path);
-  m.alignment = field<std::int64_t>(layout, "alignment", path);
-  m.unpadded_total = field<std::int64_t>(layout, "unpadded_total", path);
-  m.padded_total = field<std::int64_t>(layout, "padded_total", path);
-  m.shard_size = field<std::int64_t>(layout, "shard_size", path);
-  m.frozen_total = field<std::int64_t>(layout, "frozen_total", path);
+  m.alignment = integer_field(layout, "alignment", path, 0, kMaxElements);
+  m.unpadded_total = integer_field(layout, "unpadded_total", path, 0, kMaxElements);
+  m.padded_total = integer_field(layout, "padded_total", path, 0, kMaxElements);
+  m.shard_size = integer_field(layout, "shard_size", path, 0, kMaxElements);
+  m.frozen_total = integer_field(layout, "frozen_total", path, 0, kMaxElements);
   for (const nlohmann::json& t : field<nlohmann::json>(j, "tensors", path)) {
     ManifestTensor tensor;
     tensor.name = field<std::string>(t, "name", path);
-    tensor.shape = field<std::vector<std::int64_t>>(t, "shape", path);
-    tensor.numel = field<std::int64_t>(t, "numel", path);
-    tensor.group = field<int>(t, "group", path);
+    tensor.shape = integer_list(present(t, "shape", path), "shape", path, 0, kMaxElements);
+    tensor.numel = integer_field(t, "numel", path, 0, kMaxElements);
+    tensor.group = static_cast<int>(integer_field(t, "group", path, 0, kMaxInt));
     tensor.trainable = field<bool>(t, "trainable", path);
-    tensor.offset = field<std::int64_t>(t, "offset", path);
+    tensor.offset = integer_field(t, "offset", path, 0, kMaxElements);
     m.tensors.push_back(std::move(tensor));
   }
   for (const nlohmann::json& g : field<nlohmann::json>(j, "groups", path)) {
@@ -212,32 +283,24 @@ Manifest manifest_from_json(const std::string& text, const std::string& path) {
   }
   const nlohmann::json rule = field<nlohmann::json>(j, "rule", path);
   m.rule = field<std::string>(rule, "name", path);
-  m.state_count = field<int>(rule, "state_count", path);
+  m.state_count = static_cast<int>(integer_field(rule, "state_count", path, 0, kMaxInt - 1));
   m.rule_lr = field<double>(rule, "lr", path);
   m.rule_weight_decay = field<double>(rule, "weight_decay", path);
   if (rule.contains("beta1")) m.rule_beta1 = field<double>(rule, "beta1", path);
   m.scheduler = field<std::string>(j, "scheduler", path);
-  m.global_step = field<std::int64_t>(j, "global_step", path);
-  m.micro_step = field<std::int64_t>(j, "micro_step", path);
-  for (const auto& [key, count] :
-       {std::pair{"global_step", m.global_step}, std::pair{"micro_step", m.micro_step}}) {
-    if (count < 0) {
-      throw CheckpointError("checkpoint manifest " + path + ": " + key + " " +
-                            std::to_string(count) +
-                            " is negative, expected a count of steps (0 or more); the file is "
-                            "damaged or was edited");
-    }
-  }
+  m.global_step = integer_field(j, "global_step", path, 0, kMaxSteps);
+  m.micro_step = integer_field(j, "micro_step", path, 0, kMaxSteps);
   m.lr_override = field<double>(j, "lr_override", path);
   m.last_grad_norm = field<double>(j, "last_grad_norm", path);
   if (j.contains("loss_scaler")) {
     const nlohmann::json s = j.at("loss_scaler");
     m.scaler = LossScalerState{
         .scale = field<double>(s, "scale", path),
-        .iterations_since_overflow = field<std::int64_t>(s, "iterations_since_overflow", path),
-        .hysteresis_left = field<int>(s, "hysteresis_left", path),
-        .overflows = field<std::int64_t>(s, "overflows", path),
-        .iteration = field<std::int64_t>(s, "iteration", path)};
+        .iterations_since_overflow =
+            integer_field(s, "iterations_since_overflow", path, 0, kMaxSteps),
+        .hysteresis_left = static_cast<int>(integer_field(s, "hysteresis_left", path, 0, kMaxInt)),
+        .overflows = integer_field(s, "overflows", path, 0, kMaxSteps),
+        .iteration = integer_field(s, "iteration", path, 0, kMaxSteps)};
   }
   for (const nlohmann::json& f : field<nlohmann::json>(j, "shards", path)) {
     m.shards.push_back(file_from_json(f, path, m.format_version, m.shard_size));
@@ -247,8 +310,9 @@ Manifest manifest_from_json(const std::string& text, const std::string& path) {
   }
   m.user_state = field<std::string>(j, "user", path);
   const std::size_t sections = 1 + static_cast<std::size_t>(m.state_count);
-  bool consistent = static_cast<int>(m.shards.size()) == m.world_size && m.world_size > 0 &&
-                    m.shard_size * m.world_size == m.padded_total &&
+  bool consistent = static_cast<int>(m.shards.size()) == m.world_size &&
+                    m.padded_total % m.world_size == 0 &&
+                    m.padded_total / m.world_size == m.shard_size &&
                     (!m.frozen || fits(*m.frozen, 1, m.frozen_total));
   for (const ManifestFile& f : m.shards) consistent = consistent && fits(f, sections, m.shard_size);
   if (!consistent) {

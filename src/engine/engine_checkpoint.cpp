@@ -274,10 +274,17 @@ namespace {
 // Throws CheckpointError naming the manifest and the first difference between the checkpoint
 // and the engine's registered model and rule.
 void check_fits(const Manifest& m, const std::string& path, const std::vector<ParamInfo>& params,
-                const ShardLayout& layout, const UpdateRule& rule) {
+                const ShardLayout& layout, const UpdateRule& rule, const Config& config) {
   const auto mismatch = [&](const std::string& what) {
     throw CheckpointError("checkpoint " + path + " does not fit this engine: " + what);
   };
+  // Saves happen between accumulation windows only; a later micro-step is damage.
+  if (m.micro_step >= config.gradient_accumulation_steps) {
+    mismatch("micro_step " + std::to_string(m.micro_step) + ", expected 0.." +
+             std::to_string(config.gradient_accumulation_steps - 1) +
+             " (gradient_accumulation_steps " + std::to_string(config.gradient_accumulation_steps) +
+             "); the file is damaged");
+  }
   if (m.alignment != kTensorAlignment) {
     mismatch("tensor alignment " + std::to_string(m.alignment) + ", this build uses " +
              std::to_string(kTensorAlignment));
@@ -306,6 +313,11 @@ void check_fits(const Manifest& m, const std::string& path, const std::vector<Pa
       mismatch("parameter '" + p.name + "' sits at flat offset " + std::to_string(t.offset) +
                ", the engine's layout puts it at " + std::to_string(layout.offset(p.tensor)));
     }
+  }
+  // The frozen section is read whole: its length must be the engine's.
+  if (m.frozen_total != frozen_total(params)) {
+    mismatch("it holds " + std::to_string(m.frozen_total) + " frozen elements, the engine has " +
+             std::to_string(frozen_total(params)));
   }
   if (m.rule != rule.name() || m.state_count != rule.state_count()) {
     mismatch("update rule '" + m.rule + "' with " + std::to_string(m.state_count) +
@@ -338,7 +350,7 @@ CheckpointInfo EngineState::load_checkpoint(const std::string& dir, const std::s
     info.tag = resolve_tag(dir, tag);
     const std::string checkpoint = dir + "/" + info.tag;
     m = read_manifest(checkpoint);
-    check_fits(m, checkpoint + "/" + kManifestName, params_, layout_, *rule_);
+    check_fits(m, checkpoint + "/" + kManifestName, params_, layout_, *rule_, config_);
     ShardReader reader(m, checkpoint);
     reader.check_files(lo, lo + count);
     for (int a = 0; a < arrays; ++a) {
@@ -362,7 +374,15 @@ CheckpointInfo EngineState::load_checkpoint(const std::string& dir, const std::s
                               "'; the manifest is damaged");
       }
     }
-    if (scaler && m.scaler) scaler->restore(*m.scaler);
+    if (scaler && m.scaler) {
+      try {
+        scaler->restore(*m.scaler);
+      } catch (const UsageError& error) {
+        // Values each in range, but not together (more overflows than iterations).
+        throw CheckpointError("checkpoint manifest " + checkpoint + "/" + kManifestName + ": " +
+                              error.what() + "; the file is damaged or was edited");
+      }
+    }
   } catch (...) {
     failure = std::current_exception();
   }
