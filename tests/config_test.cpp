@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -535,6 +536,50 @@ TEST(ConfigValidation, IntegerTooLargeForItsField) {
   ConfigError error = config_error(R"({"train_batch_size": 8, "fp16": {"hysteresis": 1e10}})");
   EXPECT_EQ(error.key_path(), "fp16.hysteresis");
   EXPECT_THAT(error.what(), HasSubstr("fits in 32 bits"));
+}
+
+// The engine holds these 64-bit keys in an int (a group size, a buffer count): a value past
+// 2^31 - 1 is refused by name rather than narrowed (2^32 would become 0, 2^31 negative).
+TEST(ConfigValidation, KeysTheEngineHoldsInAnIntAreRefusedPastItsRange) {
+  struct Case {
+    std::string key;
+    std::string section;  // what the key needs beside it to be read
+  } cases[] = {
+      {"zero_optimization.zero_hpz_partition_size", R"("stage": 3)"},
+      {"zero_optimization.offload_optimizer.buffer_count",
+       R"("stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp")"},
+      {"zero_optimization.offload_param.buffer_count",
+       R"("stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/tmp")"},
+  };
+  for (const Case& c : cases) {
+    const std::string name = c.key.substr(c.key.rfind('.') + 1);
+    const bool nested = c.section.back() != '3';
+    for (const char* value : {"2147483648", "4294967296", "4294967298"}) {
+      const std::string text = R"({"train_batch_size": 8, "zero_optimization": {)" + c.section +
+                               ", \"" + name + "\": " + value + (nested ? "}}}" : "}}");
+      ConfigError error = config_error(text);
+      EXPECT_EQ(error.key_path(), c.key) << text;
+      EXPECT_THAT(error.what(), HasSubstr(std::string("got ") + value)) << text;
+      EXPECT_THAT(error.what(), HasSubstr("2147483647")) << text;
+    }
+  }
+}
+
+TEST(ConfigValidation, AConfigBuiltInCodeIsRangeCheckedAsAParsedOneIs) {
+  Config config =
+      Config::from_json_string(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3}})");
+  config.zero_optimization.hpz_partition_size = std::int64_t{1} << 32;
+  try {
+    check_config(config);
+    ADD_FAILURE() << "2^32 was accepted";
+  } catch (const ConfigError& error) {
+    EXPECT_EQ(error.key_path(), "zero_optimization.zero_hpz_partition_size");
+    EXPECT_THAT(error.what(), HasSubstr("got 4294967296"));
+  }
+  config.zero_optimization.hpz_partition_size = 0;
+  EXPECT_THROW(check_config(config), ConfigError);
+  config.zero_optimization.hpz_partition_size = 1;
+  EXPECT_NO_THROW(check_config(config));
 }
 
 TEST(ConfigValidation, UnknownOptimizer) {

@@ -159,7 +159,10 @@ class Resolver {
   int stage() const {
     const json* value = find(document_, "zero_optimization.stage");
     if (value == nullptr) return 0;
-    if (auto number = integer_value(*value)) return static_cast<int>(*number);
+    // Narrowed only when it is a stage: 2^32 is no stage 0. The key's own check reports it.
+    if (auto number = integer_value(*value)) {
+      return *number >= 0 && *number <= 3 ? static_cast<int>(*number) : 0;
+    }
     if (value->is_string()) {
       try {
         return std::stoi(value->get<std::string>());

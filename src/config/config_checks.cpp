@@ -4,6 +4,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <variant>
 
 #include "config/config_schema.h"
 #include "util/text.h"
@@ -57,6 +58,25 @@ void check_offload_stages(const ZeroConfig& zero) {
     throw ConfigError("zero_optimization.offload_optimizer.device",
                       "got " + quoted(zero.offload_optimizer.device) + " at " + stage +
                           "; optimizer offload needs stage 1, 2 or 3");
+  }
+}
+
+// Integer keys in their table range, as the parser holds a file's values to it. A field left at
+// its default is not checked: some defaults stand for "derived" (train_batch_size 0).
+void check_integer_ranges(const Config& config) {
+  Config view = config;  // the key table's accessors take a mutable Config
+  Config defaults;
+  for (const detail::KeySpec& spec : detail::key_specs()) {
+    if (spec.kind != detail::ValueKind::kInteger ||
+        std::holds_alternative<std::monostate>(spec.field)) {
+      continue;
+    }
+    const nlohmann::json value = detail::read_field(spec.field, view);
+    if (!value.is_number_integer() || value == detail::read_field(spec.field, defaults)) continue;
+    const double number = value.get<double>();
+    if (!spec.range.contains(number)) {
+      throw ConfigError(spec.path, "got " + value.dump() + ", expected " + spec.range.describe());
+    }
   }
 }
 
@@ -248,6 +268,7 @@ std::array<OffloadSection, 2> offload_sections(const ZeroConfig& zero) {
 }
 
 void check_config(const Config& config) {
+  check_integer_ranges(config);
   check_key_combinations(config);
   check_offload_devices(config.zero_optimization);
   check_super_offload(config.zero_optimization.offload_optimizer);

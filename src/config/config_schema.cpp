@@ -15,6 +15,8 @@ namespace {
 
 constexpr Range kStageRange{.min = 0, .max = 3};
 constexpr Range kAtLeastOne{.min = 1};
+// A count the engine holds in an int (a group size, a buffer count): 2^32 would narrow to 0.
+constexpr Range kIntCount{.min = 1, .max = 2147483647};
 constexpr Range kFraction{.min = 0, .max = 1};
 constexpr Range kShare{.min = 0, .max = 1, .min_exclusive = true};
 
@@ -528,7 +530,7 @@ std::vector<KeySpec> make_key_specs() {
                   "over the group, and later gathers of it in the step (backward) run inside "
                   "the group; 1 turns it off.",
        .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.hpz_partition_size),
-       .range = kAtLeastOne},
+       .range = kIntCount},
       {.path = "zero_optimization.zero_quantized_weights",
        .kind = K::kBool,
        .default_json = "false",
@@ -653,7 +655,7 @@ std::vector<KeySpec> make_key_specs() {
                   "(DeepSpeed counts one buffer per tensor); 3 overlap a read, an update and a "
                   "write.",
        .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.offload_optimizer.buffer_count),
-       .range = kPositive},
+       .range = kIntCount},
       {.path = "zero_optimization.offload_optimizer.pin_memory",
        .kind = K::kBool,
        .default_json = "true",
@@ -723,7 +725,7 @@ std::vector<KeySpec> make_key_specs() {
        .default_json = "5",
        .meaning = "NVMe: buffers in the parameter swap pool.",
        .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.offload_param.buffer_count),
-       .range = kPositive},
+       .range = kIntCount},
       {.path = "zero_optimization.offload_param.buffer_size",
        .kind = K::kInteger,
        .default_json = "100000000",

@@ -230,6 +230,7 @@ void EngineState::finalize() {
 
   if (stage_ == 3 && zero.hpz_partition_size > 1) {
     hpz_groups_ = std::make_unique<NodeGroups>(
+        // check_config() held it to 1..2^31 - 1: it fits an int.
         make_node_groups(*comm_, static_cast<int>(zero.hpz_partition_size),
                          "zero_optimization.zero_hpz_partition_size"));
     set_communicators_stream(backend_->stream());

@@ -64,7 +64,7 @@ OptimizerShard::OptimizerShard(const EngineContext& context, const UpdateRule& r
     swap.rank = context_.rank;
     swap.run_id = context_.run_id;
     swap.aio = context_.config.aio;
-    swap.buffer_count = static_cast<int>(offload.buffer_count);
+    swap.buffer_count = static_cast<int>(offload.buffer_count);  // within int: check_config()
     swap.pipeline_read = offload.pipeline_read;
     swap.pipeline_write = offload.pipeline_write;
     // A parameter file's roll-back needs each of its tiles written at most once per update, which

@@ -77,7 +77,7 @@ ParamCoordinator::ParamCoordinator(const EngineContext& context, Tier shard_tier
         swap.elements = shard - resident_elements_;
         swap.element_bytes = dsize;
         swap.tile = offload.buffer_size;
-        swap.buffer_count = static_cast<int>(offload.buffer_count);
+        swap.buffer_count = static_cast<int>(offload.buffer_count);  // within int: check_config()
         swap.tracker = &context_.tracker;
         swapped_ = std::make_unique<SwappedShard>(swap);
       }
