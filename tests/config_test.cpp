@@ -1130,10 +1130,15 @@ TEST(ConfigInput, DeepObjectsNameTheKeysSoFar) {
   EXPECT_EQ(error.key_path(), path);
 }
 
-TEST(ConfigInput, NestingUpToTheLimitIsAccepted) {
+TEST(ConfigInput, NestingUpToTheLimitIsAcceptedAndOneLevelMoreIsNot) {
   // tensorboard is not looked inside, so only the depth is checked: 1 + 1 + 30 = 32 levels.
-  Config::from_json_string(R"({"train_batch_size": 8, "tensorboard": {"x": )" + nested_arrays(30) +
-                           "}}");
+  const auto nested = [](std::size_t arrays) {
+    return R"({"train_batch_size": 8, "tensorboard": {"x": )" + nested_arrays(arrays) + "}}";
+  };
+  EXPECT_EQ(Config::from_json_string(nested(30)).train_batch_size, 8);
+  ConfigError error = config_error(nested(31));
+  EXPECT_EQ(error.key_path(), "tensorboard.x");
+  EXPECT_THAT(error.what(), HasSubstr("nested more than 32 deep"));
 }
 
 TEST(ConfigInput, MegabyteUnknownKeyGivesAShortMessage) {

@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -231,14 +232,26 @@ TEST_F(RankAgreement, AMissingParameterIsNamed) {
 // one rank only. Each is found at the next step, before any update, on every rank.
 class StepAgreement : public RankAgreement {
  protected:
-  // One micro-step of the toy model at `stage`, then the step; `before_step` runs before it.
-  void run_step(int stage, const std::function<void(Engine&, std::vector<Parameter>&)>& prepare) {
+  // One micro-step of the toy model at `stage`, then the step; `prepare` runs before it. Returns
+  // what the step did and how far the trainable values moved (the largest change of one).
+  struct Stepped {
+    StepResult result;
+    float largest_change = 0.0f;
+  };
+  Stepped run_step(int stage,
+                   const std::function<void(Engine&, std::vector<Parameter>&)>& prepare) {
     Engine engine = toy_engine_at(stage);
     const std::vector<ToyTensor> tensors = uneven_toy_tensors();
     std::vector<Parameter> handles = register_toy(engine, tensors);
     prepare(engine, handles);
+    const std::vector<float> before = engine.consolidated_parameters();
     toy_micro_step(engine, tensors, handles, 0);
-    engine.step();
+    Stepped stepped{engine.step()};
+    const std::vector<float> after = engine.consolidated_parameters();
+    for (std::size_t i = 0; i < std::min(before.size(), after.size()); ++i) {
+      stepped.largest_change = std::max(stepped.largest_change, std::fabs(after[i] - before[i]));
+    }
+    return stepped;
   }
   static Engine toy_engine_at(int stage) {
     AdamWOptions options;
@@ -279,7 +292,15 @@ TEST_F(StepAgreement, ALearningRateSetOnOneRankOnlyIsNamedBeforeTheUpdate) {
 }
 
 TEST_F(StepAgreement, RanksThatSetTheSameValuesTrainOn) {
-  run_step(3, [](Engine& engine, std::vector<Parameter>&) { engine.set_lr(5e-4); });
+  for (int stage = 0; stage <= 3; ++stage) {
+    const Stepped stepped =
+        run_step(stage, [](Engine& engine, std::vector<Parameter>&) { engine.set_lr(5e-4); });
+    EXPECT_TRUE(stepped.result.updated) << "stage " << stage;
+    EXPECT_EQ(stepped.result.lr, 5e-4) << "stage " << stage;
+    // AdamW's first step moves every element with a gradient by about lr.
+    EXPECT_GT(stepped.largest_change, 4e-4f) << "stage " << stage;
+    EXPECT_LT(stepped.largest_change, 6e-4f) << "stage " << stage;
+  }
 }
 
 }  // namespace
