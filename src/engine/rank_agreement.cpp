@@ -13,6 +13,7 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "comm/text_gather.h"
@@ -121,23 +122,35 @@ std::string values_by_rank(const std::vector<std::vector<Entry>>& ranks, std::si
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     one_key = one_key && entry_at(r) && entry_at(0) && entry_at(r)->key == entry_at(0)->key;
   }
+  // Ranks are grouped by the whole value; each is shown shortened (printable_text) from a little
+  // before where the values first differ, so that a difference past a long common start (a long
+  // parameter name, then its shape) stays in view.
   std::map<std::string, std::vector<int>> holders;
   std::vector<std::string> order;
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     const Entry* entry = entry_at(r);
     const std::string value = entry == nullptr ? "nothing (fewer entries)"
-                              : one_key        ? printable_text(entry->value)
-                                               : entry->key + " = " + printable_text(entry->value);
+                              : one_key        ? entry->value
+                                               : entry->key + " = " + entry->value;
     if (holders[value].empty()) order.push_back(value);
     holders[value].push_back(static_cast<int>(r));
   }
+  std::size_t common = order.front().size();  // the length of the start every value shares
+  for (const std::string& value : order) {
+    std::size_t i = 0;
+    while (i < common && i < value.size() && value[i] == order.front()[i]) ++i;
+    common = i;
+  }
+  constexpr std::size_t kContext = 16;  // characters shown before the first difference
+  const std::size_t skip = common > 2 * kContext ? common - kContext : 0;
   std::ostringstream os;
   if (one_key && lead_with_key) os << entry_at(0)->key << ": ";
   for (std::size_t v = 0; v < order.size(); ++v) {
     const std::vector<int>& rank_list = holders[order[v]];
     os << (v > 0 ? "; " : "") << (rank_list.size() > 1 ? "ranks " : "rank ");
     for (std::size_t i = 0; i < rank_list.size(); ++i) os << (i > 0 ? ", " : "") << rank_list[i];
-    os << (rank_list.size() > 1 ? " have " : " has ") << order[v];
+    os << (rank_list.size() > 1 ? " have " : " has ") << (skip > 0 ? "..." : "")
+       << printable_text(std::string_view(order[v]).substr(skip));
   }
   return os.str();
 }

@@ -220,6 +220,18 @@ TEST_F(RankAgreement, ADifferentShapeIsAUsageErrorNamingTheParameterAndBothShape
   EXPECT_THAT(message, HasSubstr("'b.weight' [5, 4]"));
 }
 
+// The shape that differs sits past the first 64 characters of each rank's description: the
+// message still tells the two apart.
+TEST_F(RankAgreement, AShapeAfterALongParameterNameIsStillNamed) {
+  const std::string name = "model.encoder.layers.11.self_attention.query_key_value.lora_b.weight";
+  Engine engine = toy_engine();
+  engine.register_parameter(name, {odd_one_ ? 5 : 4, 4});
+  const std::string message = message_of<UsageError>([&] { engine.finalize(); });
+  EXPECT_THAT(message, HasSubstr("[4, 4]"));
+  EXPECT_THAT(message, HasSubstr("[5, 4]"));
+  EXPECT_THAT(message, HasSubstr("rank " + std::to_string(world_size_ - 1) + " has"));
+}
+
 TEST_F(RankAgreement, AMissingParameterIsNamed) {
   Engine engine = toy_engine();
   engine.register_parameter("a.weight", {8, 4});
