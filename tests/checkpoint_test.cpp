@@ -37,7 +37,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-TEST(CheckpointManifest, SurvivesItsJsonRoundTrip) {
+// A manifest of two ranks' shards at stage 3 in fp16, with a loss scaler's state.
+detail::Manifest sample_manifest() {
   detail::Manifest m;
   m.world_size = 2;
   m.stage = 3;
@@ -59,6 +60,11 @@ TEST(CheckpointManifest, SurvivesItsJsonRoundTrip) {
                                      .iteration = 8};
   m.shards = {{"rank_00000.bin", 3 * 16 * 4, 8, {{1, 2}, {3, 4}, {5, 6}}},
               {"rank_00001.bin", 3 * 16 * 4, 8, {{7, 8}, {9, 10}, {11, 12}}}};
+  return m;
+}
+
+TEST(CheckpointManifest, SurvivesItsJsonRoundTrip) {
+  detail::Manifest m = sample_manifest();
   m.user_state = "{\"epoch\": 2}\n\x01";
   const detail::Manifest back = detail::manifest_from_json(detail::manifest_to_json(m), "m");
   EXPECT_EQ(back.tensors[0].shape, m.tensors[0].shape);
@@ -180,30 +186,10 @@ TEST(CheckpointManifest, NegativeCountersAreRefusedByName) {
 // CheckpointError naming the file, and no integer field takes 2^63 - 1 (the step counters would
 // wrap at the next step). Run it under UBSan too (docs/testing.md).
 TEST(CheckpointManifest, EveryMutatedFieldParsesOrIsRefusedNamingTheFileAndTheField) {
-  detail::Manifest m;
-  m.world_size = 2;
-  m.stage = 3;
-  m.precision = "fp16";
-  m.alignment = 16;
-  m.unpadded_total = 10;
-  m.padded_total = 32;
-  m.shard_size = 16;
+  detail::Manifest m = sample_manifest();
   m.frozen_total = 4;
-  m.tensors.push_back({"w", {2, 5}, 10, 0, true, 0});
   m.tensors.push_back({"f", {4}, 4, 0, false, 0});
   m.groups.push_back({"default", 0.5, 0.25});
-  m.rule = "adamw";
-  m.state_count = 2;
-  m.rule_lr = 0.1;
-  m.rule_beta1 = 0.9;
-  m.global_step = 7;
-  m.scaler = detail::LossScalerState{.scale = 512.0,
-                                     .iterations_since_overflow = 3,
-                                     .hysteresis_left = 2,
-                                     .overflows = 1,
-                                     .iteration = 8};
-  m.shards = {{"rank_00000.bin", 3 * 16 * 4, 8, {{1, 2}, {3, 4}, {5, 6}}},
-              {"rank_00001.bin", 3 * 16 * 4, 8, {{7, 8}, {9, 10}, {11, 12}}}};
   m.frozen = detail::ManifestFile{"frozen.bin", 16, 4, {{13}}};
   m.user_state = "{}";
   const nlohmann::json good = nlohmann::json::parse(detail::manifest_to_json(m));

@@ -26,18 +26,6 @@ Engine toy_engine_at(int stage) {
   return make_engine(toy_config(stage), make_adamw(options));
 }
 
-// Runs `call`, which must throw E, and returns the message.
-template <typename E, typename Call>
-std::string message_of(Call&& call) {
-  try {
-    call();
-  } catch (const E& error) {
-    return error.what();
-  }
-  ADD_FAILURE() << "no exception of the expected type";
-  return {};
-}
-
 // The model's backward fails after handing over `handed_over` gradients, the last registered
 // tensors' first: that launches the reductions of the buckets they complete (one window of one
 // micro-step, so at stages 0-1 too), and the exception unwinds the engine before any step(). A

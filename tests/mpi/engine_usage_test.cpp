@@ -24,18 +24,6 @@ Engine toy_engine() {
   return make_engine(toy_config(2), make_adamw(options));
 }
 
-// Runs `call`, which must throw E, and returns the message.
-template <typename E, typename Call>
-std::string message_of(Call&& call) {
-  try {
-    call();
-  } catch (const E& error) {
-    return error.what();
-  }
-  ADD_FAILURE() << "no exception of the expected type";
-  return {};
-}
-
 TEST(EngineShapes, AShapeWhoseProductOverflowsIsRefusedNamingTheParameter) {
   Engine engine = toy_engine();
   const std::string message = message_of<UsageError>([&] {

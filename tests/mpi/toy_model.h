@@ -397,6 +397,18 @@ MasterDifference largest_master_difference(MakeConfig config, MicroStep micro_st
   return result;
 }
 
+// Runs `call`, which must throw E, and returns the message.
+template <typename E, typename Call>
+std::string message_of(Call&& call) {
+  try {
+    call();
+  } catch (const E& error) {
+    return error.what();
+  }
+  ADD_FAILURE() << "no exception of the expected type";
+  return {};
+}
+
 /// A config for `stage` with small buckets so that several buckets and gathers happen.
 inline Config toy_config(int stage) {
   Config config;
