@@ -67,7 +67,7 @@ CpuTeam cpu_team_for_share(double share) {
   std::ostringstream why;
   if (const char* threads = std::getenv("OMP_NUM_THREADS"); threads != nullptr && *threads) {
     team.size = std::max(1, default_team());
-    why << team.size << " threads: OMP_NUM_THREADS=" << threads
+    why << team.size << (team.size == 1 ? " thread" : " threads") << ": OMP_NUM_THREADS=" << threads
         << " (cpuadam_cores_perc applies when it is unset)";
   } else {
     const int online = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
@@ -75,8 +75,9 @@ CpuTeam cpu_team_for_share(double share) {
     const int locals = local_ranks_from_environment();
     team.rank_cores = rank_cores(affinity, online, locals);
     team.size = std::max(1, static_cast<int>(std::floor(share * team.rank_cores)));
-    why << team.size << " threads: cpuadam_cores_perc " << share << " of " << team.rank_cores
-        << " cores (" << affinity << " in the affinity mask of " << online << " online";
+    why << team.size << (team.size == 1 ? " thread" : " threads") << ": cpuadam_cores_perc "
+        << share << " of " << team.rank_cores << " cores (" << affinity
+        << " in the affinity mask of " << online << " online";
     if (team.rank_cores < affinity) why << ", shared by " << locals << " ranks of this host";
     why << ")";
   }
