@@ -131,7 +131,7 @@ NvmeSwapper::NvmeSwapper(const NvmeSwapperOptions& options)
       aio_(options.aio),
       tracker_(options.tracker),
       category_(options.category),
-      file_(swap_file_path(options.directory, options.rank, options.kind),
+      file_(swap_file_path(make_swap_directory(options.directory), options.rank, options.kind),
             2 * options.slot_count * swap_record_bytes(options.slot_bytes)),
       ring_(static_cast<unsigned>(options.aio.queue_depth * options.aio.intra_op_parallelism),
             file_.path(), options.ring),

@@ -10,6 +10,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <system_error>
 #include <utility>
 
 #include "zeroshard/error.h"
@@ -32,7 +34,11 @@ std::string advice(int error) {
       return "the file system refuses O_DIRECT; point nvme_path at a directory on a local "
              "NVMe drive (ext4, xfs)";
     case ENOENT:
-      return "create the directory named by nvme_path first";
+      return "a part of nvme_path was removed while the engine started; check the drive";
+    case ENOTDIR:
+    case EEXIST:
+      return "nvme_path or one of its parents is a file, not a directory; point nvme_path "
+             "elsewhere";
     case EACCES:
     case EPERM:
     case EROFS:
@@ -48,6 +54,21 @@ std::string swap_file_path(const std::string& directory, int rank, const std::st
   std::string path = directory;
   if (!path.empty() && path.back() != '/') path += '/';
   return path + "zeroshard_rank" + std::to_string(rank) + "_" + kind + ".swp";
+}
+
+const std::string& make_swap_directory(const std::string& directory) {
+  std::error_code error;
+  // A directory another rank made a moment before is no error: create_directories reports it as
+  // there already.
+  std::filesystem::create_directories(directory, error);
+  if (!error && !std::filesystem::is_directory(directory, error)) {
+    error = std::make_error_code(std::errc::not_a_directory);
+  }
+  if (error) {
+    throw IoError("swap directory " + directory + " (nvme_path): cannot create it: " +
+                  errno_text(error.value()) + "; " + advice(error.value()));
+  }
+  return directory;
 }
 
 SwapFile::SwapFile(std::string path, std::int64_t bytes) : path_(std::move(path)), bytes_(bytes) {

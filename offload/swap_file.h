@@ -10,6 +10,11 @@ namespace zeroshard::detail {
 /// The file a rank's swap of one tensor kind lives in: `<directory>/zeroshard_rank<R>_<kind>.swp`.
 std::string swap_file_path(const std::string& directory, int rank, const std::string& kind);
 
+/// Creates `directory` and its missing parents, as DeepSpeed does with nvme_path; several ranks
+/// may do so at once. Returns it; IoError naming it when it cannot be made (a file in the way, no
+/// permission).
+const std::string& make_swap_directory(const std::string& directory);
+
 /// An O_DIRECT file of exactly `bytes` bytes, created (or reused and resized) at `path`.
 class SwapFile {
  public:

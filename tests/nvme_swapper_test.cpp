@@ -478,15 +478,29 @@ TEST_F(NvmeSwapperTest, TmpfsPathIsAnIoErrorNamingIt) {
   fs::remove_all(shm);
 }
 
-TEST_F(NvmeSwapperTest, MissingDirectoryIsAnIoErrorSayingToCreateIt) {
+// As DeepSpeed does, a missing nvme_path is created, parents included.
+TEST_F(NvmeSwapperTest, AMissingDirectoryIsCreated) {
   NvmeSwapperOptions o = options(1, 4096);
-  o.directory = (directory_ / "absent").string();
-  try {
-    NvmeSwapper swapper(o);
-    ADD_FAILURE() << "a missing directory must be refused";
-  } catch (const IoError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("absent"));
-    EXPECT_THAT(e.what(), HasSubstr("create the directory"));
+  o.directory = (directory_ / "absent" / "deeper").string();
+  NvmeSwapper swapper(o);
+  EXPECT_TRUE(fs::is_directory(o.directory));
+  EXPECT_TRUE(fs::exists(swap_file_path(o.directory, o.rank, o.kind)));
+}
+
+TEST_F(NvmeSwapperTest, AFileInTheWayOfTheDirectoryIsAnIoErrorNamingIt) {
+  const fs::path blocker = directory_ / "blocker";
+  { std::ofstream(blocker) << "a file, not a directory"; }
+  for (const fs::path& directory : {blocker, blocker / "below"}) {
+    NvmeSwapperOptions o = options(1, 4096);
+    o.directory = directory.string();
+    try {
+      NvmeSwapper swapper(o);
+      ADD_FAILURE() << directory << ": a file in the way must be refused";
+    } catch (const IoError& e) {
+      EXPECT_THAT(e.what(), HasSubstr(directory.string()));
+      EXPECT_THAT(e.what(), HasSubstr("nvme_path"));
+      EXPECT_THAT(e.what(), HasSubstr("not a directory"));
+    }
   }
 }
 

@@ -646,7 +646,8 @@ std::vector<KeySpec> make_key_specs() {
       {.path = "zero_optimization.offload_optimizer.nvme_path",
        .kind = K::kString,
        .default_json = "null",
-       .meaning = "Directory of the swap files; required for nvme.",
+       .meaning = "Directory of the swap files, created when missing (as DeepSpeed does); required "
+                  "for nvme.",
        .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.offload_optimizer.nvme_path)},
       {.path = "zero_optimization.offload_optimizer.buffer_count",
        .kind = K::kInteger,
@@ -718,7 +719,8 @@ std::vector<KeySpec> make_key_specs() {
       {.path = "zero_optimization.offload_param.nvme_path",
        .kind = K::kString,
        .default_json = "null",
-       .meaning = "Directory of the swap files; required for nvme.",
+       .meaning = "Directory of the swap files, created when missing (as DeepSpeed does); required "
+                  "for nvme.",
        .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.offload_param.nvme_path)},
       {.path = "zero_optimization.offload_param.buffer_count",
        .kind = K::kInteger,
