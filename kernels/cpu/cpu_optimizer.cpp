@@ -96,26 +96,9 @@ Isa isa_from_environment() {
                    "': expected avx512, avx2 or scalar, or unset to use the widest the CPU has");
 }
 
-// Runs `range(begin, end)` over [0, n), in tiles over the OpenMP team when n is large. `range`
-// must not throw: an exception cannot leave an OpenMP region, so callers look their loop up (and
-// have an unsupported path refused) before they get here.
-template <typename Range>
-void over_tiles(std::int64_t n, const Range& range) {
-  if (n < kThreadedFrom) {
-    range(0, n);
-    return;
-  }
-  const std::int64_t tiles = (n + kTile - 1) / kTile;
-#pragma omp parallel for schedule(static) num_threads(cpu_team_size())
-  for (std::int64_t t = 0; t < tiles; ++t) {
-    const std::int64_t begin = t * kTile;
-    range(begin, begin + kTile < n ? begin + kTile : n);
-  }
-}
-
 // Calls `tile(t, begin, end)` for each tile of [0, n): on the caller's thread below
-// kThreadedFrom, over the OpenMP team in the update's static schedule from there on. For results
-// that must not depend on the thread count, where over_tiles' one call per thread is not enough.
+// kThreadedFrom, over the OpenMP team in the update's static schedule from there on. The tiles
+// are the same whatever the thread count, so results kept per tile do not depend on it.
 template <typename Tile>
 void for_each_tile(std::int64_t n, const Tile& tile) {
   const std::int64_t tiles = (n + kTile - 1) / kTile;
@@ -125,6 +108,19 @@ void for_each_tile(std::int64_t n, const Tile& tile) {
   }
 #pragma omp parallel for schedule(static) num_threads(cpu_team_size())
   for (std::int64_t t = 0; t < tiles; ++t) tile(t, t * kTile, std::min(n, (t + 1) * kTile));
+}
+
+// Runs `range(begin, end)` over [0, n): in one call on the caller's thread when n is small, else
+// once per tile over the OpenMP team. `range` must not throw: an exception cannot leave an OpenMP
+// region, so callers look their loop up (and have an unsupported path refused) before they get
+// here.
+template <typename Range>
+void over_tiles(std::int64_t n, const Range& range) {
+  if (n < kThreadedFrom) {
+    range(0, n);
+    return;
+  }
+  for_each_tile(n, [&](std::int64_t, std::int64_t begin, std::int64_t end) { range(begin, end); });
 }
 
 template <typename Scalars>
