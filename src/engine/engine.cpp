@@ -139,11 +139,11 @@ void EngineState::lay_out() {
                                         << " parameters past 2^56 elements, more than zeroshard "
                                            "can address");
   }
-  std::int64_t frozen_total = 0;
+  frozen_elements_ = 0;
   for (ParamInfo& p : params_) {
     if (!p.trainable) {
-      p.frozen_offset = frozen_total;
-      frozen_total += p.numel;
+      p.frozen_offset = frozen_elements_;
+      frozen_elements_ += p.numel;
       continue;
     }
     p.tensor = static_cast<int>(numels.size());

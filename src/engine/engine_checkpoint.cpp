@@ -86,21 +86,14 @@ std::vector<std::vector<std::uint32_t>> write_optimizer_shard(const std::string&
   return crcs;
 }
 
-// Elements of the frozen parameters laid end to end, 0 when every parameter trains.
-std::int64_t frozen_total(const std::vector<ParamInfo>& params) {
-  std::int64_t total = 0;
-  for (const ParamInfo& p : params) {
-    if (!p.trainable) total = std::max(total, p.frozen_offset + p.numel);
-  }
-  return total;
-}
-
 // The frozen parameters, whole, widened to fp32 (exact): the values the model reads, so under
-// zero_quantized_nontrainable_weights the decoded ones. One section; its chunks' checksums.
+// zero_quantized_nontrainable_weights the decoded ones, `total` of them laid end to end. One
+// section; its chunks' checksums.
 std::vector<std::uint32_t> write_frozen_parameters(const std::string& path,
                                                    const std::vector<ParamInfo>& params,
+                                                   std::int64_t total,
                                                    ParamCoordinator& coordinator) {
-  std::vector<float> frozen(static_cast<std::size_t>(frozen_total(params)));
+  std::vector<float> frozen(static_cast<std::size_t>(total));
   for (std::size_t i = 0; i < params.size(); ++i) {
     const ParamInfo& p = params[i];
     if (!p.trainable) coordinator.read_frozen(static_cast<int>(i), frozen.data() + p.frozen_offset);
@@ -193,9 +186,9 @@ void EngineState::save_checkpoint(const std::string& dir, const std::string& tag
   try {
     shard_crcs = write_optimizer_shard(paths.tmp_dir + "/" + shard_file_name(rank_), *optimizer_,
                                        layout_.shard_begin(rank_), layout_.shard_end(rank_), rank_);
-    if (rank_ == 0 && frozen_total(params_) > 0) {
-      frozen_crc =
-          write_frozen_parameters(paths.tmp_dir + "/" + kFrozenName, params_, *coordinator_);
+    if (rank_ == 0 && frozen_elements_ > 0) {
+      frozen_crc = write_frozen_parameters(paths.tmp_dir + "/" + kFrozenName, params_,
+                                           frozen_elements_, *coordinator_);
     }
   } catch (...) {
     failure = std::current_exception();
@@ -242,7 +235,7 @@ Manifest EngineState::checkpoint_manifest(const std::string& user_state) const {
   m.unpadded_total = layout_.unpadded_total();
   m.padded_total = layout_.padded_total();
   m.shard_size = layout_.shard_size();
-  m.frozen_total = frozen_total(params_);
+  m.frozen_total = frozen_elements_;
   for (const ParamInfo& p : params_) {
     m.tensors.push_back({.name = p.name,
                          .shape = p.shape,
@@ -274,7 +267,8 @@ namespace {
 // Throws CheckpointError naming the manifest and the first difference between the checkpoint
 // and the engine's registered model and rule.
 void check_fits(const Manifest& m, const std::string& path, const std::vector<ParamInfo>& params,
-                const ShardLayout& layout, const UpdateRule& rule, const Config& config) {
+                std::int64_t frozen_elements, const ShardLayout& layout, const UpdateRule& rule,
+                const Config& config) {
   const auto mismatch = [&](const std::string& what) {
     throw CheckpointError("checkpoint " + path + " does not fit this engine: " + what);
   };
@@ -315,9 +309,9 @@ void check_fits(const Manifest& m, const std::string& path, const std::vector<Pa
     }
   }
   // The frozen section is read whole: its length must be the engine's.
-  if (m.frozen_total != frozen_total(params)) {
+  if (m.frozen_total != frozen_elements) {
     mismatch("it holds " + std::to_string(m.frozen_total) + " frozen elements, the engine has " +
-             std::to_string(frozen_total(params)));
+             std::to_string(frozen_elements));
   }
   if (m.rule != rule.name() || m.state_count != rule.state_count()) {
     mismatch("update rule '" + m.rule + "' with " + std::to_string(m.state_count) +
@@ -350,7 +344,8 @@ CheckpointInfo EngineState::load_checkpoint(const std::string& dir, const std::s
     info.tag = resolve_tag(dir, tag);
     const std::string checkpoint = dir + "/" + info.tag;
     m = read_manifest(checkpoint);
-    check_fits(m, checkpoint + "/" + kManifestName, params_, layout_, *rule_, config_);
+    check_fits(m, checkpoint + "/" + kManifestName, params_, frozen_elements_, layout_, *rule_,
+               config_);
     ShardReader reader(m, checkpoint);
     reader.check_files(lo, lo + count);
     for (int a = 0; a < arrays; ++a) {

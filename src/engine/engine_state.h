@@ -223,7 +223,8 @@ class EngineState {
 
   // Layout and the components that own every model-state buffer (built by finalize()).
   ShardLayout layout_;
-  std::vector<int> tensor_param_;  ///< trainable tensor index -> parameter index
+  std::vector<int> tensor_param_;     ///< trainable tensor index -> parameter index
+  std::int64_t frozen_elements_ = 0;  ///< the frozen parameters laid end to end
   StepTimes times_;
   std::unique_ptr<EngineContext> context_;
   std::unique_ptr<ParamCoordinator> coordinator_;
