@@ -26,6 +26,7 @@
 #include <utility>
 
 #include "checkpoint/direct_io.h"
+#include "layout/shape.h"  // kMaxElements
 #include "util/check.h"
 #include "util/crc32c.h"
 #include "util/text.h"
@@ -64,10 +65,9 @@ T field(const nlohmann::json& j, const char* key, const std::string& path) {
 }
 
 // Bounds of the integers a manifest holds, so that nothing computed from them overflows: element
-// counts and offsets within the 2^56 elements an engine lays out at most, file sizes within 2^62
+// counts and offsets within the kMaxElements an engine lays out at most, file sizes within 2^62
 // bytes, step counters within 2^53 (exact in the doubles that schedules and bias corrections
 // compute with, and far from wrapping when the next step adds one).
-constexpr std::int64_t kMaxElements = std::int64_t{1} << 56;
 constexpr std::int64_t kMaxSteps = std::int64_t{1} << 53;
 constexpr std::int64_t kMaxFileBytes = std::int64_t{1} << 62;
 constexpr std::int64_t kMaxInt = std::numeric_limits<int>::max();

@@ -11,7 +11,7 @@
 #include "comm/host_staged_communicator.h"
 #include "config/config_checks.h"
 #include "engine/engine_state.h"
-#include "engine/shape.h"
+#include "layout/shape.h"
 #include "precision/half_conversion.h"
 #include "util/check.h"
 #include "util/log.h"

@@ -14,7 +14,7 @@
 #include "checkpoint/safetensors.h"
 #include "checkpoint/shard_writer.h"
 #include "engine/engine_state.h"
-#include "engine/shape.h"
+#include "layout/shape.h"
 #include "precision/half_conversion.h"
 #include "util/check.h"
 #include "util/log.h"

@@ -18,7 +18,7 @@
 
 #include "comm/text_gather.h"
 #include "engine/engine_state.h"
-#include "engine/shape.h"
+#include "layout/shape.h"
 #include "util/text.h"
 #include "zeroshard/error.h"
 
