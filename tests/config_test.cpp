@@ -496,15 +496,21 @@ TEST(ConfigValidation, NvmeOnlyKeysWithDeviceCpuAreRefusedByName) {
       "offload_param": {"device": "cpu", "buffer_count": 5, "buffer_size": 100000000}}})"));
 }
 
-TEST(ConfigValidation, PartialOffloadIsNotImplementedYet) {
+TEST(ConfigValidation, PartialOffloadIsTakenAtStagesOneToThreeWithCpuOnly) {
   for (int stage : {1, 2, 3}) {
-    ConfigError error = config_error(R"({"train_batch_size": 8, "zero_optimization": {"stage": )" +
-                                     std::to_string(stage) + R"(,
-      "offload_optimizer": {"device": "cpu", "ratio": 0.5}}})");
-    EXPECT_EQ(error.key_path(), "zero_optimization.offload_optimizer.ratio") << stage;
-    EXPECT_THAT(error.what(), HasSubstr("got 0.5; partial optimizer offload")) << stage;
-    EXPECT_THAT(error.what(), HasSubstr("not implemented yet: use 1.0")) << stage;
+    const Config config = Config::from_json_string(
+        R"({"train_batch_size": 8, "zero_optimization": {"stage": )" + std::to_string(stage) +
+        R"(, "offload_optimizer": {"device": "cpu", "ratio": 0.25}}})");
+    EXPECT_EQ(config.zero_optimization.offload_optimizer.ratio, 0.25) << stage;
   }
+  const ConfigError nvme = config_error(R"({"train_batch_size": 8, "zero_optimization": {
+      "stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/x", "ratio": 0.5}}})");
+  EXPECT_EQ(nvme.key_path(), "zero_optimization.offload_optimizer.ratio");
+  EXPECT_THAT(nvme.what(), HasSubstr("got 0.5 with device \"nvme\""));
+  const ConfigError none = config_error(R"({"train_batch_size": 8, "zero_optimization": {
+      "stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0}}})");
+  EXPECT_EQ(none.key_path(), "zero_optimization.offload_optimizer.ratio");
+  EXPECT_THAT(none.what(), HasSubstr("expected the share of the optimizer offloaded, in (0, 1]"));
 }
 
 TEST(ConfigValidation, Fp16AndBf16Together) {
@@ -820,13 +826,14 @@ TEST(ConfigRules, HoldForAConfigBuiltInCodeAsForAParsedOne) {
        },
        "zero_optimization.offload_param.nvme_path", "missing; required when device is"},
       {R"("zero_optimization": {"stage": 3,
-         "offload_optimizer": {"device": "cpu", "ratio": 0.5}})",
+         "offload_optimizer": {"device": "nvme", "nvme_path": "/x", "ratio": 0.5}})",
        [](Config& c) {
          c.zero_optimization.stage = 3;
-         c.zero_optimization.offload_optimizer.device = Device::kCpu;
+         c.zero_optimization.offload_optimizer.device = Device::kNvme;
+         c.zero_optimization.offload_optimizer.nvme_path = "/x";
          c.zero_optimization.offload_optimizer.ratio = 0.5;
        },
-       "zero_optimization.offload_optimizer.ratio", "not implemented yet: use 1.0"},
+       "zero_optimization.offload_optimizer.ratio", "offloaded to CPU memory only"},
       {R"("activation_checkpointing": {"contiguous_memory_optimization": true})",
        [](Config& c) { c.activation_checkpointing.contiguous_memory_optimization = true; },
        "activation_checkpointing.number_checkpoints", "required by contiguous_memory_optimization"},
@@ -851,13 +858,18 @@ TEST(ConfigRules, HoldForAConfigBuiltInCodeAsForAParsedOne) {
   EXPECT_NO_THROW(check_config(Config{}));
 }
 
-TEST(ConfigRules, AnyOffloadRatioButOneIsRefusedInCode) {
-  // The parser holds the ratio to 0..1; in code the rule still refuses what would train as 1.
-  for (double ratio : {0.0, 0.5, 1.5, std::nan("")}) {
+TEST(ConfigRules, AnOffloadRatioOutsideZeroToOneIsRefusedInCode) {
+  // The parser holds the ratio to 0..1; in code the rule holds it to (0, 1].
+  for (double ratio : {0.0, -0.5, 1.5, std::nan("")}) {
     Config config;
     config.zero_optimization.offload_optimizer.ratio = ratio;
     EXPECT_EQ(check_error(config).key_path(), "zero_optimization.offload_optimizer.ratio") << ratio;
   }
+  Config half;
+  half.zero_optimization.stage = 2;
+  half.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
+  half.zero_optimization.offload_optimizer.ratio = 0.5;
+  EXPECT_NO_THROW(check_config(half));
 }
 
 // --- parity with DeepSpeed 0.19.8's parser ---------------------------------------------------

@@ -512,6 +512,28 @@ TEST_P(CpuOptimizerScanPaths, GivesTheSameBitsOnAnyThreadCountAndPathAndMatchesD
   }
 }
 
+TEST_P(CpuOptimizerScanPaths, RangesAddedInTurnSumAsOneRange) {
+  const Isa isa = GetParam();
+  if (!supported(isa)) GTEST_SKIP() << "this CPU has no " << to_string(isa) << " path";
+  // Past the threading threshold, so whole tiles run threaded between the cuts; cuts inside a
+  // tile, on a tile's edge, and ranges shorter than a tile.
+  const std::int64_t n = (std::int64_t{1} << 20) + (std::int64_t{3} << 16) + 2053;
+  const std::vector<std::int64_t> cuts = {0,       48,        (1 << 16) - 16, 1 << 16,
+                                          70'000,  1'200'000, n - 32,         n};
+  const Shard shard(n, 0, 13);
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+    const std::vector<unsigned char> stored = stored_as(shard.grad, dtype);
+    const double whole = sum_of_squares(isa, stored.data(), dtype, n);
+    SquareSums sums;
+    for (std::size_t c = 0; c + 1 < cuts.size(); ++c) {
+      add_sum_of_squares(isa, stored.data() + cuts[c] * size_of(dtype), dtype,
+                         cuts[c + 1] - cuts[c], sums);
+    }
+    EXPECT_EQ(std::bit_cast<std::uint64_t>(sums.total()), std::bit_cast<std::uint64_t>(whole))
+        << to_string(isa) << ", " << to_string(dtype);
+  }
+}
+
 TEST_P(CpuOptimizerScanPaths, FindsANonFiniteValueInAnyTileOnAnyThreadCount) {
   const Isa isa = GetParam();
   if (!supported(isa)) GTEST_SKIP() << "this CPU has no " << to_string(isa) << " path";

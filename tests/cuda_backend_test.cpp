@@ -146,16 +146,21 @@ TEST_P(CudaBackend, ScanMatchesTheCpuAndFindsNonfiniteValues) {
   const DType dtype = GetParam();
   std::vector<float> values = random_floats(kCount, 3, 4.0f);
   const Pair clean = both(values, dtype);
-  const detail::GradientScan want = cpu_->scan(clean.host.data(), dtype, kCount);
-  const detail::GradientScan got = gpu_->scan(clean.device.data(), dtype, kCount);
-  EXPECT_FALSE(got.nonfinite);
-  EXPECT_NEAR(got.sum_of_squares, want.sum_of_squares, 1e-9 * want.sum_of_squares);
+  const auto scan = [](detail::ComputeBackend& backend, const void* data, DType type) {
+    detail::GradientScan result;
+    backend.scan(data, type, kCount, result);
+    return result;
+  };
+  const detail::GradientScan want = scan(*cpu_, clean.host.data(), dtype);
+  const detail::GradientScan got = scan(*gpu_, clean.device.data(), dtype);
+  EXPECT_FALSE(got.nonfinite());
+  EXPECT_NEAR(got.sum_of_squares(), want.sum_of_squares(), 1e-9 * want.sum_of_squares());
 
   values[kCount - 2] = std::numeric_limits<float>::quiet_NaN();
   const Pair dirty = both(values, dtype);
-  EXPECT_TRUE(gpu_->scan(dirty.device.data(), dtype, kCount).nonfinite);
+  EXPECT_TRUE(scan(*gpu_, dirty.device.data(), dtype).nonfinite());
   // The flag is cleared between scans.
-  EXPECT_FALSE(gpu_->scan(clean.device.data(), dtype, kCount).nonfinite);
+  EXPECT_FALSE(scan(*gpu_, clean.device.data(), dtype).nonfinite());
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, CudaBackend,

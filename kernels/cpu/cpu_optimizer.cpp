@@ -274,8 +274,21 @@ void add_square_sums(Isa isa, const float* values, std::int64_t n, double* lanes
   kernels(isa).square_sums(values, n, lanes);
 }
 
-double sum_of_squares(Isa isa, const void* values, DType dtype, std::int64_t n) {
-  if (n <= 0) return 0.0;
+namespace {
+
+double lane_sum(const double* lanes) {
+  double sum = 0.0;
+  for (int lane = 0; lane < kSquareLanes; ++lane) sum += lanes[lane];
+  return sum;
+}
+
+}  // namespace
+
+double SquareSums::total() const { return in_tile > 0 ? tiles + lane_sum(lanes) : tiles; }
+
+void add_sum_of_squares(Isa isa, const void* values, DType dtype, std::int64_t n,
+                        SquareSums& sums) {
+  if (n <= 0) return;
   const KernelTable& table = kernels(isa);  // refused here, before any thread starts
   const auto square_sums = table.square_sums;
   const auto in_loop = dtype == DType::kBFloat16  ? table.square_sums_bf16
@@ -283,8 +296,7 @@ double sum_of_squares(Isa isa, const void* values, DType dtype, std::int64_t n) 
                                                   : nullptr;
   const auto* bytes = static_cast<const unsigned char*>(values);
   const auto size = static_cast<std::int64_t>(size_of(dtype));
-  const auto tile_sum = [&](std::int64_t begin, std::int64_t end) noexcept {
-    double lanes[kSquareLanes] = {};
+  const auto add_range = [&](std::int64_t begin, std::int64_t end, double* lanes) noexcept {
     if (dtype == DType::kFloat32) {
       square_sums(static_cast<const float*>(values) + begin, end - begin, lanes);
     } else if (in_loop != nullptr) {
@@ -299,19 +311,40 @@ double sum_of_squares(Isa isa, const void* values, DType dtype, std::int64_t n) 
         square_sums(widened, count, lanes);
       }
     }
-    double sum = 0.0;
-    for (double lane : lanes) sum += lane;
-    return sum;
   };
-  if (n <= kTile) return tile_sum(0, n);
-  // One partial per tile, added in tile order: the same additions whichever thread ran a tile.
-  std::vector<double> partials(static_cast<std::size_t>((n + kTile - 1) / kTile));
-  for_each_tile(n, [&](std::int64_t t, std::int64_t begin, std::int64_t end) {
-    partials[static_cast<std::size_t>(t)] = tile_sum(begin, end);
-  });
-  double total = 0.0;
-  for (double partial : partials) total += partial;
-  return total;
+  // The tile an earlier range left unfinished takes this range's first elements.
+  std::int64_t done = 0;
+  if (sums.in_tile > 0) {
+    done = std::min(n, kTile - sums.in_tile);
+    add_range(0, done, sums.lanes);
+    sums.in_tile += done;
+    if (sums.in_tile == kTile) {
+      sums.tiles += lane_sum(sums.lanes);
+      sums = SquareSums{.tiles = sums.tiles};
+    }
+  }
+  // One partial per whole tile, added in tile order: the same additions whichever thread ran it.
+  const std::int64_t whole_tiles = (n - done) / kTile;
+  if (whole_tiles > 0) {
+    std::vector<double> partials(static_cast<std::size_t>(whole_tiles));
+    for_each_tile(whole_tiles * kTile, [&](std::int64_t t, std::int64_t begin, std::int64_t end) {
+      double lanes[kSquareLanes] = {};
+      add_range(done + begin, done + end, lanes);
+      partials[static_cast<std::size_t>(t)] = lane_sum(lanes);
+    });
+    for (double partial : partials) sums.tiles += partial;
+    done += whole_tiles * kTile;
+  }
+  if (done < n) {
+    add_range(done, n, sums.lanes);
+    sums.in_tile += n - done;
+  }
+}
+
+double sum_of_squares(Isa isa, const void* values, DType dtype, std::int64_t n) {
+  SquareSums sums;
+  add_sum_of_squares(isa, values, dtype, n, sums);
+  return sums.total();
 }
 
 }  // namespace zeroshard::detail::cpu_optimizer

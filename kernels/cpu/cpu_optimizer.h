@@ -86,11 +86,25 @@ inline constexpr int kSquareLanes = 16;
 /// depend on the path, the stage or how the shard was split into calls at multiples of 16.
 void add_square_sums(Isa isa, const float* values, std::int64_t n, double* lanes);
 
-/// The gradient norm's sum of squares of values[0, n), stored as `dtype` and widened to double:
-/// each tile of 2^16 elements summed in its own lanes (added in lane order), the tiles' sums added
-/// in tile order. Large scans spread the tiles over the OpenMP team as the rules do; the bits
-/// depend only on the values and n, never on the path or the thread count. Non-finite exactly
-/// when some value is: no sum of finite squares reaches inf in double.
+/// A gradient norm's sum of squares over ranges added one after another as if they were one:
+/// each tile of 2^16 elements, counted from the first range's start, summed in its own lanes
+/// (added in lane order), the tiles' sums added in tile order. So a shard whose parts lie in
+/// different memories sums, bit for bit, as one range would, when every range but the last is a
+/// multiple of 16 elements long.
+struct SquareSums {
+  double tiles = 0.0;                ///< the finished tiles' sums
+  double lanes[kSquareLanes] = {};   ///< the tile in progress
+  std::int64_t in_tile = 0;          ///< elements the tile in progress holds
+  double total() const;
+};
+
+/// Adds the squares of values[0, n), stored as `dtype` and widened to double, to `sums`. Large
+/// ranges spread their whole tiles over the OpenMP team as the rules do; the bits depend only on
+/// the values and the ranges' lengths, never on the path or the thread count. The total is
+/// non-finite exactly when some value is: no sum of finite squares reaches inf in double.
+void add_sum_of_squares(Isa isa, const void* values, DType dtype, std::int64_t n,
+                        SquareSums& sums);
+/// add_sum_of_squares() of one range into empty sums: their total.
 double sum_of_squares(Isa isa, const void* values, DType dtype, std::int64_t n);
 
 enum class SgdKind { kPlain, kMomentum, kNesterov };

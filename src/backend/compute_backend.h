@@ -5,12 +5,14 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <vector>
 
+#include "kernels/cpu/cpu_optimizer.h"  // SquareSums
 #include "layout/quantized_block_format.h"  // QuantBits
 #include "memory/memory_tracker.h"
 #include "optim/builtin_rule.h"
@@ -20,10 +22,16 @@
 
 namespace zeroshard::detail {
 
-/// What the global-norm pass learns about a range of gradients.
+/// What the global-norm pass learns about gradients scanned into it, one range or several in
+/// turn: the sum of squares of the values as stored (before any unscaling), and whether some
+/// element is inf or NaN. Host ranges sum as one range would (cpu_optimizer::SquareSums); a
+/// device's range adds its own total.
 struct GradientScan {
-  double sum_of_squares = 0.0;  ///< of the values as stored (before any unscaling)
-  bool nonfinite = false;       ///< some element is inf or NaN
+  cpu_optimizer::SquareSums host;
+  double device_sum = 0.0;
+  bool device_nonfinite = false;
+  double sum_of_squares() const { return host.total() + device_sum; }
+  bool nonfinite() const { return device_nonfinite || !std::isfinite(sum_of_squares()); }
 };
 
 /// The end of a copy queued on a backend's copy stream (copy_to_host_async, copy_from_host_async).
@@ -105,8 +113,9 @@ class ComputeBackend {
   /// Decodes `count` elements encoded by quantize_blocks at `in` into `out` of `dtype`.
   virtual void dequantize_blocks(const void* in, QuantBits bits, std::int64_t count, void* out,
                                  DType dtype) = 0;
-  /// Sum of squares (accumulated in double) and the inf/NaN check of `count` elements; waits.
-  virtual GradientScan scan(const void* data, DType dtype, std::int64_t count) = 0;
+  /// Adds the sum of squares (in double) and the inf/NaN check of `count` elements to `scan`;
+  /// waits.
+  virtual void scan(const void* data, DType dtype, std::int64_t count, GradientScan& scan) = 0;
   /// Runs the engine's update rule on one slice (slice.grad unused): reads the gradient as `io`
   /// says (its type, times io.grad_factor), updates the master weights and states in place and
   /// writes io.param_copy, every pointer in this memory. `scratch` (fp32, this memory, possibly

@@ -136,13 +136,11 @@ class CpuBackend final : public ComputeBackend {
     }
   }
 
-  GradientScan scan(const void* data, DType dtype, std::int64_t count) override {
+  void scan(const void* data, DType dtype, std::int64_t count, GradientScan& scan) override {
     // In tiles over the OpenMP team, summed in a fixed order: stage 0 must find stages 1-3's
     // norm bit for bit, whatever the thread count.
     const CpuTeamScope team(team_);
-    const double total =
-        cpu_optimizer::sum_of_squares(cpu_optimizer::active_isa(), data, dtype, count);
-    return {.sum_of_squares = total, .nonfinite = !std::isfinite(total)};
+    cpu_optimizer::add_sum_of_squares(cpu_optimizer::active_isa(), data, dtype, count, scan.host);
   }
 
   void apply_rule(const ShardSlice& slice, const FusedStepIo& io, const StepContext& context,

@@ -155,14 +155,22 @@ void check_required_scheduler_params(const SchedulerConfig& scheduler) {
   }
 }
 
-// Any value but 1 (the parser accepts 0..1): the engine offloads every sub-group, so a smaller
-// ratio would train as 1 without saying so.
+// The parser holds the key to [0, 1]; a Config built in code is held to (0, 1] here. Below 1
+// the device keeps the rest of the shard, which swap files cannot roll back with the host's part
+// when a write fails: NVMe takes the whole shard.
 void check_offload_ratio(const OffloadConfig& offload) {
-  if (offload.ratio == 1.0) return;
-  throw ConfigError("zero_optimization.offload_optimizer.ratio",
-                    "got " + detail::format_number(offload.ratio) +
-                        "; partial optimizer offload (part of the sub-groups updated on the "
-                        "device) is not implemented yet: use 1.0");
+  const char* const path = "zero_optimization.offload_optimizer.ratio";
+  if (!(offload.ratio > 0.0 && offload.ratio <= 1.0)) {
+    throw ConfigError(path, "got " + detail::format_number(offload.ratio) +
+                                ", expected the share of the optimizer offloaded, in (0, 1]; "
+                                "to keep all of it on the device, set offload_optimizer.device "
+                                "to \"none\"");
+  }
+  if (offload.ratio < 1.0 && offload.device == OffloadDevice::kNvme) {
+    throw ConfigError(path, "got " + detail::format_number(offload.ratio) +
+                                " with device \"nvme\": a share below 1 is offloaded to CPU "
+                                "memory only. Set device to \"cpu\", or ratio to 1");
+  }
 }
 
 // The parser holds the key to its range; a Config built in code is held to it here, since a share

@@ -683,8 +683,10 @@ std::vector<KeySpec> make_key_specs() {
       {.path = "zero_optimization.offload_optimizer.ratio",
        .kind = K::kNumber,
        .default_json = "1.0",
-       .meaning = "Fraction of optimizer states offloaded; below 1 (stage 3 only) is not "
-                  "implemented yet.",
+       .meaning = "Share of this rank's optimizer shard (its first elements) updated on the "
+                  "host; the rest stays in device memory and is updated there at the same time "
+                  "(DeepSpeed's Twin-Flow). In (0, 1]; below 1 with device cpu only, at any "
+                  "stage 1-3.",
        .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.offload_optimizer.ratio),
        .range = kFraction},
       {.path = "zero_optimization.offload_optimizer.super_offload",

@@ -72,7 +72,7 @@ std::vector<std::vector<std::uint32_t>> write_optimizer_shard(const std::string&
   ShardWriter file(path + ".tmp");
   for (int a = 0; a < optimizer.array_count(); ++a) {
     crcs[a] = file.write_section(hi - lo, [&](float* out, std::int64_t first, std::int64_t n) {
-      if (const float* values = optimizer.host_view(a, lo + first)) {
+      if (const float* values = optimizer.host_view(a, lo + first, n)) {
         std::memcpy(out, values, static_cast<std::size_t>(n) * sizeof(float));
       } else {
         optimizer.read_owned(a, lo + first, out, n);

@@ -90,8 +90,8 @@ EngineState::GradientSummary EngineState::scan_gradients() {
   summary.contexts = step_contexts();
   // The sum that finds the norm also carries the digest of what every rank must step with.
   std::vector<float> partial(2 + step_agreement_floats());
-  partial[0] = static_cast<float>(scan.sum_of_squares * summary.unscale * summary.unscale);
-  partial[1] = scan.nonfinite ? 1.0f : 0.0f;
+  partial[0] = static_cast<float>(scan.sum_of_squares() * summary.unscale * summary.unscale);
+  partial[1] = scan.nonfinite() ? 1.0f : 0.0f;
   pack_step_agreement(summary.contexts, partial.data() + 2);
   all_reduce_host(partial.data(), static_cast<int>(partial.size()), ReduceOp::kSum);
   times_.norm_wait += seconds_since(norm_start);
@@ -175,7 +175,7 @@ int EngineState::first_nonfinite_parameter() {
   int culprit = -1;
   for (const TensorPiece& piece :
        layout_.pieces(layout_.shard_begin(rank_), layout_.shard_end(rank_))) {
-    if (optimizer_->scan(piece.flat_offset, piece.flat_offset + piece.size).nonfinite) {
+    if (optimizer_->scan(piece.flat_offset, piece.flat_offset + piece.size).nonfinite()) {
       culprit = tensor_param_[piece.tensor];
       break;
     }

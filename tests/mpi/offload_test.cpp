@@ -4,6 +4,7 @@
 // refused by name.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -11,13 +12,25 @@
 #include <tuple>
 #include <vector>
 
+#include "engine/engine_internals.h"
+#include "engine/optimizer_shard.h"  // host_share_elements
 #include "mpi/toy_model.h"
 #include "zeroshard/log.h"
 
 namespace zeroshard::testing {
 namespace {
 
-enum class Offload { kOptimizer, kOptimizerAndParams, kOptimizerOnNvme, kAllOnNvme };
+enum class Offload {
+  kOptimizer,
+  kOptimizerAndParams,
+  kOptimizerOnNvme,
+  kAllOnNvme,
+  kPartOfOptimizer,  ///< offload_optimizer.ratio below 1: the rest stays on the device
+  kPartOfOptimizerAndParams,
+};
+
+// Shares of the shard on the host: a few elements, about half, nearly all.
+double partial_ratio(int rule) { return std::array{0.5, 0.1, 0.8, 0.3}[rule % 4]; }
 
 using OffloadCase = std::tuple<int, DType, int, Offload>;  // stage, precision, rule, offload
 
@@ -74,8 +87,11 @@ TEST_P(OffloadEquivalence, TrainsBitForBitAsWithoutOffload) {
   const Config resident = case_config(stage, dtype);
   Config offloaded = resident;
   offloaded.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
-  if (offload == Offload::kOptimizerAndParams) {
+  if (offload == Offload::kOptimizerAndParams || offload == Offload::kPartOfOptimizerAndParams) {
     offloaded.zero_optimization.offload_param.device = OffloadDevice::kCpu;
+  }
+  if (offload == Offload::kPartOfOptimizer || offload == Offload::kPartOfOptimizerAndParams) {
+    offloaded.zero_optimization.offload_optimizer.ratio = partial_ratio(rule);
   }
   if (offload == Offload::kOptimizerOnNvme || offload == Offload::kAllOnNvme) {
     OffloadConfig& nvme = offloaded.zero_optimization.offload_optimizer;
@@ -127,6 +143,8 @@ std::vector<OffloadCase> offload_cases() {
         if (stage == 3) cases.emplace_back(stage, dtype, rule, Offload::kOptimizerAndParams);
         cases.emplace_back(stage, dtype, rule, Offload::kOptimizerOnNvme);
         if (stage == 3) cases.emplace_back(stage, dtype, rule, Offload::kAllOnNvme);
+        cases.emplace_back(stage, dtype, rule, Offload::kPartOfOptimizer);
+        if (stage == 3) cases.emplace_back(stage, dtype, rule, Offload::kPartOfOptimizerAndParams);
       }
     }
   }
@@ -142,8 +160,49 @@ INSTANTIATE_TEST_SUITE_P(StagesPrecisionsRules, OffloadEquivalence,
                                   (std::get<3>(c) == Offload::kOptimizerAndParams ? "_params"
                                    : std::get<3>(c) == Offload::kOptimizerOnNvme  ? "_nvme"
                                    : std::get<3>(c) == Offload::kAllOnNvme        ? "_params_nvme"
-                                                                                  : "");
+                                   : std::get<3>(c) == Offload::kPartOfOptimizer  ? "_ratio"
+                                   : std::get<3>(c) == Offload::kPartOfOptimizerAndParams
+                                       ? "_ratio_params"
+                                       : "");
                          });
+
+// Partial offload: the first `ratio` of the shard (to a multiple of 16 elements) is counted in
+// host memory, the rest where the device's update keeps it; on CPU ranks the device is host
+// memory too, so each share is told apart by the master weights, which a resident fp32 update
+// does not hold.
+TEST(OffloadMemory, EachShareOfAPartialOffloadIsCountedWhereItLives) {
+  for (double ratio : {0.25, 0.5, 1.0}) {
+    SCOPED_TRACE("ratio " + std::to_string(ratio));
+    Config config = case_config(2, DType::kBFloat16);
+    config.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
+    config.zero_optimization.offload_optimizer.ratio = ratio;
+    Engine engine = make_engine(config, make_adamw());
+    const auto tensors = uneven_toy_tensors();
+    register_toy(engine, tensors);
+    const MemoryReport report = engine.memory_report();
+    const std::int64_t shard = engine.shard_end() - engine.shard_begin();
+    const std::int64_t host_share = detail::host_share_elements(ratio, shard);
+    EXPECT_EQ(host_share % 16, 0);
+    if (ratio < 1.0) {
+      EXPECT_GT(host_share, 0);
+      EXPECT_LT(host_share, shard);
+    }
+    const std::int64_t device_share = shard - host_share;
+    const MemoryLocation host = MemoryLocation::kHost;
+    const MemoryLocation device = engine.device().is_cuda() ? MemoryLocation::kDevice : host;
+    // fp32 master 4, Adam's two states 8, bf16 gradients 2 bytes per element in either share.
+    if (device == host) {
+      EXPECT_EQ(report.at(MemoryCategory::kMasterWeights, host).current, 4 * shard);
+      EXPECT_EQ(report.at(MemoryCategory::kOptimizerStates, host).current, 8 * shard);
+    } else {
+      EXPECT_EQ(report.at(MemoryCategory::kMasterWeights, host).current, 4 * host_share);
+      EXPECT_EQ(report.at(MemoryCategory::kMasterWeights, device).current, 4 * device_share);
+      EXPECT_EQ(report.at(MemoryCategory::kOptimizerStates, host).current, 8 * host_share);
+      EXPECT_EQ(report.at(MemoryCategory::kOptimizerStates, device).current, 8 * device_share);
+    }
+    EXPECT_EQ(detail::EngineInternals::state(engine).optimizer().host_elements(), host_share);
+  }
+}
 
 // Where the bytes go: the optimizer shard (master, states, and the gradient shard in the type it
 // accumulates in) is counted where the offloaded update runs, and the parameters the model reads

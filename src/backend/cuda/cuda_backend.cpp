@@ -246,8 +246,8 @@ class CudaBackend final : public detail::ComputeBackend {
     kernels::dequantize_blocks(in, bits, count, out, dtype, stream_);
   }
 
-  GradientScan scan(const void* data, DType dtype, std::int64_t count) override {
-    if (count == 0) return {};
+  void scan(const void* data, DType dtype, std::int64_t count, GradientScan& scan) override {
+    if (count == 0) return;
     const DeviceGuard guard(device_.index);
     auto* sum = scan_result_.as<double>();
     auto* flag = reinterpret_cast<int*>(sum + 1);
@@ -264,8 +264,8 @@ class CudaBackend final : public detail::ComputeBackend {
         cudaMemcpyAsync(scalars_.data(), sum, scalars_.bytes(), cudaMemcpyDeviceToHost, stream_));
     ZEROSHARD_CUDA_CHECK(cudaStreamSynchronize(stream_));
     const auto* host_sum = scalars_.as<double>();
-    return {.sum_of_squares = *host_sum,
-            .nonfinite = *reinterpret_cast<const int*>(host_sum + 1) != 0};
+    scan.device_sum += *host_sum;
+    scan.device_nonfinite = scan.device_nonfinite || *reinterpret_cast<const int*>(host_sum + 1) != 0;
   }
 
   void apply_rule(const ShardSlice& slice, const detail::FusedStepIo& io,
