@@ -518,8 +518,8 @@ TEST_P(CpuOptimizerScanPaths, RangesAddedInTurnSumAsOneRange) {
   // Past the threading threshold, so whole tiles run threaded between the cuts; cuts inside a
   // tile, on a tile's edge, and ranges shorter than a tile.
   const std::int64_t n = (std::int64_t{1} << 20) + (std::int64_t{3} << 16) + 2053;
-  const std::vector<std::int64_t> cuts = {0,       48,        (1 << 16) - 16, 1 << 16,
-                                          70'000,  1'200'000, n - 32,         n};
+  const std::vector<std::int64_t> cuts = {0,      48,        (1 << 16) - 16, 1 << 16,
+                                          70'000, 1'200'000, n - 32,         n};
   const Shard shard(n, 0, 13);
   for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
     const std::vector<unsigned char> stored = stored_as(shard.grad, dtype);

@@ -80,6 +80,35 @@ TEST(EstimateTool, JsonGivesTheEstimatorsBytesForEveryStage) {
   }
 }
 
+TEST(EstimateTool, OffloadRatioSplitsTheOptimizerBetweenDeviceAndHost) {
+  const std::string out =
+      run(tool() +
+          " --params 7B --ranks 1 --stage 3 --precision bf16 --offload-optimizer"
+          " cpu --offload-ratio 0.25 --json");
+  const nlohmann::json estimates = nlohmann::json::parse(out);
+  ASSERT_EQ(estimates.size(), 1u) << out;
+  zeroshard::EstimateInput in;
+  in.params = 7'000'000'000;
+  in.stage = 3;
+  in.precision = zeroshard::DType::kBFloat16;
+  in.offload_optimizer = zeroshard::OffloadDevice::kCpu;
+  in.offload_ratio = 0.25;
+  const zeroshard::MemoryEstimate expected = zeroshard::estimate(in);
+  const nlohmann::json& e = estimates[0];
+  EXPECT_EQ(e["device"]["optimizer_states"],
+            expected.at(zeroshard::MemoryCategory::kOptimizerStates));
+  EXPECT_EQ(e["host"]["optimizer_states"],
+            expected.at(zeroshard::MemoryCategory::kOptimizerStates, zeroshard::MemoryTier::kHost));
+  // A quarter of Adam's 8 bytes per parameter on the host, the rest on the device.
+  const double host_states = e["host"]["optimizer_states"].get<double>();
+  const double device_states = e["device"]["optimizer_states"].get<double>();
+  EXPECT_NEAR(host_states / (host_states + device_states), 0.25, 1e-6) << out;
+
+  const std::string bad = run(tool() + " --params 1B --offload-ratio 1.5 2>&1");
+  EXPECT_NE(bad.find("--offload-ratio: got 1.5, expected a share in (0, 1]"), std::string::npos)
+      << bad;
+}
+
 TEST(EstimateTool, ReadsADeepSpeedConfig) {
   const std::string path = ::testing::TempDir() + "estimate_tool_test_config.json";
   std::ofstream(path) << R"({"train_micro_batch_size_per_gpu": 4,

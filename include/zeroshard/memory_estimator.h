@@ -51,7 +51,10 @@ struct EstimateInput {
   /// momentum has 1, AMSGrad 3.
   int optimizer_state_arrays = -1;
   OffloadDevice offload_optimizer = OffloadDevice::kNone;
-  /// offload_optimizer.super_offload: a second master and states beside the first.
+  /// offload_optimizer.ratio: the share of each rank's optimizer shard offloaded (its first
+  /// elements, to a multiple of 16); the rest is held and updated on the device.
+  double offload_ratio = 1.0;
+  /// offload_optimizer.super_offload: a second master and states beside the host's share.
   bool super_offload = false;
   OffloadDevice offload_param = OffloadDevice::kNone;
   std::int64_t reduce_bucket_size = 500000000;

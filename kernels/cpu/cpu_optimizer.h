@@ -92,9 +92,9 @@ void add_square_sums(Isa isa, const float* values, std::int64_t n, double* lanes
 /// different memories sums, bit for bit, as one range would, when every range but the last is a
 /// multiple of 16 elements long.
 struct SquareSums {
-  double tiles = 0.0;                ///< the finished tiles' sums
-  double lanes[kSquareLanes] = {};   ///< the tile in progress
-  std::int64_t in_tile = 0;          ///< elements the tile in progress holds
+  double tiles = 0.0;               ///< the finished tiles' sums
+  double lanes[kSquareLanes] = {};  ///< the tile in progress
+  std::int64_t in_tile = 0;         ///< elements the tile in progress holds
   double total() const;
 };
 
@@ -102,8 +102,7 @@ struct SquareSums {
 /// ranges spread their whole tiles over the OpenMP team as the rules do; the bits depend only on
 /// the values and the ranges' lengths, never on the path or the thread count. The total is
 /// non-finite exactly when some value is: no sum of finite squares reaches inf in double.
-void add_sum_of_squares(Isa isa, const void* values, DType dtype, std::int64_t n,
-                        SquareSums& sums);
+void add_sum_of_squares(Isa isa, const void* values, DType dtype, std::int64_t n, SquareSums& sums);
 /// add_sum_of_squares() of one range into empty sums: their total.
 double sum_of_squares(Isa isa, const void* values, DType dtype, std::int64_t n);
 

@@ -12,7 +12,7 @@
 #include <span>
 #include <vector>
 
-#include "kernels/cpu/cpu_optimizer.h"  // SquareSums
+#include "kernels/cpu/cpu_optimizer.h"      // SquareSums
 #include "layout/quantized_block_format.h"  // QuantBits
 #include "memory/memory_tracker.h"
 #include "optim/builtin_rule.h"

@@ -2,15 +2,9 @@
 #include "engine/optimizer_shard.h"
 
 #include <algorithm>
-#include <cmath>
 #include <utility>
 
 namespace zeroshard::detail {
-
-std::int64_t host_share_elements(double ratio, std::int64_t owned) {
-  const auto units = std::llround(ratio * static_cast<double>(owned) / kTensorAlignment);
-  return std::clamp<std::int64_t>(units * kTensorAlignment, 0, owned);
-}
 
 OptimizerShard::OptimizerShard(const EngineContext& context, const UpdateRule& rule,
                                ParamCoordinator& params, char* full_grads, DType grad_shard_dtype) {

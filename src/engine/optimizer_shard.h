@@ -14,11 +14,6 @@
 
 namespace zeroshard::detail {
 
-/// Owned elements, of `owned` in all, that the host part holds under offload_optimizer.ratio:
-/// the nearest multiple of kTensorAlignment to ratio x owned, so that each part starts aligned
-/// and the gradient scan's ranges meet at multiples of 16 (cpu_optimizer::SquareSums).
-std::int64_t host_share_elements(double ratio, std::int64_t owned);
-
 class OptimizerShard final : public ReducedGradientSink {
  public:
   OptimizerShard(const EngineContext& context, const UpdateRule& rule, ParamCoordinator& params,

@@ -112,13 +112,34 @@ struct Terms {
   std::int64_t updated() const { return elements(1); }
   /// The reduced gradient shard, in the type gradients accumulate in wherever it lives: fp32 under
   /// grad_accum_dtype fp32 (stages 2-3 only), the model's type otherwise.
-  /// Sets of master and states: two with super_offload, whose update during backward writes the
-  /// second while the first stays as it was until the step keeps or drops it.
+  /// Of updated(): the elements offload puts on the host (all of them at ratio 1) and those
+  /// held and updated on the device.
+  std::int64_t host_share() const {
+    return optimizer_offloaded ? detail::host_share_elements(in.offload_ratio, updated()) : 0;
+  }
+  std::int64_t device_share() const { return updated() - host_share(); }
+  /// The engine's parts of the shard (src/engine/optimizer_shard.cpp): the host's whenever the
+  /// optimizer is offloaded and the split leaves it elements or nothing to the device; the
+  /// device's without offload or when it keeps some elements.
+  bool has_host_part() const {
+    return optimizer_offloaded && (host_share() > 0 || device_share() == 0);
+  }
+  bool has_device_part() const { return !optimizer_offloaded || device_share() > 0; }
+  /// Sets of master and states of the host's share: two with super_offload, whose update during
+  /// backward writes the second while the first stays as it was until the step keeps or drops it.
   std::int64_t update_copies() const {
     return in.super_offload && in.offload_optimizer == OffloadDevice::kCpu ? 2 : 1;
   }
-  std::int64_t grad_shard_bytes() const {
-    return (stage >= 2 && in.fp32_grad_accumulation ? 4 : d) * shard;
+  /// Bytes per element of the reduced gradient shard: fp32 under grad_accum_dtype fp32 (stages
+  /// 2-3 only), the model's type otherwise.
+  std::int64_t grad_shard_element() const {
+    return stage >= 2 && in.fp32_grad_accumulation ? 4 : d;
+  }
+  /// The fp32 chunk 16-bit gradients are widened in, in a part of `elements` elements.
+  std::int64_t scratch_bytes(std::int64_t elements) const {
+    if (d == 4) return 0;
+    return 4 *
+           std::max<std::int64_t>(2, std::min({elements, sub_group(), kGradientScratchElements}));
   }
   /// offload_optimizer nvme: one record of a swap file whose slots hold `arrays` fp32 tiles of
   /// one sub-group each (the master's file has 1, the states' file k).
@@ -191,9 +212,6 @@ MemoryTier where_params_live(const Terms& t) {
   return t.in.offload_param == OffloadDevice::kNvme ? MemoryTier::kHost
                                                     : tier_of(t.in.offload_param);
 }
-MemoryTier where_update_runs(const Terms& t) {
-  return t.optimizer_offloaded ? MemoryTier::kHost : MemoryTier::kDevice;
-}
 
 // One row per buffer the engine allocates (src/engine/engine.cpp finalize(),
 // src/engine/grad_bucketer.cpp), plus DeepSpeed's offload placement. A new knob is a new row; no
@@ -221,37 +239,42 @@ constexpr Rule kRules[] = {
        return detail::quantized_units(t.in.frozen_params, detail::QuantBits::kInt8) * 4;
      },
      on_device},
-    // Gradients: whole below stage 2 (model precision); from stage 2 the reduced shard, which
-    // with an offloaded update lives beside it (at stage 1 too, beside the whole gradients).
+    // Gradients: whole below stage 2 (model precision); from stage 2 the reduced shard's device
+    // share. The host's share lives beside the offloaded update (at stage 1 too, beside the whole
+    // gradients).
     {MemoryCategory::kGradients,
      [](const Terms& t) -> std::int64_t {
        if (t.stage < 2) return t.d * t.padded;
-       return t.optimizer_offloaded ? 0 : t.grad_shard_bytes();
+       return t.grad_shard_element() * t.device_share();
      },
      on_device},
     {MemoryCategory::kGradients,
-     [](const Terms& t) { return t.optimizer_offloaded ? t.grad_shard_bytes() : 0; },
-     where_update_runs},
-    // 16-bit gradients are widened to fp32 one chunk at a time for the update: a bounded working
-    // buffer, counted under communication so that the model states are the paper's figures.
+     [](const Terms& t) { return t.grad_shard_element() * t.host_share(); }, on_host},
+    // 16-bit gradients are widened to fp32 one chunk at a time for the update, in each part: a
+    // bounded working buffer, counted under communication so that the model states are the
+    // paper's figures.
     {MemoryCategory::kCommunication,
-     [](const Terms& t) -> std::int64_t {
-       if (t.d == 4) return 0;
-       return 4 * std::max<std::int64_t>(
-                      2, std::min({t.updated(), t.sub_group(), kGradientScratchElements}));
-     },
-     where_update_runs},
+     [](const Terms& t) { return t.has_device_part() ? t.scratch_bytes(t.device_share()) : 0; },
+     on_device},
+    {MemoryCategory::kCommunication,
+     [](const Terms& t) { return t.has_host_part() ? t.scratch_bytes(t.host_share()) : 0; },
+     on_host},
     // fp32 master weights: needed beside 16-bit parameters, and as the copy an offloaded update
-    // runs on; sharded from stage 1.
+    // runs on; sharded from stage 1. The device's share of an fp32 model is the parameters.
+    {MemoryCategory::kMasterWeights,
+     [](const Terms& t) -> std::int64_t { return t.d != 4 ? 4 * t.device_share() : 0; }, on_device},
     {MemoryCategory::kMasterWeights,
      [](const Terms& t) -> std::int64_t {
        if (swaps_optimizer(t.in)) return t.swap_file(1);
-       return t.d != 4 || t.optimizer_offloaded ? t.update_copies() * 4 * t.updated() : 0;
+       return t.update_copies() * 4 * t.host_share();
      },
      where_optimizer_lives},
+    {MemoryCategory::kOptimizerStates, [](const Terms& t) { return 4 * t.k * t.device_share(); },
+     on_device},
     {MemoryCategory::kOptimizerStates,
      [](const Terms& t) {
-       return swaps_optimizer(t.in) ? t.swap_file(t.k) : t.update_copies() * 4 * t.k * t.updated();
+       return swaps_optimizer(t.in) ? t.swap_file(t.k)
+                                    : t.update_copies() * 4 * t.k * t.host_share();
      },
      where_optimizer_lives},
     // Communication slots, at most two (one bucket reducing while the next fills): from stage 2
@@ -274,11 +297,11 @@ constexpr Rule kRules[] = {
     // backend, as the engine allocates them.
     {MemoryCategory::kCommunication,
      [](const Terms& t) -> std::int64_t {
-       if (!t.optimizer_offloaded) return 0;
+       if (!t.has_host_part()) return 0;
        const bool widened = t.stage >= 2 && t.in.fp32_communication && t.d != 4;
        return 2 * detail::host_staging_half_bytes(t.receive * (widened ? 4 : t.d),
                                                   t.in.offload_param == OffloadDevice::kNone,
-                                                  t.updated(), t.in.sub_group_size, t.d);
+                                                  t.host_share(), t.in.sub_group_size, t.d);
      },
      on_host},
     // NVMe optimizer offload: buffer_count pinned records of each swap file (master, states).
@@ -376,10 +399,17 @@ void check_input(const EstimateInput& in) {
   if (in.precision == DType::kFloat64) {
     throw ConfigError("precision", "got fp64, expected fp32, fp16 or bf16 (a model precision)");
   }
+  if (!(in.offload_ratio > 0.0 && in.offload_ratio <= 1.0)) {
+    throw ConfigError("zero_optimization.offload_optimizer.ratio",
+                      "got " + detail::format_number(in.offload_ratio) + ", expected (0, 1]");
+  }
 }
 
 /// DeepSpeed's rules for where offload is allowed; empty when this combination is.
 std::string offload_restriction(const EstimateInput& in) {
+  if (in.offload_ratio < 1.0 && in.offload_optimizer == OffloadDevice::kNvme) {
+    return "offload_optimizer.ratio below 1 needs offload_optimizer device cpu";
+  }
   if (in.offload_optimizer != OffloadDevice::kNone && in.stage == 0) {
     return "offload_optimizer needs ZeRO stage 1, 2 or 3";
   }
@@ -614,6 +644,7 @@ EstimateInput estimate_input_from_config(const Config& config, std::int64_t para
     if (in.optimizer_state_arrays == 0 && flag("momentum")) in.optimizer_state_arrays = 1;
   }
   in.offload_optimizer = zero.offload_optimizer.device;
+  in.offload_ratio = zero.offload_optimizer.ratio;
   in.super_offload = zero.offload_optimizer.super_offload;
   in.offload_param = zero.offload_param.device;
   in.reduce_bucket_size = zero.reduce_bucket_size;

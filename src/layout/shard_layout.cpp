@@ -2,6 +2,7 @@
 #include "layout/shard_layout.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace zeroshard::detail {
 
@@ -48,6 +49,11 @@ std::vector<TensorPiece> ShardLayout::pieces(std::int64_t begin, std::int64_t en
     if (hi > lo) result.push_back({t, lo - offsets_[t], lo, hi - lo});
   }
   return result;
+}
+
+std::int64_t host_share_elements(double ratio, std::int64_t owned) {
+  const auto units = std::llround(ratio * static_cast<double>(owned) / kTensorAlignment);
+  return std::clamp<std::int64_t>(units * kTensorAlignment, 0, owned);
 }
 
 }  // namespace zeroshard::detail

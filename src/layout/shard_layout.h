@@ -13,6 +13,11 @@ namespace zeroshard::detail {
 // offsets depend on it and not on the world size.
 inline constexpr std::int64_t kTensorAlignment = 16;
 
+/// Owned elements, of `owned` in all, that offload_optimizer.ratio puts on the host (its first
+/// ones): the nearest multiple of kTensorAlignment to ratio x owned, so that each part of the
+/// shard starts aligned and the gradient scan's ranges meet at multiples of 16.
+std::int64_t host_share_elements(double ratio, std::int64_t owned);
+
 /// A run of one tensor's elements inside some range of the flat buffer.
 struct TensorPiece {
   int tensor = 0;

@@ -1,5 +1,6 @@
 // zeroshard-estimate: per-rank device, host and NVMe memory a ZeRO configuration needs, for one
 // stage or every stage side by side, without running anything; and the largest model that fits.
+#include <charconv>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
@@ -46,6 +47,7 @@ struct Options {
   std::optional<std::string> optimizer;
   std::optional<OffloadDevice> offload_optimizer;
   std::optional<OffloadDevice> offload_param;
+  std::optional<double> offload_ratio;
   std::optional<std::int64_t> reduce_bucket_size;
   std::optional<std::int64_t> largest_tensor;
   std::optional<std::int64_t> persistent_params;
@@ -78,6 +80,16 @@ OffloadDevice parse_offload(std::string_view text, std::string_view option) {
   if (text == "nvme") return OffloadDevice::kNvme;
   throw UsageError(std::string(option) + ": got \"" + std::string(text) +
                    "\", expected none, cpu or nvme");
+}
+
+double parse_share(std::string_view text, std::string_view option) {
+  double value = 0.0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size() || !(value > 0.0 && value <= 1.0)) {
+    throw UsageError(std::string(option) + ": got " + std::string(text) +
+                     ", expected a share in (0, 1]");
+  }
+  return value;
 }
 
 /// Adds the flags that fill `options`; each rejects a bad value with a message naming it.
@@ -135,6 +147,14 @@ void add_flags(CLI::App& app, Options& options) {
                   offload(options.offload_optimizer, "--offload-optimizer"),
                   "where the optimizer states live")
       ->type_name("none|cpu|nvme");
+  add_read_option(
+      app, "--offload-ratio",
+      [&options](const std::string& text) {
+        options.offload_ratio = parse_share(text, "--offload-ratio");
+      },
+      "share of each rank's optimizer shard offloaded, in (0, 1] (offload_optimizer.ratio; the "
+      "rest stays on the device)")
+      ->type_name("R");
   add_read_option(app, "--offload-param", offload(options.offload_param, "--offload-param"),
                   "where the parameters live (stage 3)")
       ->type_name("none|cpu|nvme");
@@ -197,6 +217,7 @@ EstimateInput make_input(const Options& options, std::vector<std::string>& notic
   }
   if (options.offload_optimizer) in.offload_optimizer = *options.offload_optimizer;
   if (options.offload_param) in.offload_param = *options.offload_param;
+  if (options.offload_ratio) in.offload_ratio = *options.offload_ratio;
   if (options.reduce_bucket_size) in.reduce_bucket_size = *options.reduce_bucket_size;
   if (options.largest_tensor) in.largest_tensor = *options.largest_tensor;
   if (options.persistent_params) in.persistent_params = *options.persistent_params;
@@ -277,6 +298,9 @@ void print_header(const EstimateInput& in) {
             << "  precision: " << precision_description(in.precision) << "\n"
             << "  optimizer: " << in.optimizer
             << ", offload_optimizer: " << zeroshard::to_string(in.offload_optimizer)
+            << (in.offload_optimizer != OffloadDevice::kNone && in.offload_ratio < 1.0
+                    ? " (ratio " + (std::ostringstream() << in.offload_ratio).str() + ")"
+                    : std::string())
             << ", offload_param: " << zeroshard::to_string(in.offload_param) << "\n"
             << "  reduce_bucket_size: " << in.reduce_bucket_size << " elements, largest tensor: "
             << (in.largest_tensor > 0 ? std::to_string(in.largest_tensor) + " elements"

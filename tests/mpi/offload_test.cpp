@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "engine/engine_internals.h"
-#include "engine/optimizer_shard.h"  // host_share_elements
+#include "layout/shard_layout.h"  // host_share_elements
 #include "mpi/toy_model.h"
 #include "zeroshard/log.h"
 
@@ -201,6 +201,30 @@ TEST(OffloadMemory, EachShareOfAPartialOffloadIsCountedWhereItLives) {
       EXPECT_EQ(report.at(MemoryCategory::kOptimizerStates, device).current, 8 * device_share);
     }
     EXPECT_EQ(detail::EngineInternals::state(engine).optimizer().host_elements(), host_share);
+    // The estimator places each share alike.
+    EstimateInput in = estimate_input_from_config(config, 0, engine.world_size());
+    for (const ToyTensor& t : tensors) {
+      if (t.trainable) in.tensors.push_back(t.numel);
+    }
+    const MemoryEstimate estimated = estimate(in);
+    const auto both_tiers = [&](MemoryCategory category) {
+      return estimated.at(category, MemoryTier::kHost) +
+             estimated.at(category, MemoryTier::kDevice);
+    };
+    EXPECT_EQ(estimated.at(MemoryCategory::kMasterWeights, MemoryTier::kHost), 4 * host_share);
+    EXPECT_EQ(estimated.at(MemoryCategory::kMasterWeights, MemoryTier::kDevice), 4 * device_share);
+    EXPECT_EQ(estimated.at(MemoryCategory::kOptimizerStates, MemoryTier::kHost), 8 * host_share);
+    EXPECT_EQ(estimated.at(MemoryCategory::kOptimizerStates, MemoryTier::kDevice),
+              8 * device_share);
+    EXPECT_EQ(estimated.at(MemoryCategory::kGradients, MemoryTier::kHost), 2 * host_share);
+    EXPECT_EQ(estimated.at(MemoryCategory::kGradients, MemoryTier::kDevice), 2 * device_share);
+    if (device == host) {
+      for (MemoryCategory category :
+           {MemoryCategory::kMasterWeights, MemoryCategory::kOptimizerStates,
+            MemoryCategory::kGradients}) {
+        EXPECT_EQ(both_tiers(category), report.at(category, host).current) << to_string(category);
+      }
+    }
   }
 }
 

@@ -265,7 +265,8 @@ class CudaBackend final : public detail::ComputeBackend {
     ZEROSHARD_CUDA_CHECK(cudaStreamSynchronize(stream_));
     const auto* host_sum = scalars_.as<double>();
     scan.device_sum += *host_sum;
-    scan.device_nonfinite = scan.device_nonfinite || *reinterpret_cast<const int*>(host_sum + 1) != 0;
+    scan.device_nonfinite =
+        scan.device_nonfinite || *reinterpret_cast<const int*>(host_sum + 1) != 0;
   }
 
   void apply_rule(const ShardSlice& slice, const detail::FusedStepIo& io,
