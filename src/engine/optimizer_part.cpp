@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
+#include <mutex>
 #include <utility>
 
 #include "kernels/cpu/cpu_optimizer.h"
@@ -38,6 +40,7 @@ OptimizerPart::OptimizerPart(const EngineContext& context, const UpdateRule& rul
   if (placement == PartPlacement::kHost) {
     const CpuTeam team = cpu_team_for_share(offload.cpuadam_cores_perc);
     host_team = team.size;
+    host_team_ = std::max(1, team.size);
     host_backend_ = make_cpu_backend(rule_, host_team);
     update_backend_ = host_backend_.get();
     tier = offload.pin_memory ? Tier::kPinnedHost : Tier::kPageableHost;
@@ -100,9 +103,13 @@ OptimizerPart::OptimizerPart(const EngineContext& context, const UpdateRule& rul
       next_arrays_.push_back(
           context_.allocate(tier, MemoryCategory::kOptimizerStates, owned * sizeof(float)));
     }
+    // What the overlapped update rounds into the parameters' type, for step() to copy in whole.
+    overlap_params_ = context_.allocate(tier, MemoryCategory::kParameters,
+                                        static_cast<std::size_t>(owned) * context_.dsize);
+    overlap_copy_done_ = context_.backend.make_copy_event();
+    parallel_overlap_ = dynamic_cast<const BuiltinRule*>(&rule_) != nullptr;
     update_thread_ = std::make_unique<WorkThread>();
   }
-  state_pointers_.resize(static_cast<std::size_t>(rule_.state_count()));
   array_pointers_.resize(static_cast<std::size_t>(rule_.state_count()) + 1);
   if (context_.dtype != DType::kFloat32) {
     // A backend whose rule cannot read 16-bit gradients widens them here one chunk at a time,
@@ -116,8 +123,10 @@ OptimizerPart::OptimizerPart(const EngineContext& context, const UpdateRule& rul
 }
 
 OptimizerPart::~OptimizerPart() {
-  // The update thread writes next_arrays_, which the members' order would free before it.
+  // The update thread writes next_arrays_, which the members' order would free before it, and
+  // the last kept update's copy may still read overlap_params_.
   update_thread_.reset();
+  if (overlap_copy_done_) overlap_copy_done_->wait();
 }
 
 // Offloaded, the parameters in the device tier are written through staging on either backend (on
@@ -460,14 +469,13 @@ void OptimizerPart::update_sub_group(std::int64_t begin, std::int64_t end, int p
                                      const GroupContexts& contexts, std::span<float* const> arrays,
                                      bool writes_params) {
   const ParamInfo& p = context_.params[param];
-  for (std::size_t s = 0; s < state_pointers_.size(); ++s) state_pointers_[s] = arrays[s + 1];
   ShardSlice slice;
   slice.param_name = p.name;
   slice.param_numel = p.numel;
   slice.offset_in_param = offset_in_param;
   slice.size = end - begin;
   slice.param = arrays[0];
-  slice.states = state_pointers_;
+  slice.states = arrays.subspan(1);
   const GradView view = gradients();
   FusedStepIo io;
   io.grad = view.base + (begin - view.first) * size_of(view.dtype);
@@ -477,9 +485,12 @@ void OptimizerPart::update_sub_group(std::int64_t begin, std::int64_t end, int p
   if (clears_whole_gradients()) io.grad_to_clear = full_grads_ + begin * context_.dsize;
   // Write back: straight into the parameters when the update can reach them; offloaded, through
   // a staging half whose copy to the device runs while the next tile is updated.
-  // The overlapped update leaves the parameters alone: step() rounds them from the kept master.
+  // The overlapped update leaves the parameters alone, which backward still reads: it writes
+  // its copy aside, for step() to copy in at once if it keeps the update.
   const bool staged = writes_params && writes_back_through_staging();
-  if (staged) {
+  if (!writes_params) {
+    io.param_copy = overlap_params_.as<char>() + (begin - owned_begin_) * context_.dsize;
+  } else if (staged) {
     io.param_copy = staging_->acquire();
   } else if (writes_params && params_.swaps()) {
     // Straight into the parameter file's cached tile: update_swapped() ends chunks at tiles.
@@ -487,7 +498,10 @@ void OptimizerPart::update_sub_group(std::int64_t begin, std::int64_t end, int p
   } else if (writes_params && !master_aliases_params_ && !rounds_params_from_master()) {
     io.param_copy = params_.owned_at(begin);
   }
-  const std::span<float> scratch(scratch_.as<float>(), scratch_.bytes() / sizeof(float));
+  // The overlapped update's chunks run on a team at once: each widens in a block of its own.
+  const std::span<float> scratch =
+      writes_params ? std::span<float>(scratch_.as<float>(), scratch_.bytes() / sizeof(float))
+                    : std::span<float>();
   update_backend_->apply_rule(slice, io, contexts[p.group], scratch);
   if (staged) {
     staging_->to_device(params_.owned_at(begin),
@@ -502,6 +516,9 @@ namespace {
 // Elements the overlapped update copies and updates at a time: the master and two states of it
 // and of their copies take 384 KiB, so the rule reads what the copy just wrote from L2.
 constexpr std::int64_t kOverlapChunkElements = std::int64_t{1} << 14;
+// From this many elements a landed part is updated by the host team, as the rules' own threading
+// threshold (kernels/cpu) starts there.
+constexpr std::int64_t kOverlapTeamFrom = std::int64_t{1} << 20;
 
 bool same_contexts(const GroupContexts& a, const GroupContexts& b) {
   return std::equal(a.begin(), a.end(), b.begin(), b.end(),
@@ -515,6 +532,7 @@ bool same_contexts(const GroupContexts& a, const GroupContexts& b) {
 
 void OptimizerPart::begin_overlapped_update(float grad_factor, GroupContexts contexts) {
   drop_overlapped_update();
+  overlap_copy_done_->wait();  // the last kept update's copy still reads overlap_params_
   overlap_.begun = true;
   overlap_.grad_factor = grad_factor;
   overlap_.contexts = std::move(contexts);
@@ -529,23 +547,56 @@ void OptimizerPart::queue_overlapped(std::int64_t lo, std::int64_t hi) {
 }
 
 void OptimizerPart::update_overlapped(std::int64_t lo, std::int64_t hi) {
-  std::vector<float*> arrays(next_arrays_.size());
+  struct Chunk {
+    std::int64_t begin;
+    std::int64_t end;
+    const Run* run;
+  };
+  std::vector<Chunk> chunks;
+  std::int64_t elements = 0;
   const auto first_run = std::partition_point(overlap_.runs.begin(), overlap_.runs.end(),
                                               [lo](const Run& run) { return run.end <= lo; });
   for (auto run = first_run; run != overlap_.runs.end() && run->begin < hi; ++run) {
     const std::int64_t last = std::min(run->end, hi);
-    for (std::int64_t begin = std::max(run->begin, lo), end = begin; begin < last; begin = end) {
-      end = std::min(last, begin + kOverlapChunkElements);
-      for (std::size_t a = 0; a < arrays.size(); ++a) {
-        arrays[a] = next_arrays_[a].as<float>() + (begin - owned_begin_);
-        std::memcpy(arrays[a], array_at(static_cast<int>(a), begin),
-                    static_cast<std::size_t>(end - begin) * sizeof(float));
-      }
-      update_sub_group(begin, end, run->first_param, run->offset_in_param + (begin - run->begin),
-                       overlap_.grad_factor, overlap_.contexts, arrays, false);
-      overlap_.updated += end - begin;
+    for (std::int64_t begin = std::max(run->begin, lo); begin < last;
+         begin += kOverlapChunkElements) {
+      chunks.push_back({begin, std::min(last, begin + kOverlapChunkElements), &*run});
+      elements += chunks.back().end - begin;
     }
   }
+  const auto update_chunk = [this](const Chunk& chunk) {
+    std::vector<float*> arrays(next_arrays_.size());
+    for (std::size_t a = 0; a < arrays.size(); ++a) {
+      arrays[a] = next_arrays_[a].as<float>() + (chunk.begin - owned_begin_);
+      std::memcpy(arrays[a], array_at(static_cast<int>(a), chunk.begin),
+                  static_cast<std::size_t>(chunk.end - chunk.begin) * sizeof(float));
+    }
+    update_sub_group(chunk.begin, chunk.end, chunk.run->first_param,
+                     chunk.run->offset_in_param + (chunk.begin - chunk.run->begin),
+                     overlap_.grad_factor, overlap_.contexts, arrays, false);
+  };
+  // Chunks write disjoint elements, so the team may take them in any order without changing a
+  // bit. A user's rule may keep state of its own and stays on this thread, as do parts too small
+  // to pay for waking the team.
+  const int team = elements >= kOverlapTeamFrom && parallel_overlap_ ? host_team_ : 1;
+  if (team == 1) {
+    for (const Chunk& chunk : chunks) update_chunk(chunk);
+  } else {
+    std::exception_ptr failure;
+    std::mutex failure_mutex;
+    const auto count = static_cast<std::int64_t>(chunks.size());
+#pragma omp parallel for schedule(static) num_threads(team)
+    for (std::int64_t c = 0; c < count; ++c) {
+      try {
+        update_chunk(chunks[static_cast<std::size_t>(c)]);
+      } catch (...) {
+        const std::lock_guard lock(failure_mutex);
+        if (!failure) failure = std::current_exception();
+      }
+    }
+    if (failure) std::rethrow_exception(failure);
+  }
+  overlap_.updated += elements;
 }
 
 void OptimizerPart::finish_overlapped_update() {
@@ -577,7 +628,17 @@ bool OptimizerPart::keep_overlapped_update(float grad_factor, const GroupContext
   if (!keep) return false;
   std::swap(master_, next_arrays_[0]);
   for (std::size_t s = 0; s < states_.size(); ++s) std::swap(states_[s], next_arrays_[s + 1]);
-  refresh_params(owned_begin_, owned_end());
+  const std::int64_t count = owned_end_ - owned_begin_;
+  if (count == 0) return true;
+  if (params_.owned_location() == context_.backend.memory().location()) {
+    // One copy on the copy stream; the compute stream's next work (the gathers) waits for it.
+    context_.backend.copy_from_host_async(params_.owned_at(owned_begin_), overlap_params_.data(),
+                                          static_cast<std::size_t>(count) * context_.dsize,
+                                          *overlap_copy_done_);
+    overlap_copy_done_->order_compute_after();
+  } else {
+    params_.write_owned(owned_begin_, overlap_params_.data(), overlap_params_.location(), count);
+  }
   return true;
 }
 

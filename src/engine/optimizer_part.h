@@ -150,8 +150,8 @@ class OptimizerPart final {
   MemoryLocation array_location(int array) const;
   /// One sub-group: elements [begin, end) of a run that starts at parameter `param`'s piece;
   /// `arrays` point at element `begin` of the master (first) and of each state.
-  /// `writes_params`: the updated values are also rounded into the parameters (not during
-  /// backward, which still reads them).
+  /// `writes_params`: the updated values are also rounded into the parameters; otherwise (the
+  /// overlapped update, during backward, which still reads them) into overlap_params_.
   void update_sub_group(std::int64_t begin, std::int64_t end, int param,
                         std::int64_t offset_in_param, float grad_factor,
                         const GroupContexts& contexts, std::span<float* const> arrays,
@@ -160,7 +160,8 @@ class OptimizerPart final {
   /// when an overlapped update has begun.
   void queue_overlapped(std::int64_t lo, std::int64_t hi);
   /// On the update thread: copies the master and states of the owned elements of [lo, hi) into
-  /// the second set and updates them there, a cache-sized chunk at a time.
+  /// the second set and updates them there, a cache-sized chunk at a time, over the host's team
+  /// when the part is large; the parameters' copy goes to overlap_params_.
   void update_overlapped(std::int64_t lo, std::int64_t hi);
   /// Lands what is in flight of the overlapped update, queues no more of it, and waits for the
   /// update thread; rethrows its error.
@@ -205,7 +206,6 @@ class OptimizerPart final {
   /// Offloaded: pinned host memory where reduced gradients arrive and updated 16-bit parameters
   /// leave, each half on the copy stream while the host works on the other.
   std::unique_ptr<HostStaging> staging_;
-  std::vector<float*> state_pointers_;
   std::vector<float*> array_pointers_;
   /// offload_optimizer.device nvme: master (array 0) and states (1 + k) in swap files.
   std::unique_ptr<SwappedArrays> swapped_;
@@ -216,6 +216,14 @@ class OptimizerPart final {
   /// super_offload: the update thread, and the master (0) and states (1 + k) it writes.
   std::unique_ptr<WorkThread> update_thread_;
   std::vector<TrackedBuffer> next_arrays_;
+  /// The overlapped update's parameters in the model's type; step() copies them in when it keeps
+  /// the update, which overlap_copy_done_ marks the end of.
+  TrackedBuffer overlap_params_;
+  std::unique_ptr<CopyEvent> overlap_copy_done_;
+  /// Threads of the host's team (offload_optimizer.cpuadam_cores_perc), and whether the overlapped
+  /// update may run its chunks on them (the built-in rules, which keep no state of their own).
+  int host_team_ = 1;
+  bool parallel_overlap_ = false;
   struct Overlap {
     bool begun = false;     ///< parts landing now are queued to the update thread
     bool finished = false;  ///< the update thread is done with them, keep or drop

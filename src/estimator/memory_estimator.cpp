@@ -239,6 +239,13 @@ constexpr Rule kRules[] = {
        return detail::quantized_units(t.in.frozen_params, detail::QuantBits::kInt8) * 4;
      },
      on_device},
+    // super_offload: the host's share of the parameters, as the update during backward rounds
+    // them, copied in when the step keeps that update.
+    {MemoryCategory::kParameters,
+     [](const Terms& t) -> std::int64_t {
+       return t.update_copies() == 2 && t.has_host_part() ? t.d * t.host_share() : 0;
+     },
+     on_host},
     // Gradients: whole below stage 2 (model precision); from stage 2 the reduced shard's device
     // share. The host's share lives beside the offloaded update (at stage 1 too, beside the whole
     // gradients).

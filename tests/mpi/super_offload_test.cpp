@@ -4,10 +4,13 @@
 // the overlapped update, clip and redo it, or overflow and skip it. Its second master and states
 // are in the memory report and the estimate; the key is refused where it cannot act.
 #include <gtest/gtest.h>
+#include <omp.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "mpi/toy_model.h"
@@ -42,10 +45,10 @@ struct Trained {
   int overlapped = 0;
 };
 
-Trained train(Config config, int rule, int steps = 12) {
+Trained train(Config config, int rule, int steps = 12,
+              const std::vector<ToyTensor>& tensors = uneven_toy_tensors()) {
   Engine engine = make_engine(std::move(config), rule_cases()[rule].make());
   const int slow_group = add_slow_group(engine);
-  const auto tensors = uneven_toy_tensors();
   const auto handles = register_toy(engine, tensors, slow_group);
   Trained result;
   for (int step = 0; step < steps; ++step) {
@@ -161,6 +164,40 @@ TEST(SuperOffload, PartialOffloadTrainsBitForBit) {
   }
 }
 
+// Parts of a million elements or more are updated by the host's team, two threads here (set
+// through OMP_NUM_THREADS, which sizes the team): still bit for bit as the update after backward.
+TEST(SuperOffload, LargePartsRunOnTheHostTeamBitForBit) {
+  // The team's threads on top of 3 or 4 ranks would oversubscribe a 2-core machine for a minute;
+  // the split of the work is the same at every world size.
+  if (make_engine(toy_config(1), make_adamw()).world_size() > 2) {
+    GTEST_SKIP() << "runs on 1 and 2 ranks";
+  }
+  const char* saved = std::getenv("OMP_NUM_THREADS");
+  const std::string saved_value = saved != nullptr ? saved : "";
+  setenv("OMP_NUM_THREADS", "2", 1);
+  const int saved_threads = omp_get_max_threads();
+  omp_set_num_threads(2);
+  // At 4 ranks each still owns 1.25M elements of the large tensor.
+  const std::vector<ToyTensor> tensors = {{"a.weight", std::int64_t{5} << 20}, {"b.bias", 5}};
+  for (const auto& [stage, dtype] : {std::pair{1, DType::kFloat32}, {3, DType::kBFloat16}}) {
+    SCOPED_TRACE("stage " + std::to_string(stage) + ", " + to_string(dtype));
+    Config sequential = case_config(stage, dtype, Clip::kNever);
+    sequential.zero_optimization.reduce_bucket_size = std::int64_t{1} << 23;
+    Config overlapped = sequential;
+    overlapped.zero_optimization.offload_optimizer.super_offload = true;
+    const Trained expected = train(sequential, 0, 4, tensors);
+    const Trained actual = train(overlapped, 0, 4, tensors);
+    expect_same_training(actual, expected);
+    EXPECT_EQ(actual.overlapped, actual.updates);
+  }
+  omp_set_num_threads(saved_threads);
+  if (saved != nullptr) {
+    setenv("OMP_NUM_THREADS", saved_value.c_str(), 1);
+  } else {
+    unsetenv("OMP_NUM_THREADS");
+  }
+}
+
 // With the parameter shard in host memory too (stage 3), the kept update rounds it there.
 TEST(SuperOffload, ParametersOffloadedTooTrainBitForBit) {
   for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
@@ -253,6 +290,10 @@ TEST(SuperOffload, SecondMasterAndStatesAreCountedAndEstimated) {
       EXPECT_EQ(estimated(config, category, world), per_set);
       EXPECT_EQ(estimated(overlapped, category, world), 2 * per_set);
     }
+    // The parameters' copy the overlapped update writes, 2 bytes per owned bf16 element.
+    const MemoryCategory params = MemoryCategory::kParameters;
+    EXPECT_EQ(host_bytes(overlapped, params) - host_bytes(config, params), 2 * shard);
+    EXPECT_EQ(estimated(overlapped, params, world) - estimated(config, params, world), 2 * shard);
   }
 }
 
