@@ -230,9 +230,9 @@ estimate, config, gpu_mib, host_mib, forced = sys.argv[1:6]
 width, inputs, classes = 8192, 1024, 16
 def params(layers):
     return inputs * width + width + (layers - 2) * (width * width + width) + width * classes + classes
-def figures(p):
+def figures(p, ratio=1.0):
     text = subprocess.run([estimate, "--config", config, "--params", str(p), "--json",
-                           "--largest-tensor", str(width * width)],
+                           "--largest-tensor", str(width * width), "--offload-ratio", str(ratio)],
                           check=True, capture_output=True, text=True).stdout
     e = json.loads(text)[0]
     return e["device"]["peak"], e["host"]["total"]
@@ -247,23 +247,38 @@ else:
             break
         layers += 1
 device, host_bytes = figures(params(layers))
-print(layers, params(layers), device, host_bytes, width, inputs, classes)
+# Partial offload: the smallest host share (in steps of 0.05) whose estimate still fits 85% of
+# the GPU, the rest of the optimizer updated there.
+ratio = 1.0
+for step in range(1, 20):
+    if figures(params(layers), step / 20)[0] <= 0.85 * gpu:
+        ratio = step / 20
+        break
+partial_device, partial_host = figures(params(layers), ratio)
+print(layers, params(layers), device, host_bytes, width, inputs, classes, ratio, partial_device,
+      partial_host)
 EOF
   )
-  read -r layers offload_params estimate_device estimate_host width inputs classes <<<"$sizing"
+  read -r layers offload_params estimate_device estimate_host width inputs classes ratio \
+    partial_device partial_host <<<"$sizing"
   if [[ -z "${layers:-}" ]]; then
     echo "not run: the estimator gave no size (see above)" >>"$report"
     failed=1
   else
-    for variant in after during; do
-      config="$offload_config"
-      if [[ "$variant" == during ]]; then
-        config="$out/offload-config-super.json"
-        sed 's/"pin_memory": true}/"pin_memory": true, "super_offload": true}/' \
-          "$offload_config" >"$config"
+    # after/during: the whole optimizer on the host, updated after backward or during it
+    # (super_offload); partial-*: the same with offload_optimizer.ratio, the rest on the GPU.
+    for variant in after during partial-after partial-during; do
+      config="$out/offload-config-$variant.json"
+      keys='"pin_memory": true'
+      [[ $variant == *during ]] && keys+=', "super_offload": true'
+      [[ $variant == partial-* ]] && keys+=", \"ratio\": $ratio"
+      sed "s/\"pin_memory\": true}/$keys}/" "$offload_config" >"$config"
+      if [[ $variant == partial-* && $ratio == 1.0 ]]; then
+        continue  # the GPU holds no more than the whole-offload runs already put there
       fi
-      printf '\n### The update %s backward%s\n\n' "$variant" \
-        "$([[ $variant == during ]] && echo ' (super_offload)')" >>"$report"
+      printf '\n### The update %s backward%s%s\n\n' "${variant#partial-}" \
+        "$([[ $variant == *during ]] && echo ' (super_offload)')" \
+        "$([[ $variant == partial-* ]] && echo ", offload_optimizer.ratio $ratio")" >>"$report"
       fits $((offload_limit + 10)) || continue
       run_start=$(date +%s)
       logged "offload-$variant.log" timeout "$offload_limit" \
@@ -271,7 +286,9 @@ EOF
         --device cuda --steps "$steps" --layers "$layers" --width "$width" --inputs "$inputs" \
         --classes "$classes" --report-json "$out/offload-report-$variant.json" || failed=1
       python3 - "$out/offload-$variant.log" "$out/offload-report-$variant.json" \
-        "$offload_params" "$estimate_device" "$estimate_host" "$(($(date +%s) - run_start))" \
+        "$offload_params" "$([[ $variant == partial-* ]] && echo "$partial_device" || echo "$estimate_device")" \
+        "$([[ $variant == partial-* ]] && echo "$partial_host" || echo "$estimate_host")" \
+        "$(($(date +%s) - run_start))" \
         "$layers" "$width" >>"$report" <<'EOF'
 import json, os, re, sys
 log, report_path, params, est_device, est_host, seconds, layers, width = sys.argv[1:9]
