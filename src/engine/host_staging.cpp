@@ -50,8 +50,13 @@ void HostStaging::to_device(void* destination, std::size_t bytes) {
 }
 
 void HostStaging::to_host(const void* source, std::size_t bytes, std::function<void()> land) {
+  to_host(source, halves_[current_].buffer.data(), bytes, std::move(land));
+}
+
+void HostStaging::to_host(const void* source, void* destination, std::size_t bytes,
+                          std::function<void()> land) {
   Half& half = halves_[current_];
-  backend_.copy_to_host_async(half.buffer.data(), source, bytes, *half.done);
+  backend_.copy_to_host_async(destination, source, bytes, *half.done);
   half.land = std::move(land);
 }
 

@@ -31,6 +31,10 @@ class HostStaging {
   /// Copies `bytes` of `source` (device memory) into the acquired half; `land` reads them there
   /// once they have arrived, at the latest when the half is acquired again or at land_all().
   void to_host(const void* source, std::size_t bytes, std::function<void()> land);
+  /// The same into `destination` (host memory, pinned for an asynchronous copy) instead of the
+  /// half, whose turn it takes: what the copy writes is there once `land` could run.
+  void to_host(const void* source, void* destination, std::size_t bytes,
+               std::function<void()> land);
   /// Waits for every copy in flight and lands what they brought, oldest first.
   void land_all();
   /// Lands what the copies that have already finished brought, oldest first, without waiting.

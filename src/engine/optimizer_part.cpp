@@ -203,10 +203,18 @@ void OptimizerPart::accept_reduced(std::int64_t lo, std::int64_t hi, const void*
     return;
   }
   // Offloaded: the bucket travels to the host on the copy stream while backward goes on, and
-  // lands in the shard once it has arrived (when its half is needed again, or at the step).
+  // lands in the shard once it has arrived (when its half is needed again, or at the step). A
+  // part that replaces what is there in the shard's own type is copied straight into the shard,
+  // with no second pass over it on the host.
   const char* host = staging_->acquire();
-  staging_->to_host(data, static_cast<std::size_t>(count) * size_of(dtype),
-                    [land, host] { land(host); });
+  const auto bytes = static_cast<std::size_t>(count) * size_of(dtype);
+  if (replace_ && dtype == grad_shard_dtype_) {
+    std::function<void()> queue;
+    if (overlap_.begun) queue = [this, lo, hi] { queue_overlapped(lo, hi); };
+    staging_->to_host(data, destination, bytes, std::move(queue));
+  } else {
+    staging_->to_host(data, bytes, [land, host] { land(host); });
+  }
   // The overlapped update takes a part as soon as it has landed: the CPU backend's copies have
   // finished already, a GPU's may have.
   if (overlap_.begun) staging_->land_finished();
