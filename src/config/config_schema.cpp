@@ -105,7 +105,8 @@ std::vector<KeySpec> make_key_specs() {
        .default_json = "null",
        .meaning = "Element type gradients are accumulated in, with offload_optimizer as without; "
                   "null = the parameters' type (DeepSpeed's default under ZeRO); fp32 with 16-bit "
-                  "parameters needs stage 2 or 3.",
+                  "parameters is an fp32 gradient shard at stages 2-3, an fp32 accumulator of the "
+                  "whole gradients at stages 0-1.",
        .field = ZEROSHARD_CONFIG_FIELD(grad_accum_dtype),
        .choices = "fp16|bf16|fp32",
        .fold_case = true},

@@ -223,7 +223,8 @@ void OptimizerShard::zero_gradients() {
 
 OptimizerShard::GradView OptimizerShard::gradients() const {
   if (!grad_shard_.empty()) return {grad_shard_.as<char>(), owned_begin_, grad_shard_dtype_};
-  return {full_grads_, 0, context_.dtype};
+  // The whole gradients are in the type they accumulate in.
+  return {full_grads_, 0, grad_shard_dtype_};
 }
 
 GradientScan OptimizerShard::scan(std::int64_t lo, std::int64_t hi) {
@@ -472,7 +473,7 @@ void OptimizerShard::update_sub_group(std::int64_t begin, std::int64_t end, int 
   io.grad_dtype = view.dtype;
   io.grad_factor = grad_factor;
   io.param_copy_dtype = context_.dtype;
-  if (clears_whole_gradients()) io.grad_to_clear = full_grads_ + begin * context_.dsize;
+  if (clears_whole_gradients()) io.grad_to_clear = full_grads_ + begin * size_of(view.dtype);
   // Write back: straight into the parameters when the update can reach them; offloaded, through
   // a staging half whose copy to the device runs while the next tile is updated.
   // The overlapped update leaves the parameters alone: step() rounds them from the kept master.

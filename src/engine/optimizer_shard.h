@@ -23,8 +23,8 @@ using GroupContexts = std::vector<StepContext>;
 class OptimizerShard final : public ReducedGradientSink {
  public:
   /// `full_grads` is the bucketer's whole gradient buffer (null when the model writes slots);
-  /// `grad_shard_dtype` is the type the gradient shard accumulates in, offloaded or not
-  /// (data_types.grad_accum_dtype), so that offload never changes the sums.
+  /// `grad_shard_dtype` is the type the gradient shard and the whole gradients accumulate in,
+  /// offloaded or not (data_types.grad_accum_dtype), so that offload never changes the sums.
   OptimizerShard(const EngineContext& context, const UpdateRule& rule, ParamCoordinator& params,
                  char* full_grads, DType grad_shard_dtype);
   /// Joins the update thread before the arrays it writes are freed.

@@ -110,15 +110,18 @@ struct Terms {
   std::int64_t elements(int sharded_from) const { return stage >= sharded_from ? shard : padded; }
   /// Elements of the flat buffer this rank updates: all of it at stage 0, its shard otherwise.
   std::int64_t updated() const { return elements(1); }
-  /// The reduced gradient shard, in the type gradients accumulate in wherever it lives: fp32 under
-  /// grad_accum_dtype fp32 (stages 2-3 only), the model's type otherwise.
   /// Sets of master and states: two with super_offload, whose update during backward writes the
   /// second while the first stays as it was until the step keeps or drops it.
   std::int64_t update_copies() const {
     return in.super_offload && in.offload_optimizer == OffloadDevice::kCpu ? 2 : 1;
   }
-  std::int64_t grad_shard_bytes() const {
-    return (stage >= 2 && in.fp32_grad_accumulation ? 4 : d) * shard;
+  /// The reduced gradient shard, in the type gradients accumulate in wherever it lives: fp32 under
+  /// grad_accum_dtype fp32, the model's type otherwise.
+  std::int64_t grad_shard_bytes() const { return (in.fp32_grad_accumulation ? 4 : d) * shard; }
+  /// Stages 0-1 with 16-bit gradients and grad_accum_dtype fp32: an fp32 accumulator of the whole
+  /// gradients beside the buffer the model writes, reduced as it is (DeepSpeed's BF16_Optimizer).
+  bool accumulates_whole_in_fp32() const {
+    return stage < 2 && in.fp32_grad_accumulation && d != 4;
   }
   /// offload_optimizer nvme: one record of a swap file whose slots hold `arrays` fp32 tiles of
   /// one sub-group each (the master's file has 1, the states' file k).
@@ -221,11 +224,12 @@ constexpr Rule kRules[] = {
        return detail::quantized_units(t.in.frozen_params, detail::QuantBits::kInt8) * 4;
      },
      on_device},
-    // Gradients: whole below stage 2 (model precision); from stage 2 the reduced shard, which
-    // with an offloaded update lives beside it (at stage 1 too, beside the whole gradients).
+    // Gradients: whole below stage 2 (model precision, and their fp32 accumulator); from stage 2
+    // the reduced shard, which with an offloaded update lives beside it (at stage 1 too, beside
+    // the whole gradients).
     {MemoryCategory::kGradients,
      [](const Terms& t) -> std::int64_t {
-       if (t.stage < 2) return t.d * t.padded;
+       if (t.stage < 2) return (t.d + (t.accumulates_whole_in_fp32() ? 4 : 0)) * t.padded;
        return t.optimizer_offloaded ? 0 : t.grad_shard_bytes();
      },
      on_device},
@@ -262,20 +266,22 @@ constexpr Rule kRules[] = {
      [](const Terms& t) -> std::int64_t {
        const std::int64_t input = t.stage >= 2 ? t.bucket : 0;
        // communication_data_type fp32 with 16-bit gradients: an fp32 send area for the whole
-       // bucket.
-       const bool widened = t.in.fp32_communication && t.d != 4;
+       // bucket, unless they are summed in fp32 already.
+       const bool widened = t.in.fp32_communication && t.d != 4 && !t.accumulates_whole_in_fp32();
        const std::int64_t send = widened ? t.bucket : 0;
        return 2 * (t.d * input + 4 * send);
      },
      on_device},
     // Offloaded update: two pinned staging halves, each a reduced bucket's share arriving (in the
-    // type it is reduced in from stage 2, in the model's below) or a tile of updated parameters
+    // type it is reduced in from stage 2, in the one it accumulates in below) or a tile of updated
+    // parameters
     // leaving for the device (not with offload_param, which keeps them on the host); on either
     // backend, as the engine allocates them.
     {MemoryCategory::kCommunication,
      [](const Terms& t) -> std::int64_t {
        if (!t.optimizer_offloaded) return 0;
-       const bool widened = t.stage >= 2 && t.in.fp32_communication && t.d != 4;
+       const bool widened =
+           (t.stage >= 2 && t.in.fp32_communication && t.d != 4) || t.accumulates_whole_in_fp32();
        return 2 * detail::host_staging_half_bytes(t.receive * (widened ? 4 : t.d),
                                                   t.in.offload_param == OffloadDevice::kNone,
                                                   t.updated(), t.in.sub_group_size, t.d);
