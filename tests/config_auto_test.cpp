@@ -125,8 +125,6 @@ TEST_F(HfZero3File, EachMissingOverrideIsNamed) {
       {[](ConfigOverrides& o) { o.warmup_steps.reset(); }, "scheduler.params.warmup_num_steps",
        "--warmup-steps"},
       {[](ConfigOverrides& o) { o.bf16.reset(); }, "bf16.enabled", "--bf16"},
-      {[](ConfigOverrides& o) { o.hidden_size.reset(); }, "zero_optimization.reduce_bucket_size",
-       "--hidden-size"},
   };
   for (const Case& c : cases) {
     ConfigOverrides overrides = trainer_overrides();
@@ -212,9 +210,8 @@ TEST(AutoValues, OffloadParamBufferSizeAutoIsDeepSpeedsDefault) {
 }
 
 TEST(AutoValues, AKeyNoOverrideFillsIsAnError) {
-  ConfigError error =
-      error_of(R"({"train_batch_size": 8, "zero_optimization": {"stage": "auto"}})", {});
-  EXPECT_EQ(error.key_path(), "zero_optimization.stage");
+  ConfigError error = error_of(R"({"train_batch_size": 8, "steps_per_print": "auto"})", {});
+  EXPECT_EQ(error.key_path(), "steps_per_print");
   EXPECT_THAT(error.what(), HasSubstr("no override fills this key"));
   ConfigError param = error_of(
       R"({"train_batch_size": 8, "optimizer": {"type": "SGD", "params": {"momentum": "auto"}}})",
@@ -226,6 +223,92 @@ TEST(AutoValues, WarmupMinLrIsZeroAsTheTrainerFillsIt) {
   const Config config = Config::from_json_string(R"({"train_batch_size": 8,
     "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": "auto"}}})");
   EXPECT_EQ(config.scheduler.params.at("warmup_min_lr"), 0.0);
+}
+
+// DeepSpeed reads zero_optimization, fp16, bf16 and the monitors through pydantic models that drop
+// "auto" (DeepSpeedConfigModel), so a key the Trainer does not fill takes DeepSpeed's default
+// there; zeroshard takes it too, with a notice naming the key and the value.
+TEST(AutoValues, KeysTheTrainerDoesNotFillTakeDeepSpeedsDefaultWithANotice) {
+  struct Case {
+    const char* json;  ///< the file, with one "auto"
+    const char* path;
+    const char* default_text;
+    bool (*holds_default)(const Config&);
+  };
+  const Case cases[] = {
+      {R"("zero_optimization": {"stage": 3, "stage3_max_live_parameters": "auto"})",
+       "zero_optimization.stage3_max_live_parameters", "1000000000",
+       [](const Config& c) { return c.zero_optimization.max_live_parameters == 1000000000; }},
+      {R"("zero_optimization": {"stage": 3, "stage3_max_reuse_distance": "auto"})",
+       "zero_optimization.stage3_max_reuse_distance", "1000000000",
+       [](const Config& c) { return c.zero_optimization.max_reuse_distance == 1000000000; }},
+      {R"("zero_optimization": {"stage": 3, "sub_group_size": "auto"})",
+       "zero_optimization.sub_group_size", "1000000000",
+       [](const Config& c) { return c.zero_optimization.sub_group_size == 1000000000; }},
+      {R"("zero_optimization": {"stage": "auto"})", "zero_optimization.stage", "0",
+       [](const Config& c) { return c.zero_optimization.stage == 0; }},
+      {R"("zero_optimization": {"stage": 2, "allgather_bucket_size": "auto"})",
+       "zero_optimization.allgather_bucket_size", "500000000",
+       [](const Config& c) { return c.zero_optimization.allgather_bucket_size == 500000000; }},
+      {R"("zero_optimization": {"stage": 2,
+          "offload_optimizer": {"device": "cpu", "pin_memory": "auto"}})",
+       "zero_optimization.offload_optimizer.pin_memory", "true",
+       [](const Config& c) { return c.zero_optimization.offload_optimizer.pin_memory; }},
+      {R"("fp16": {"enabled": true, "initial_scale_power": "auto"})", "fp16.initial_scale_power",
+       "16", [](const Config& c) { return c.fp16.initial_scale_power == 16; }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.path);
+    const Config config =
+        Config::from_json_string(std::string(R"({"train_batch_size": 8, )") + c.json + "}");
+    EXPECT_TRUE(c.holds_default(config));
+    ASSERT_EQ(config.notices().size(), 1u);
+    EXPECT_THAT(config.notices()[0], HasSubstr(std::string(c.path) +
+                                               ": \"auto\" is DeepSpeed's "
+                                               "default " +
+                                               c.default_text));
+  }
+}
+
+// Without the model's hidden size the Trainer cannot derive the bucket sizes (it raises);
+// DeepSpeed alone takes its defaults, and so does zeroshard, naming the override that would fill
+// them.
+TEST(AutoValues, HiddenSizeBasedSizesWithoutTheHiddenSizeTakeDeepSpeedsDefaults) {
+  const Config config = Config::from_json_string(R"({"train_batch_size": 8,
+    "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto",
+      "stage3_prefetch_bucket_size": "auto", "stage3_param_persistence_threshold": "auto"}})");
+  EXPECT_EQ(config.zero_optimization.reduce_bucket_size, 500000000);
+  EXPECT_EQ(config.zero_optimization.prefetch_bucket_size, 50000000);
+  EXPECT_EQ(config.zero_optimization.param_persistence_threshold, 100000);
+  ASSERT_EQ(config.notices().size(), 3u);
+  EXPECT_THAT(config.notices()[0],
+              HasSubstr("zero_optimization.reduce_bucket_size: \"auto\" is DeepSpeed's default "
+                        "500000000"));
+  EXPECT_THAT(config.notices()[1],
+              HasSubstr("zero_optimization.stage3_prefetch_bucket_size: \"auto\" is DeepSpeed's "
+                        "default 50000000"));
+  EXPECT_THAT(config.notices()[2],
+              HasSubstr("zero_optimization.stage3_param_persistence_threshold: \"auto\" is "
+                        "DeepSpeed's default 100000"));
+  for (const std::string& notice : config.notices()) {
+    EXPECT_THAT(notice, HasSubstr("ConfigOverrides::hidden_size (--hidden-size)"));
+  }
+}
+
+// Outside those sections DeepSpeed keeps "auto" as a string and refuses or misreads it: still a
+// named error here.
+TEST(AutoValues, AutoWhereDeepSpeedTakesNoDefaultStaysAnError) {
+  for (const char* json :
+       {R"("steps_per_print": "auto")",
+        R"("activation_checkpointing": {"partition_activations": "auto"})",
+        R"("data_types": {"grad_accum_dtype": "auto"})", R"("aio": {"block_size": "auto"})"}) {
+    SCOPED_TRACE(json);
+    ConfigError error =
+        error_of(std::string(R"({"train_batch_size": 8, )") + json + "}", ConfigOverrides{});
+    EXPECT_THAT(error.what(), HasSubstr("DeepSpeed's parser takes no default for \"auto\" here"));
+  }
+  EXPECT_EQ(error_of(R"({"train_batch_size": 8, "aio": {"block_size": "auto"}})", {}).key_path(),
+            "aio.block_size");
 }
 
 }  // namespace

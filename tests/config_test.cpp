@@ -642,8 +642,18 @@ TEST(ConfigValidation, GradientTypesAreCheckedAsTheEngineChecksThem) {
     "fp16": {"enabled": true}})");
   EXPECT_EQ(comm.key_path(), "communication_data_type");
   ConfigError accum = config_error(R"({"train_batch_size": 8, "bf16": {"enabled": true},
-    "data_types": {"grad_accum_dtype": "fp32"}, "zero_optimization": {"stage": 1}})");
+    "data_types": {"grad_accum_dtype": "fp16"}, "zero_optimization": {"stage": 2}})");
   EXPECT_EQ(accum.key_path(), "data_types.grad_accum_dtype");
+  // Megatron-DeepSpeed's default: bf16 at stage 1 accumulating in fp32 (BF16_Optimizer).
+  const Config megatron = Config::from_json_string(R"({"train_batch_size": 8,
+    "bf16": {"enabled": true}, "data_types": {"grad_accum_dtype": "fp32"},
+    "zero_optimization": {"stage": 1}})");
+  EXPECT_EQ(megatron.grad_accum_dtype, "fp32");
+  ConfigError narrowed = config_error(R"({"train_batch_size": 8, "bf16": {"enabled": true},
+    "communication_data_type": "bf16", "data_types": {"grad_accum_dtype": "fp32"},
+    "zero_optimization": {"stage": 1}})");
+  EXPECT_EQ(narrowed.key_path(), "communication_data_type");
+  EXPECT_THAT(narrowed.what(), HasSubstr("reduce the fp32 sums"));
 }
 
 TEST(ConfigValidation, AioSettingsTheSwapperCannotUseAreRefused) {

@@ -40,7 +40,8 @@ struct EstimateInput {
   /// Element type of the model's parameters and gradients; fp16/bf16 add fp32 master weights.
   DType precision = DType::kFloat32;
   /// data_types.grad_accum_dtype = "fp32": stages 2-3 keep the gradient shard in fp32, on the
-  /// device or beside an offloaded update (otherwise it is in the model's type there too).
+  /// device or beside an offloaded update (otherwise it is in the model's type there too); stages
+  /// 0-1 with 16-bit gradients add an fp32 accumulator of the whole gradients.
   bool fp32_grad_accumulation = false;
   /// communication_data_type = "fp32" with 16-bit parameters: gradients are reduced widened, so
   /// each bucket slot also holds an fp32 copy of the bucket, which it is reduced in.

@@ -17,6 +17,28 @@ using nlohmann::json;
 
 bool is_auto(const json& value) { return value.is_string() && value.get<std::string>() == "auto"; }
 
+bool starts_with(const std::string& path, const char* prefix) { return path.rfind(prefix, 0) == 0; }
+
+// DeepSpeed reads these sections through pydantic models (DeepSpeedConfigModel, config_utils.py),
+// which drop every "auto" before validation, so its default applies; every other section passes
+// "auto" on as a string, which DeepSpeed then refuses or misreads. The Trainer fills the
+// precision flags itself.
+bool deepspeed_drops_auto(const KeySpec& spec) {
+  if (spec.kind == ValueKind::kSection || !spec.alias_of.empty()) return false;
+  if (spec.path == "fp16.enabled" || spec.path == "bf16.enabled") return false;
+  for (const char* section :
+       {"zero_optimization.", "fp16.", "bf16.", "tensorboard.", "wandb.", "csv_monitor."}) {
+    if (starts_with(spec.path, section)) return true;
+  }
+  return false;
+}
+
+std::string default_text(const std::string& path) {
+  const KeySpec* spec = find_key_spec(path);
+  const std::string value = spec != nullptr ? spec->default_json : "null";
+  return value == "null" ? "DeepSpeed's default (unset, derived)" : "DeepSpeed's default " + value;
+}
+
 // The value at a dotted path, or nullptr.
 json* find(json& document, const std::string& path) {
   json* node = &document;
@@ -89,12 +111,12 @@ class Resolver {
       prefetch = static_cast<std::int64_t>(0.9 * static_cast<double>(h) * static_cast<double>(h));
       persistence = 10 * h;
     }
-    fill_only("zero_optimization.reduce_bucket_size", bucket, "hidden_size");
+    fill_from_hidden_size("zero_optimization.reduce_bucket_size", bucket);
     // Below stage 3 the Trainer leaves the stage-3 sizes "auto" and DeepSpeed drops them, so
     // their defaults apply.
     if (stage() == 3) {
-      fill_only("zero_optimization.stage3_prefetch_bucket_size", prefetch, "hidden_size");
-      fill_only("zero_optimization.stage3_param_persistence_threshold", persistence, "hidden_size");
+      fill_from_hidden_size("zero_optimization.stage3_prefetch_bucket_size", prefetch);
+      fill_from_hidden_size("zero_optimization.stage3_param_persistence_threshold", persistence);
     } else {
       for (const char* path : {"zero_optimization.stage3_prefetch_bucket_size",
                                "zero_optimization.stage3_param_persistence_threshold"}) {
@@ -102,9 +124,10 @@ class Resolver {
       }
     }
     for (const KeySpec& spec : key_specs()) {
-      if (spec.auto_is_default && drop_auto(spec.path)) {
-        notices_.push_back(spec.path + ": \"auto\" is DeepSpeed's default " + spec.default_json +
-                           " (DeepSpeed drops \"auto\" there and the Trainer fills nothing)");
+      if (deepspeed_drops_auto(spec) && drop_auto(spec.path)) {
+        notices_.push_back(spec.path + ": \"auto\" is " + default_text(spec.path) +
+                           " (DeepSpeed drops \"auto\" in this section and the Trainer fills "
+                           "nothing here)");
       }
     }
     refuse_remaining(document_, "");
@@ -201,6 +224,18 @@ class Resolver {
     }
   }
 
+  // The Trainer's hidden-size based sizes: without the model's hidden size to derive them from,
+  // "auto" is DeepSpeed's default, as DeepSpeed alone takes it.
+  void fill_from_hidden_size(const std::string& path, const std::optional<json>& value) {
+    if (value) {
+      fill_only(path, value, "hidden_size");
+    } else if (drop_auto(path)) {
+      notices_.push_back(path + ": \"auto\" is " + default_text(path) + " (no " +
+                         override_name("hidden_size") +
+                         " to derive it from as the Trainer does; DeepSpeed drops \"auto\")");
+    }
+  }
+
   // fill_only: "auto" takes the override; a number stays.
   void fill_only(const std::string& path, const std::optional<json>& value,
                  const std::string& field) {
@@ -212,7 +247,7 @@ class Resolver {
     *slot = *value;
   }
 
-  // Keys the Trainer does not fill: DeepSpeed would silently use its default; zeroshard asks.
+  // Keys nothing fills, outside the sections where DeepSpeed takes its default for "auto".
   void refuse_remaining(const json& object, const std::string& prefix) {
     for (const auto& [key, value] : object.items()) {
       const std::string path = prefix.empty() ? key : prefix + "." + key;
@@ -223,7 +258,9 @@ class Resolver {
         throw ConfigError(printable_text(path),
                           "\"auto\", but no override fills this key (the Trainer fills only "
                           "batch sizes, clipping, optimizer and scheduler values, precision and "
-                          "the hidden-size based sizes); give a value");
+                          "the hidden-size based sizes) and DeepSpeed's parser takes no default "
+                          "for \"auto\" here (only in zero_optimization, fp16, bf16 and the "
+                          "monitor sections); give a value");
       }
       if (value.is_object()) refuse_remaining(value, path);
     }

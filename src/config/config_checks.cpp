@@ -193,8 +193,8 @@ void check_super_offload(const OffloadConfig& offload) {
                         "memory: set offload_optimizer.device to \"cpu\", or remove the key");
 }
 
-// The engine reduces gradients in the parameters' type or in fp32, and keeps an fp32 gradient
-// shard only at stages 2-3, where it owns one.
+// The engine reduces gradients in the parameters' type or in fp32, and accumulates them in either
+// (fp32: a gradient shard at stages 2-3, an accumulator of the whole gradients at stages 0-1).
 void check_gradient_types(const Config& config) {
   const std::string model = config.fp16.enabled ? "fp16" : config.bf16.enabled ? "bf16" : "fp32";
   const std::string& comm = config.communication_data_type;
@@ -211,16 +211,17 @@ void check_gradient_types(const Config& config) {
                                                          " parameters; expected " + model +
                                                          " (the default) or fp32");
   }
-  // At stages 0-1 the model's backward accumulates into the engine's whole gradient buffer,
-  // which is in the parameters' type.
+  // At stages 0-1 the fp32 sums of the whole gradients are reduced as they are; narrowing them
+  // for the reduction would undo what the accumulation keeps.
   const int stage = config.zero_optimization.stage;
-  if (stage <= 1) {
-    throw ConfigError("data_types.grad_accum_dtype",
-                      "got fp32 with " + model + " parameters at zero_optimization.stage " +
-                          std::to_string(stage) + "; at stages 0-1 gradients accumulate in " +
-                          model +
-                          " buffers the model writes. Use stage 2 or 3 for an fp32 gradient "
-                          "shard, or leave the key unset");
+  if (stage <= 1 && comm == model) {
+    throw ConfigError("communication_data_type",
+                      "got " + comm +
+                          " with data_types.grad_accum_dtype fp32 at "
+                          "zero_optimization.stage " +
+                          std::to_string(stage) +
+                          "; stages 0-1 reduce the fp32 sums of the gradients in fp32. Set it to "
+                          "fp32 or leave it unset");
   }
 }
 

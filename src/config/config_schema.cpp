@@ -105,7 +105,8 @@ std::vector<KeySpec> make_key_specs() {
        .default_json = "null",
        .meaning = "Element type gradients are accumulated in, with offload_optimizer as without; "
                   "null = the parameters' type (DeepSpeed's default under ZeRO); fp32 with 16-bit "
-                  "parameters needs stage 2 or 3.",
+                  "parameters is an fp32 gradient shard at stages 2-3, an fp32 accumulator of the "
+                  "whole gradients at stages 0-1.",
        .field = ZEROSHARD_CONFIG_FIELD(grad_accum_dtype),
        .choices = "fp16|bf16|fp32",
        .fold_case = true},
@@ -735,8 +736,7 @@ std::vector<KeySpec> make_key_specs() {
        .default_json = "100000000",
        .meaning = "NVMe: elements per swap buffer. \"auto\" is this default, as in DeepSpeed.",
        .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.offload_param.buffer_size),
-       .range = kPositive,
-       .auto_is_default = true},
+       .range = kPositive},
       {.path = "zero_optimization.offload_param.max_in_cpu",
        .kind = K::kInteger,
        .default_json = "1000000000",

@@ -79,9 +79,6 @@ struct KeySpec {
   std::string no_effect_reason{};  ///< kNoEffect: why, for the notice
   /// kRefused/kNotYet: whether a value asks for the feature; unset = differs from the default.
   bool (*is_active)(const nlohmann::json& value) = nullptr;
-  /// "auto" stands for `default_json`, with a notice: DeepSpeed drops "auto" and the Trainer
-  /// fills nothing there, so DeepSpeed's default is what the file gets.
-  bool auto_is_default = false;
 
   std::string name() const;    ///< the last path component
   std::string parent() const;  ///< the path without its last component ("" at the top)

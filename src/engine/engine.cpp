@@ -112,13 +112,16 @@ EngineState::~EngineState() {
 void EngineState::resolve_gradient_dtypes() {
   // DeepSpeed's communication_data_type: 16-bit gradients are reduced in their own type unless
   // fp32 is asked for, which rounds the sum once instead of once per partial sum. check_config()
-  // allows no other type, and an fp32 gradient shard only at stages 2-3.
+  // allows no other type.
   comm_dtype_ = config_.communication_data_type == "fp32" ? DType::kFloat32 : dtype_;
   // DeepSpeed's data_types.grad_accum_dtype, whose default under ZeRO is the parameters' type:
   // its stage 1-2 and stage 3 optimizers accumulate in it with offload as without, and fill the
   // offloaded fp32 gradient from the window's sum. The gradient shard accumulates in it wherever
   // it lives, so that offload never changes the sums nor which fp16 steps overflow.
   grad_shard_dtype_ = config_.grad_accum_dtype == "fp32" ? DType::kFloat32 : dtype_;
+  // Stages 0-1 accumulate whole 16-bit gradients in fp32 as DeepSpeed's BF16_Optimizer does, and
+  // reduce the fp32 sums as they are (check_config() refuses a 16-bit communication_data_type).
+  if (stage_ <= 1 && grad_shard_dtype_ == DType::kFloat32) comm_dtype_ = DType::kFloat32;
 }
 
 void EngineState::lay_out() {
@@ -278,17 +281,21 @@ void EngineState::finalize() {
   // and keep no separate gradient shard.
   const bool whole_gradients =
       stage_ <= 1 || grad_handover_ == GradHandover::kAtEnd || adopted_.gradients != nullptr;
-  if (whole_gradients && grad_shard_dtype_ != dtype_) {
+  // Stages 0-1 empty the model's whole buffer into an fp32 accumulator at every micro-step's end;
+  // the model's own gradient memory and stages 2-3 keep the window's sum where the model wrote it.
+  if (whole_gradients && grad_shard_dtype_ != dtype_ &&
+      (stage_ >= 2 || adopted_.gradients != nullptr)) {
+    const std::string why = adopted_.gradients != nullptr
+                                ? "the model's own gradient memory (Engine::adopt_memory)"
+                                : "GradHandover::kAtEnd at stage " + std::to_string(stage_);
     throw ConfigError("data_types.grad_accum_dtype",
-                      "got fp32 with " + std::string(to_string(dtype_)) +
-                          " parameters and GradHandover::kAtEnd; gradients handed over at the "
-                          "end of backward accumulate in the whole " +
-                          to_string(dtype_) +
+                      "got fp32 with " + std::string(to_string(dtype_)) + " parameters and " + why +
+                          "; those gradients accumulate in the whole " + to_string(dtype_) +
                           " buffer the model writes. Leave the key unset or hand gradients over "
                           "per parameter into the engine's buffers");
   }
-  bucketer_ =
-      std::make_unique<GradBucketer>(*context_, comm_dtype_, whole_gradients, adopted_.gradients);
+  bucketer_ = std::make_unique<GradBucketer>(*context_, comm_dtype_, whole_gradients,
+                                             adopted_.gradients, grad_shard_dtype_);
   optimizer_ = std::make_unique<OptimizerShard>(*context_, *rule_, *coordinator_,
                                                 bucketer_->full_grads(), grad_shard_dtype_);
   bucketer_->deliver_to(*optimizer_);

@@ -30,10 +30,12 @@ bool gathers_back(const EngineContext& context) {
 }  // namespace
 
 GradBucketer::GradBucketer(const EngineContext& context, DType comm_dtype, bool whole_gradients,
-                           void* adopted)
+                           void* adopted, DType accum_dtype)
     : context_(context),
       comm_dtype_(comm_dtype),
       whole_(whole_gradients),
+      source_dtype_(whole_gradients ? accum_dtype : context.dtype),
+      widens_(comm_dtype != source_dtype_),
       adopted_(adopted != nullptr),
       gather_back_(gathers_back(context)),
       scatter_(gather_back_ ||
@@ -58,6 +60,10 @@ GradBucketer::GradBucketer(const EngineContext& context, DType comm_dtype, bool 
   } else if (whole_) {
     grads_full_ = context_.allocate(Tier::kDevice, MemoryCategory::kGradients, full_bytes);
   }
+  if (whole_ && accum_dtype != context_.dtype) {
+    accumulator_ = context_.allocate(Tier::kDevice, MemoryCategory::kGradients,
+                                     context_.layout.padded_total() * size_of(accum_dtype));
+  }
   plan();
 }
 
@@ -73,8 +79,8 @@ void GradBucketer::abandon_in_flight() noexcept {
 
 void GradBucketer::deliver_to(ReducedGradientSink& sink) {
   sink_ = &sink;
-  // Whole gradients are delivered from the whole buffer, in the model's type.
-  sink.expect_deliveries(widest_share_, whole_ ? context_.dtype : comm_dtype_);
+  // Whole gradients are delivered from the whole buffer, in its type.
+  sink.expect_deliveries(widest_share_, whole_ ? source_dtype_ : comm_dtype_);
 }
 
 double GradBucketer::pre_reduction_factor() const {
@@ -131,7 +137,7 @@ void GradBucketer::plan() {
       if (bucket.end > covered_to) bucket.gaps.push_back({covered_to, bucket.end});
     }
   }
-  if (comm_dtype_ != context_.dtype) slot_send_elements_ = widest;
+  if (widens_) slot_send_elements_ = widest;
 }
 
 // The input area holds a multiple of 16 elements (buckets start and end on tensor boundaries), so
@@ -249,6 +255,8 @@ void GradBucketer::launch_ready(std::int64_t micro_step) {
 void GradBucketer::finish(std::int64_t micro_step) {
   if (!whole_ || context_.gradient_accumulation_boundary(micro_step)) {
     while (next_launch_ < buckets_.size()) launch(static_cast<int>(next_launch_++));
+  } else if (!accumulator_.empty()) {
+    accumulate_wide(0, context_.layout.padded_total());
   }
   while (!in_flight_.empty()) complete_oldest();
   while (!gathers_.empty()) wait_oldest_gather();
@@ -297,14 +305,16 @@ void GradBucketer::launch(int b) {
   const std::int64_t length = bucket.end - bucket.begin;
   void* input = nullptr;
   if (whole_) {
-    input = grads_full_.as<char>() + bucket.begin * static_cast<std::int64_t>(context_.dsize);
+    // The window's last micro-step joins the sum as its buckets are launched.
+    if (!accumulator_.empty()) accumulate_wide(bucket.begin, bucket.end);
+    input = whole_at(bucket.begin);
     if (full_grads_left_) zero_unfetched(bucket, static_cast<char*>(input));
   } else {
     if (bucket.slot < 0) bucket.slot = acquire_slot(bucket);
     input = slots_[bucket.slot].buffer.data();
     zero_unfetched(bucket, static_cast<char*>(input));
   }
-  if (comm_dtype_ != context_.dtype) {
+  if (widens_) {
     // communication_data_type fp32: the 16-bit gradients travel widened, so the reduction adds
     // in fp32 and the sum is rounded at most once, when it is stored.
     if (bucket.slot < 0) bucket.slot = acquire_slot(bucket);
@@ -353,7 +363,7 @@ void GradBucketer::complete_oldest() {
   const int stage = context_.stage;
   const DType dtype = context_.dtype;
   const auto dsize = static_cast<std::int64_t>(context_.dsize);
-  const bool widened = comm_dtype_ != dtype;
+  const bool widened = widens_;
   // Stage 0 keeps the whole reduced gradients in grads_full_: a sum reduced in fp32 is stored
   // back rounded, once.
   if (stage == 0 && widened) {
@@ -371,17 +381,17 @@ void GradBucketer::complete_oldest() {
     } else if (widened) {
       reduced = slot_send(bucket.slot) + (lo - bucket.begin) * sizeof(float);
     } else if (whole_) {
-      reduced = grads_full_.as<char>() + lo * dsize;
+      reduced = whole_at(lo);
     } else {
       reduced = slots_[bucket.slot].buffer.as<char>() + (lo - bucket.begin) * dsize;
     }
     if (whole_) {
-      // Stages 1-3 with whole gradients keep the reduced shard there, in the model's type.
-      char* dst = grads_full_.as<char>() + lo * dsize;
+      // Stages 1-3 with whole gradients keep the reduced shard there, in their type.
+      char* dst = whole_at(lo);
       if (widened) {
         context_.backend.narrow(reinterpret_cast<const float*>(reduced), dst, dtype, hi - lo);
       }
-      sink_->accept_reduced(lo, hi, dst, dtype);
+      sink_->accept_reduced(lo, hi, dst, source_dtype_);
     } else {
       sink_->accept_reduced(lo, hi, reduced, comm_dtype_);
     }
@@ -396,13 +406,11 @@ void GradBucketer::gather_back(const Bucket& bucket) {
   // This rank's summed part was reduced in place in the bucket (the fp32 send area when the
   // gradients travel widened), where the all-gather fills in the other ranks' parts around it.
   const auto counts = context_.layout.rank_counts(bucket.begin, bucket.end);
-  const auto element = static_cast<std::int64_t>(size_of(comm_dtype_));
-  char* reduced = comm_dtype_ != context_.dtype ? slot_send(bucket.slot)
-                                                : grads_full_.as<char>() + bucket.begin * element;
+  char* reduced = widens_ ? slot_send(bucket.slot) : whole_at(bucket.begin);
   gathers_.push_back(context_.comm.all_gather_async(reduced, counts, comm_dtype_));
   // The gather overlaps the next bucket's reduce-scatter, each in the bucket's own place in the
   // whole gradients; widened sums are narrowed from the slot once gathered, so those wait here.
-  if (comm_dtype_ != context_.dtype || gathers_.size() > kMaxInFlight) wait_oldest_gather();
+  if (widens_ || gathers_.size() > kMaxInFlight) wait_oldest_gather();
 }
 
 void GradBucketer::wait_oldest_gather() {
@@ -410,8 +418,20 @@ void GradBucketer::wait_oldest_gather() {
   gathers_.pop_front();
 }
 
+char* GradBucketer::whole_at(std::int64_t flat) const {
+  return full_grads() + flat * static_cast<std::int64_t>(size_of(source_dtype_));
+}
+
+void GradBucketer::accumulate_wide(std::int64_t begin, std::int64_t end) {
+  const auto dsize = static_cast<std::int64_t>(context_.dsize);
+  char* model = grads_full_.as<char>() + begin * dsize;
+  context_.backend.accumulate(whole_at(begin), source_dtype_, model, context_.dtype, end - begin);
+  context_.backend.zero(model, static_cast<std::size_t>((end - begin) * dsize));
+}
+
 bool GradBucketer::leaves_full_grads() const {
-  if (!whole_ || adopted_) return false;
+  // The accumulator is added to, never written whole.
+  if (!whole_ || adopted_ || !accumulator_.empty()) return false;
   return std::all_of(context_.params.begin(), context_.params.end(),
                      [](const ParamInfo& p) { return !p.trainable || p.writes_grad; });
 }
@@ -421,14 +441,17 @@ void GradBucketer::zero_full_grads(std::int64_t cleared_begin, std::int64_t clea
   full_grads_left_ = leaves_full_grads();
   for (ParamInfo& p : context_.params) p.grad_fetched = false;
   if (full_grads_left_) return;
-  const auto dsize = static_cast<std::int64_t>(context_.dsize);
-  const auto total = static_cast<std::int64_t>(grads_full_.bytes()) / dsize;
-  char* base = grads_full_.as<char>();
+  // The model's buffer is emptied into the accumulator at every micro-step's end, but a dropped
+  // micro-step (Engine::zero_grad() before step()) leaves its part there.
+  if (!accumulator_.empty()) context_.backend.zero(grads_full_.data(), grads_full_.bytes());
+  const auto element = static_cast<std::int64_t>(size_of(source_dtype_));
+  const std::int64_t total = whole_ ? context_.layout.padded_total() : 0;
+  char* base = full_grads();
   if (cleared_begin > 0)
-    context_.backend.zero(base, static_cast<std::size_t>(cleared_begin * dsize));
+    context_.backend.zero(base, static_cast<std::size_t>(cleared_begin * element));
   if (cleared_end < total) {
-    context_.backend.zero(base + cleared_end * dsize,
-                          static_cast<std::size_t>((total - cleared_end) * dsize));
+    context_.backend.zero(base + cleared_end * element,
+                          static_cast<std::size_t>((total - cleared_end) * element));
   }
 }
 

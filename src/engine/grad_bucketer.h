@@ -3,7 +3,9 @@
 // collectives in the same order whatever order its gradients arrive in. Each reduced part of
 // this rank's shard is handed to a sink (the optimizer shard) as its bucket completes. The model
 // writes either one whole gradient buffer (stages 0-1, or gradients handed over at the end of
-// backward) or, at stages 2-3, a slot per bucket that is reduced as soon as it is complete.
+// backward) or, at stages 2-3, a slot per bucket that is reduced as soon as it is complete. Whole
+// 16-bit gradients may accumulate in fp32 (DeepSpeed's BF16_Optimizer): an engine buffer the
+// model's is emptied into at every micro-step's end, reduced in fp32 once per window.
 #pragma once
 
 #include <cstdint>
@@ -39,8 +41,11 @@ class GradBucketer {
  public:
   /// Plans the buckets and, with `whole_gradients` (always at stages 0-1), allocates the whole
   /// gradient buffer the model writes, reduced once per accumulation window; `adopted`, when not
-  /// null, is the model's own flat gradient memory used as that buffer instead.
-  GradBucketer(const EngineContext& context, DType comm_dtype, bool whole_gradients, void* adopted);
+  /// null, is the model's own flat gradient memory used as that buffer instead. Whole gradients
+  /// accumulate across micro-steps in `accum_dtype`: the model's type in that buffer, or fp32 in
+  /// an accumulator of the engine's (not with `adopted`), reduced in fp32 (`comm_dtype`).
+  GradBucketer(const EngineContext& context, DType comm_dtype, bool whole_gradients, void* adopted,
+               DType accum_dtype);
   /// Waits for every reduction in flight before the buffers it writes are freed.
   ~GradBucketer();
   GradBucketer(const GradBucketer&) = delete;
@@ -67,8 +72,11 @@ class GradBucketer {
   /// inside MPI calls): called at every grad_ready() and gather(), so that a reduction proceeds
   /// while the model computes instead of all at once when it is waited for.
   void poll();
-  /// The whole gradients (model dtype), reduced at the boundary; null without whole_gradients.
-  char* full_grads() const { return grads_full_.as<char>(); }
+  /// The whole gradients as they are reduced at the boundary, in the accumulation type (the fp32
+  /// accumulator, or the buffer the model writes); null without whole_gradients.
+  char* full_grads() const {
+    return accumulator_.empty() ? grads_full_.as<char>() : accumulator_.as<char>();
+  }
   /// Ends the whole gradients' window: zeroes them but for elements [cleared_begin, cleared_end),
   /// which the update has already cleared, unless leaves_full_grads() (then nothing is written).
   void zero_full_grads(std::int64_t cleared_begin = 0, std::int64_t cleared_end = 0);
@@ -121,10 +129,19 @@ class GradBucketer {
   /// place (and waits for it when the sums travel widened, to be narrowed from the slot).
   void gather_back(const Bucket& bucket);
   void wait_oldest_gather();
+  /// Element `flat` of the whole gradients as full_grads() gives them.
+  char* whole_at(std::int64_t flat) const;
+  /// Adds the model's gradients of elements [begin, end) into the fp32 accumulator and zeroes
+  /// them there, so that the model's next micro-step adds to zero.
+  void accumulate_wide(std::int64_t begin, std::int64_t end);
 
   const EngineContext& context_;
   DType comm_dtype_;
-  bool whole_ = false;    ///< the model writes grads_full_, not slots
+  bool whole_ = false;  ///< the model writes grads_full_, not slots
+  /// The type what is reduced is in before it is sent: full_grads()' with whole gradients, the
+  /// model's in slots.
+  DType source_dtype_;
+  bool widens_ = false;   ///< 16-bit sources travel widened to fp32 (communication_data_type)
   bool adopted_ = false;  ///< grads_full_ is the model's memory: zeroed at every window's end
   /// This window's whole gradients hold the last window's values until each place is fetched.
   bool full_grads_left_ = false;
@@ -134,6 +151,8 @@ class GradBucketer {
   std::unique_ptr<QuantizedReduceScatter> quantized_;
   ReducedGradientSink* sink_ = nullptr;
   TrackedBuffer grads_full_;
+  /// Whole 16-bit gradients accumulated in fp32 (data_types.grad_accum_dtype); empty otherwise.
+  TrackedBuffer accumulator_;
   std::vector<Bucket> buckets_;           ///< in launch order (last registered parameters first)
   std::int64_t slot_input_elements_ = 0;  ///< model dtype
   std::int64_t slot_send_elements_ = 0;   ///< fp32, when 16-bit gradients are sent widened

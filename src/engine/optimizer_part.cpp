@@ -242,7 +242,8 @@ void OptimizerPart::zero_gradients() {
 
 OptimizerPart::GradView OptimizerPart::gradients() const {
   if (!grad_shard_.empty()) return {grad_shard_.as<char>(), owned_begin_, grad_shard_dtype_};
-  return {full_grads_, 0, context_.dtype};
+  // The whole gradients are in the type they accumulate in.
+  return {full_grads_, 0, grad_shard_dtype_};
 }
 
 void OptimizerPart::scan(std::int64_t lo, std::int64_t hi, GradientScan& scan) {
@@ -490,7 +491,7 @@ void OptimizerPart::update_sub_group(std::int64_t begin, std::int64_t end, int p
   io.grad_dtype = view.dtype;
   io.grad_factor = grad_factor;
   io.param_copy_dtype = context_.dtype;
-  if (clears_whole_gradients()) io.grad_to_clear = full_grads_ + begin * context_.dsize;
+  if (clears_whole_gradients()) io.grad_to_clear = full_grads_ + begin * size_of(view.dtype);
   // Write back: straight into the parameters when the update can reach them; offloaded, through
   // a staging half whose copy to the device runs while the next tile is updated.
   // The overlapped update leaves the parameters alone, which backward still reads: it writes

@@ -28,9 +28,9 @@ class OptimizerPart final {
  public:
   /// The part holds owned elements [owned.begin, owned.end). `full_grads` is the bucketer's whole
   /// gradient buffer (null when the model writes slots); `grad_shard_dtype` is the type the
-  /// gradient shard accumulates in, offloaded or not (data_types.grad_accum_dtype), so that
-  /// offload never changes the sums. kHost places it as offload_optimizer says (CPU memory or
-  /// NVMe, pinned or not).
+  /// gradient shard and the whole gradients accumulate in, offloaded or not
+  /// (data_types.grad_accum_dtype), so that offload never changes the sums. kHost places it as
+  /// offload_optimizer says (CPU memory or NVMe, pinned or not).
   OptimizerPart(const EngineContext& context, const UpdateRule& rule, ParamCoordinator& params,
                 char* full_grads, DType grad_shard_dtype, FlatRange owned, PartPlacement placement);
   /// Joins the update thread before the arrays it writes are freed.

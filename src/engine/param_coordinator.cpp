@@ -527,6 +527,38 @@ void ParamCoordinator::decode_gathered(ModuleId module) {
                                             << " block(s) of rank " << context_.rank
                                             << "'s piece; parameters must be finite");
   const auto dsize = static_cast<std::int64_t>(context_.dsize);
+  // In the model's own memory the persistent parameters sit inside a module's range, whole and
+  // exact (the engine's memory keeps them apart): they are set aside while the pieces are decoded
+  // over them, so that qwZ never rounds them. A module of slices gathers around them already.
+  std::vector<int> persistent;
+  std::int64_t persistent_total = 0;
+  if (!adopted_full_.empty() && info.slices.empty()) {
+    for (int index : info.params) {
+      const ParamInfo& p = context_.params[index];
+      if (!p.persistent) continue;
+      persistent.push_back(index);
+      persistent_total += p.numel;
+    }
+  }
+  const TrackedBuffer kept =
+      persistent.empty()
+          ? TrackedBuffer{}
+          : TrackedBuffer::uninitialized(context_.tracker, MemoryCategory::kCommunication,
+                                         static_cast<std::size_t>(persistent_total * dsize),
+                                         context_.resource(Tier::kDevice));
+  const auto set_aside = [&](bool restore) {
+    char* place = kept.as<char>();
+    for (int index : persistent) {
+      const auto bytes = static_cast<std::size_t>(context_.params[index].numel * dsize);
+      if (restore) {
+        context_.backend.copy(persistent_base(index), place, bytes);
+      } else {
+        context_.backend.copy(place, persistent_base(index), bytes);
+      }
+      place += bytes;
+    }
+  };
+  set_aside(false);
   char* gathered = gathered_base(module);
   const float* encoded = encoded_buffer.as<float>() + 1;
   for (const FlatRange& range : info.ranges) {
@@ -542,6 +574,7 @@ void ParamCoordinator::decode_gathered(ModuleId module) {
       encoded += units[r];
     }
   }
+  set_aside(true);
 }
 
 TrackedBuffer ParamCoordinator::take_gathered_buffer(std::size_t bytes) {

@@ -110,8 +110,6 @@ struct Terms {
   std::int64_t elements(int sharded_from) const { return stage >= sharded_from ? shard : padded; }
   /// Elements of the flat buffer this rank updates: all of it at stage 0, its shard otherwise.
   std::int64_t updated() const { return elements(1); }
-  /// The reduced gradient shard, in the type gradients accumulate in wherever it lives: fp32 under
-  /// grad_accum_dtype fp32 (stages 2-3 only), the model's type otherwise.
   /// Of updated(): the elements offload puts on the host (all of them at ratio 1) and those
   /// held and updated on the device.
   std::int64_t host_share() const {
@@ -130,10 +128,13 @@ struct Terms {
   std::int64_t update_copies() const {
     return in.super_offload && in.offload_optimizer == OffloadDevice::kCpu ? 2 : 1;
   }
-  /// Bytes per element of the reduced gradient shard: fp32 under grad_accum_dtype fp32 (stages
-  /// 2-3 only), the model's type otherwise.
-  std::int64_t grad_shard_element() const {
-    return stage >= 2 && in.fp32_grad_accumulation ? 4 : d;
+  /// Bytes per element of the reduced gradient shard, in the type gradients accumulate in
+  /// wherever it lives: fp32 under grad_accum_dtype fp32, the model's type otherwise.
+  std::int64_t grad_shard_element() const { return in.fp32_grad_accumulation ? 4 : d; }
+  /// Stages 0-1 with 16-bit gradients and grad_accum_dtype fp32: an fp32 accumulator of the whole
+  /// gradients beside the buffer the model writes, reduced as it is (DeepSpeed's BF16_Optimizer).
+  bool accumulates_whole_in_fp32() const {
+    return stage < 2 && in.fp32_grad_accumulation && d != 4;
   }
   /// The fp32 chunk 16-bit gradients are widened in, in a part of `elements` elements.
   std::int64_t scratch_bytes(std::int64_t elements) const {
@@ -246,12 +247,12 @@ constexpr Rule kRules[] = {
        return t.update_copies() == 2 && t.has_host_part() ? t.d * t.host_share() : 0;
      },
      on_host},
-    // Gradients: whole below stage 2 (model precision); from stage 2 the reduced shard's device
-    // share. The host's share lives beside the offloaded update (at stage 1 too, beside the whole
-    // gradients).
+    // Gradients: whole below stage 2 (model precision, and their fp32 accumulator); from stage 2
+    // the reduced shard's device share. The host's share lives beside the offloaded update (at
+    // stage 1 too, beside the whole gradients).
     {MemoryCategory::kGradients,
      [](const Terms& t) -> std::int64_t {
-       if (t.stage < 2) return t.d * t.padded;
+       if (t.stage < 2) return (t.d + (t.accumulates_whole_in_fp32() ? 4 : 0)) * t.padded;
        return t.grad_shard_element() * t.device_share();
      },
      on_device},
@@ -292,20 +293,22 @@ constexpr Rule kRules[] = {
      [](const Terms& t) -> std::int64_t {
        const std::int64_t input = t.stage >= 2 ? t.bucket : 0;
        // communication_data_type fp32 with 16-bit gradients: an fp32 send area for the whole
-       // bucket.
-       const bool widened = t.in.fp32_communication && t.d != 4;
+       // bucket, unless they are summed in fp32 already.
+       const bool widened = t.in.fp32_communication && t.d != 4 && !t.accumulates_whole_in_fp32();
        const std::int64_t send = widened ? t.bucket : 0;
        return 2 * (t.d * input + 4 * send);
      },
      on_device},
     // Offloaded update: two pinned staging halves, each a reduced bucket's share arriving (in the
-    // type it is reduced in from stage 2, in the model's below) or a tile of updated parameters
+    // type it is reduced in from stage 2, in the one it accumulates in below) or a tile of updated
+    // parameters
     // leaving for the device (not with offload_param, which keeps them on the host); on either
     // backend, as the engine allocates them.
     {MemoryCategory::kCommunication,
      [](const Terms& t) -> std::int64_t {
        if (!t.has_host_part()) return 0;
-       const bool widened = t.stage >= 2 && t.in.fp32_communication && t.d != 4;
+       const bool widened =
+           (t.stage >= 2 && t.in.fp32_communication && t.d != 4) || t.accumulates_whole_in_fp32();
        return 2 * detail::host_staging_half_bytes(t.receive * (widened ? 4 : t.d),
                                                   t.in.offload_param == OffloadDevice::kNone,
                                                   t.host_share(), t.in.sub_group_size, t.d);

@@ -111,6 +111,23 @@ void micro_step(Engine& engine, const std::vector<ToyTensor>& tensors,
   }
 }
 
+/// A 16-bit block carries its values rounded, and so does the master taken from it: an engine of
+/// its own memory compared with it starts from the same rounded values.
+void give_bf16_initial_values(const std::vector<Parameter>& handles,
+                              const std::vector<ToyTensor>& tensors) {
+  for (std::size_t k = 0; k < tensors.size(); ++k) {
+    if (!tensors[k].trainable) continue;
+    std::vector<float> values(tensors[k].numel);
+    for (std::int64_t i = 0; i < tensors[k].numel; ++i) {
+      values[i] = initial_value(static_cast<int>(k), i);
+    }
+    std::vector<char> narrow(tensors[k].numel * 2);
+    detail::convert_from_float(values.data(), narrow.data(), DType::kBFloat16, tensors[k].numel);
+    detail::convert_to_float(narrow.data(), DType::kBFloat16, values.data(), tensors[k].numel);
+    handles[k].copy_from(values);
+  }
+}
+
 class AdoptedMemory : public ::testing::TestWithParam<std::tuple<int, GradHandover, bool>> {};
 
 TEST_P(AdoptedMemory, TrainsToTheParametersOfEngineOwnedMemoryInPlace) {
@@ -123,20 +140,7 @@ TEST_P(AdoptedMemory, TrainsToTheParametersOfEngineOwnedMemoryInPlace) {
   Engine owned = make_engine(adopted_config(stage, bf16), adamw());
   owned.set_grad_handover(handover);
   const auto owned_handles = register_toy(owned, tensors);
-  if (bf16) {
-    // A 16-bit block carries its values rounded, and so does the master taken from it.
-    for (std::size_t k = 0; k < tensors.size(); ++k) {
-      if (!tensors[k].trainable) continue;
-      std::vector<float> values(tensors[k].numel);
-      for (std::int64_t i = 0; i < tensors[k].numel; ++i) {
-        values[i] = initial_value(static_cast<int>(k), i);
-      }
-      std::vector<char> narrow(tensors[k].numel * 2);
-      detail::convert_from_float(values.data(), narrow.data(), DType::kBFloat16, tensors[k].numel);
-      detail::convert_to_float(narrow.data(), DType::kBFloat16, values.data(), tensors[k].numel);
-      owned_handles[k].copy_from(values);
-    }
-  }
+  if (bf16) give_bf16_initial_values(owned_handles, tensors);
   for (std::int64_t step = 0; step < kSteps; ++step) {
     micro_step(owned, tensors, owned_handles, step);
     owned.step();
@@ -251,6 +255,79 @@ TEST_P(AdoptedMemoryReport, ListsTheModelsBlocksAndNoCopyBesideThem) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, AdoptedMemoryReport, ::testing::Values(0, 1, 2, 3));
+
+// qwZ rounds what the gathers carry; the persistent parameters (under
+// stage3_param_persistence_threshold) are kept whole and unquantized, in the model's own memory as
+// in the engine's: before any step and after one, each reads back what the engine's memory gives.
+TEST(AdoptedMemory, QuantizedWeightsLeaveThePersistentParametersExact) {
+  for (const bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+    Config config = adopted_config(3, bf16);
+    config.zero_optimization.quantized_weights = true;
+    const auto tensors = uneven_toy_tensors();
+    Engine owned = make_engine(config, adamw());
+    const auto owned_handles = register_toy(owned, tensors);
+    if (bf16) give_bf16_initial_values(owned_handles, tensors);
+    Engine engine = make_engine(config, adamw());
+    OwnMemory own;
+    const auto handles = register_adopted(engine, tensors, own);
+    const DType dtype = engine.model_dtype();
+    // Reads every persistent parameter with its module gathered, so that the gather's decode has
+    // run over the module's range.
+    const auto persistent_values = [&](Engine& e, const std::vector<Parameter>& h) {
+      std::vector<float> all;
+      for (std::size_t k = 0; k < tensors.size(); ++k) {
+        if (!tensors[k].trainable ||
+            tensors[k].numel >= config.zero_optimization.param_persistence_threshold) {
+          continue;
+        }
+        auto guard = e.gathered(h[k].module());
+        const std::int64_t n = tensors[k].numel;
+        std::vector<float> values(n);
+        detail::convert_to_float(to_host(e, h[k].raw_data(), n * size_of(dtype)).data(), dtype,
+                                 values.data(), n);
+        all.insert(all.end(), values.begin(), values.end());
+      }
+      return all;
+    };
+    std::vector<float> expected;
+    for (std::size_t k : {std::size_t{1}, std::size_t{6}}) {  // a.bias and c.bias
+      for (std::int64_t i = 0; i < tensors[k].numel; ++i) {
+        const float value = initial_value(static_cast<int>(k), i);
+        expected.push_back(bf16 ? detail::bfloat16_to_float(detail::float_to_bfloat16(value))
+                                : value);
+      }
+    }
+    EXPECT_EQ(persistent_values(engine, handles), expected) << "before any step";
+    EXPECT_EQ(persistent_values(owned, owned_handles), expected);
+    toy_micro_step_any_precision(owned, tensors, owned_handles, 0);
+    ASSERT_TRUE(owned.step().updated);
+    toy_micro_step_any_precision(engine, tensors, handles, 0);
+    ASSERT_TRUE(engine.step().updated);
+    EXPECT_EQ(persistent_values(engine, handles), persistent_values(owned, owned_handles))
+        << "after a step";
+  }
+}
+
+// Stages 0-1 empty the 16-bit gradients into an fp32 accumulator at every micro-step's end; the
+// model's own gradient memory keeps the window's sum where the model wrote it, so the two are
+// refused together, by name.
+TEST(AdoptedMemory, Fp32AccumulationOfTheModelsGradientsIsAConfigError) {
+  Config config = adopted_config(1, true);
+  config.grad_accum_dtype = "fp32";
+  Engine engine = make_engine(config, adamw());
+  OwnMemory own;
+  try {
+    // Its first use of a parameter finalizes the engine.
+    register_adopted(engine, uneven_toy_tensors(), own);
+    engine.finalize();
+    FAIL() << "fp32 accumulation in adopted gradient memory was accepted";
+  } catch (const ConfigError& error) {
+    EXPECT_EQ(error.key_path(), "data_types.grad_accum_dtype");
+    EXPECT_NE(std::string(error.what()).find("Engine::adopt_memory"), std::string::npos)
+        << error.what();
+  }
+}
 
 TEST(AdoptedMemory, AfterFinalizeIsAUsageError) {
   Engine engine = make_engine(toy_config(1), adamw());

@@ -217,7 +217,7 @@ std::unique_ptr<UpdateRule> sgd() {
 }
 
 /// How gradients are kept: the model's 16-bit type, or bf16 with data_types.grad_accum_dtype
-/// fp32 (an fp32 gradient shard at stages 2-3).
+/// fp32 (an fp32 gradient shard at stages 2-3, an fp32 accumulator at stages 0-1).
 enum class Precision { kFp32, kFp16, kBf16, kBf16Fp32Accum };
 
 DType model_dtype_of(Precision precision) {
@@ -257,13 +257,13 @@ Config mixed_config(int stage, Precision precision) {
   return config;
 }
 
-/// Stage and precision pairs the engine accepts: an fp32 gradient shard exists at stages 2-3 only.
+/// Stage and 16-bit precision pairs.
 using MixedCase = std::tuple<int, Precision>;
 std::vector<MixedCase> mixed_cases() {
   std::vector<MixedCase> cases;
   for (int stage = 0; stage <= 3; ++stage) {
     for (Precision p : {Precision::kFp16, Precision::kBf16, Precision::kBf16Fp32Accum}) {
-      if (p != Precision::kBf16Fp32Accum || stage >= 2) cases.emplace_back(stage, p);
+      cases.emplace_back(stage, p);
     }
   }
   return cases;
@@ -458,8 +458,10 @@ TEST(MixedPrecisionConfig, RejectsGradientTypesTheEngineCannotHonour) {
     }
     return "";
   };
-  EXPECT_EQ(key_of_error(1, true, "", "fp32"), "data_types.grad_accum_dtype")
-      << "stages 0-1 accumulate in the model's 16-bit buffers";
+  EXPECT_EQ(key_of_error(1, true, "", "fp32"), "");
+  EXPECT_EQ(key_of_error(0, true, "fp32", "fp32"), "");
+  EXPECT_EQ(key_of_error(1, true, "bf16", "fp32"), "communication_data_type")
+      << "stages 0-1 reduce the fp32 sums of their fp32 accumulator as they are";
   EXPECT_EQ(key_of_error(2, true, "", "fp16"), "data_types.grad_accum_dtype");
   EXPECT_EQ(key_of_error(2, true, "fp16", ""), "communication_data_type");
   EXPECT_EQ(key_of_error(0, false, "bf16", ""), "communication_data_type")
@@ -758,11 +760,12 @@ TEST_P(MixedPrecisionMemory, ModelStateBytesMatchTheZeroFormulas) {
   ASSERT_EQ(engine.padded_numel(), kP);
   const std::int64_t n = engine.world_size();
   // The ZeRO paper's mixed-precision Adam: 2 bytes of 16-bit parameters, 2 of 16-bit gradients
-  // (4 with an fp32 accumulation shard), 4 of fp32 master weights and 8 of Adam states per
-  // element, each divided by N from the stage that partitions it.
+  // (4 with an fp32 accumulation shard, 2 + 4 with the whole gradients' fp32 accumulator), 4 of
+  // fp32 master weights and 8 of Adam states per element, each divided by N from the stage that
+  // partitions it.
   const std::int64_t grad_bytes = precision == Precision::kBf16Fp32Accum ? 4 : 2;
   const std::int64_t params = stage <= 2 ? 2 * kP : 2 * kP / n;
-  const std::int64_t grads = stage <= 1 ? 2 * kP : grad_bytes * kP / n;
+  const std::int64_t grads = stage <= 1 ? (grad_bytes == 4 ? 2 + 4 : 2) * kP : grad_bytes * kP / n;
   const std::int64_t master = stage == 0 ? 4 * kP : 4 * kP / n;
   const std::int64_t states = stage == 0 ? 8 * kP : 8 * kP / n;
   if (grad_bytes == 2) {
@@ -798,6 +801,103 @@ TEST_P(MixedPrecisionMemory, ModelStateBytesMatchTheZeroFormulas) {
 INSTANTIATE_TEST_SUITE_P(StagesAndPrecisions, MixedPrecisionMemory,
                          ::testing::ValuesIn(mixed_cases()),
                          [](const auto& info) { return case_name(info.param); });
+
+// --- grad_accum_dtype fp32 at stages 0-1 (DeepSpeed's BF16_Optimizer) ----------------------------
+
+constexpr int kWindow = 3;  // micro-steps per accumulation window
+
+// The ranks' gradients are small integers times 2^4, 2^0 and 2^-4 in a window's three
+// micro-steps: every micro-step's sum over up to four ranks is exact in bf16, so stage 2 reduces
+// each exactly, but a window's sum, on one rank or over the ranks, needs up to 12 significant
+// bits: fp32 keeps them, a bf16 accumulation rounds them away.
+float window_spanning_gradient(float /*param*/, int tensor, std::int64_t i, int rank,
+                               std::int64_t sample) {
+  constexpr int kExponent[kWindow] = {4, 0, -4};
+  const auto small = static_cast<int>((7 * i + 3 * tensor + 5 * rank + sample) % 5) - 2;
+  return static_cast<float>(std::ldexp(small, kExponent[sample % kWindow]));
+}
+
+struct AccumulatedRun {
+  std::vector<float> master;
+  std::vector<double> norms;
+};
+
+AccumulatedRun train_windows(Config config) {
+  config.gradient_accumulation_steps = kWindow;
+  Engine engine = make_engine(config, sgd());
+  const auto tensors = uneven_toy_tensors();
+  const auto handles = register_toy(engine, tensors);
+  AccumulatedRun run;
+  for (std::int64_t window = 0; window < 3; ++window) {
+    for (int m = 0; m < kWindow; ++m) {
+      micro_step(engine, tensors, handles, window * kWindow + m, window_spanning_gradient);
+      const StepResult result = engine.step();
+      EXPECT_EQ(result.updated, m == kWindow - 1) << "window " << window << " micro-step " << m;
+    }
+    run.norms.push_back(engine.global_grad_norm());
+  }
+  run.master = engine.consolidated_parameters();
+  return run;
+}
+
+class Fp32AccumulationAtStagesZeroAndOne : public ::testing::TestWithParam<std::tuple<int, bool>> {
+};
+
+TEST_P(Fp32AccumulationAtStagesZeroAndOne, EqualsStageTwosFp32GradientShardBitForBit) {
+  const int stage = std::get<0>(GetParam());
+  const bool fp32_communication = std::get<1>(GetParam());
+  Config config = mixed_config(stage, Precision::kBf16Fp32Accum);
+  if (fp32_communication) config.communication_data_type = "fp32";
+  Config stage2 = config;
+  stage2.zero_optimization.stage = 2;
+  const AccumulatedRun expected = train_windows(stage2);
+  const AccumulatedRun actual = train_windows(config);
+  EXPECT_EQ(actual.norms, expected.norms);
+  ASSERT_EQ(actual.master.size(), expected.master.size());
+  EXPECT_EQ(std::memcmp(actual.master.data(), expected.master.data(),
+                        actual.master.size() * sizeof(float)),
+            0)
+      << "fp32 master weights differ";
+  // The gradients tell the two accumulations apart: bf16 accumulation at the same stage trains
+  // otherwise.
+  const AccumulatedRun in_bf16 = train_windows(mixed_config(stage, Precision::kBf16));
+  EXPECT_NE(in_bf16.master, expected.master);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, Fp32AccumulationAtStagesZeroAndOne,
+                         ::testing::Combine(::testing::Values(0, 1), ::testing::Bool()),
+                         [](const auto& info) {
+                           return "stage" + std::to_string(std::get<0>(info.param)) +
+                                  (std::get<1>(info.param) ? "_fp32comm" : "");
+                         });
+
+// The accumulator is counted under gradients by the memory report and predicted by the estimator
+// (zeroshard-estimate's formulas), to the byte, with the toy's padded layout.
+TEST(Fp32AccumulationMemory, AccumulatorIsReportedAndEstimated) {
+  for (int stage : {0, 1}) {
+    for (Precision precision : {Precision::kBf16, Precision::kBf16Fp32Accum}) {
+      SCOPED_TRACE(case_name({stage, precision}));
+      const Config config = mixed_config(stage, precision);
+      Engine engine = make_engine(config, adamw());
+      const auto tensors = uneven_toy_tensors();
+      const auto handles = register_toy(engine, tensors);
+      micro_step(engine, tensors, handles, 0, exact_sum_gradient(DType::kBFloat16));
+      ASSERT_TRUE(engine.step().updated);
+      const std::int64_t padded = engine.padded_numel();
+      const std::int64_t expected = (precision == Precision::kBf16Fp32Accum ? 2 + 4 : 2) * padded;
+      const MemoryLocation where = engine_memory(engine);
+      EXPECT_EQ(engine.memory_report().at(MemoryCategory::kGradients, where).current, expected);
+      EstimateInput in = estimate_input_from_config(config, 0, engine.world_size());
+      for (const ToyTensor& t : tensors) {
+        if (t.trainable) in.tensors.push_back(t.numel);
+      }
+      in.frozen_params = 15;
+      const MemoryEstimate estimate_of_config = estimate(in);
+      ASSERT_TRUE(estimate_of_config.valid) << estimate_of_config.reason;
+      EXPECT_EQ(estimate_of_config.at(MemoryCategory::kGradients, MemoryTier::kDevice), expected);
+    }
+  }
+}
 
 }  // namespace
 }  // namespace zeroshard::testing

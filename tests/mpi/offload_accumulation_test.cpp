@@ -22,7 +22,7 @@ struct AccumulationCase {
   int stage = 0;
   DType dtype = DType::kFloat32;
   std::int64_t accumulation_steps = 1;
-  bool fp32_accumulation = false;  ///< data_types.grad_accum_dtype "fp32" (stages 2-3)
+  bool fp32_accumulation = false;  ///< data_types.grad_accum_dtype "fp32"
 };
 
 Config case_config(const AccumulationCase& c) {
@@ -146,8 +146,9 @@ std::vector<AccumulationCase> accumulation_cases() {
     for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
       for (std::int64_t accumulation_steps : {1, 3}) {
         cases.push_back({stage, dtype, accumulation_steps, false});
-        // fp32 accumulation of 16-bit gradients needs the stage 2-3 gradient shard.
-        if (stage >= 2 && dtype != DType::kFloat32) {
+        // fp32 accumulation of 16-bit gradients: the gradient shard at stages 2-3, the whole
+        // gradients' accumulator at stages 0-1.
+        if (dtype != DType::kFloat32) {
           cases.push_back({stage, dtype, accumulation_steps, true});
         }
       }
