@@ -363,10 +363,9 @@ void GradBucketer::complete_oldest() {
   const int stage = context_.stage;
   const DType dtype = context_.dtype;
   const auto dsize = static_cast<std::int64_t>(context_.dsize);
-  const bool widened = widens_;
   // Stage 0 keeps the whole reduced gradients in grads_full_: a sum reduced in fp32 is stored
   // back rounded, once.
-  if (stage == 0 && widened) {
+  if (stage == 0 && widens_) {
     context_.backend.narrow(reinterpret_cast<const float*>(slot_send(bucket.slot)),
                             grads_full_.as<char>() + bucket.begin * dsize, dtype,
                             bucket.end - bucket.begin);
@@ -378,7 +377,7 @@ void GradBucketer::complete_oldest() {
     const char* reduced = nullptr;
     if (scatter_) {
       reduced = static_cast<const char*>(bucket.output);
-    } else if (widened) {
+    } else if (widens_) {
       reduced = slot_send(bucket.slot) + (lo - bucket.begin) * sizeof(float);
     } else if (whole_) {
       reduced = whole_at(lo);
@@ -388,7 +387,7 @@ void GradBucketer::complete_oldest() {
     if (whole_) {
       // Stages 1-3 with whole gradients keep the reduced shard there, in their type.
       char* dst = whole_at(lo);
-      if (widened) {
+      if (widens_) {
         context_.backend.narrow(reinterpret_cast<const float*>(reduced), dst, dtype, hi - lo);
       }
       sink_->accept_reduced(lo, hi, dst, source_dtype_);

@@ -309,6 +309,45 @@ TEST(OffloadMemory, StagingIsTwoHalvesAsTheEstimatorCounts) {
   }
 }
 
+// Stage 1 with grad_accum_dtype fp32 delivers the reduced shares from its fp32 accumulator: the
+// halves are sized for fp32 shares, in the engine as in the estimator.
+TEST(OffloadMemory, StagingOfFp32AccumulatedSharesIsAsTheEstimatorCounts) {
+  Config resident = case_config(1, DType::kBFloat16);
+  resident.grad_accum_dtype = "fp32";
+  Config offloaded = resident;
+  offloaded.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
+  const std::int64_t measured = communication_bytes(offloaded) - communication_bytes(resident);
+  Engine engine = make_engine(offloaded, make_adamw());
+  register_toy(engine, uneven_toy_tensors());
+  const auto estimated_communication = [&engine](const Config& config) {
+    EstimateInput in = estimate_input_from_config(config, 0, engine.world_size());
+    for (const ToyTensor& t : uneven_toy_tensors()) {
+      if (t.trainable) in.tensors.push_back(t.numel);
+    }
+    in.frozen_params = 15;
+    const MemoryEstimate e = estimate(in);
+    return e.at(MemoryCategory::kCommunication, MemoryTier::kHost) +
+           e.at(MemoryCategory::kCommunication, MemoryTier::kDevice);
+  };
+  // An fp32 share may be larger than the 16-bit write-back tile: the estimate is the rank with the
+  // largest share.
+  const std::int64_t estimated =
+      estimated_communication(offloaded) - estimated_communication(resident);
+  EXPECT_GT(measured, 0);
+  EXPECT_LE(measured, estimated);
+  if (engine.world_size() == 1) {
+    EXPECT_EQ(measured, estimated);
+  }
+  // The shard the offloaded update reads is fp32 too.
+  const std::int64_t shard = engine.shard_end() - engine.shard_begin();
+  const std::int64_t whole = engine.padded_numel() * (2 + 4);
+  const MemoryReport report = engine.memory_report();
+  const std::int64_t gradients =
+      report.at(MemoryCategory::kGradients, MemoryLocation::kHost).current +
+      report.at(MemoryCategory::kGradients, MemoryLocation::kDevice).current;
+  EXPECT_EQ(gradients, whole + 4 * shard);
+}
+
 TEST(OffloadKeys, MaxInCpuBelowTheShardIsRefusedByName) {
   Config config = toy_config(3);
   config.zero_optimization.offload_param.device = OffloadDevice::kCpu;
