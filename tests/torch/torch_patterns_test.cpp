@@ -147,15 +147,34 @@ TEST(TorchPatterns, ReducingDuringBackwardRefusesASecondBackwardByName) {
 // generator's loss backpropagates through the discriminator, and each model's zero_grad() drops
 // what the other's loss left. The same losses as torch::optim, and the discriminator's engine
 // reduces nothing for the generator's step.
+// The generator's layers are stage 3's units. BatchNorm (`norm`) normalises each rank's rows
+// alone, as under DDP, so the one-process torch::optim run is no reference for it beyond 1 rank.
+// The layer before it has no bias: BatchNorm cancels that gradient, leaving rounding noise that
+// Adam would scale up to whole steps.
+struct GeneratorImpl : torch::nn::Module {
+  explicit GeneratorImpl(bool norm)
+      : layers(register_module("layers",
+                               torch::nn::Sequential(torch::nn::Linear(
+                                   torch::nn::LinearOptions(kInputs, kInputs).bias(!norm))))) {
+    if (norm) layers->push_back(torch::nn::BatchNorm1d(kInputs));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    for (auto& layer : *layers) x = zeroshard::torch::forward(layer, x);
+    return x;
+  }
+  torch::nn::Sequential layers;
+};
+TORCH_MODULE(Generator);
+
 struct Gan {
-  torch::nn::Linear generator{nullptr};
+  Generator generator{nullptr};
   TinyNet discriminator{nullptr};
 };
 
-Gan make_gan() {
+Gan make_gan(bool norm) {
   torch::manual_seed(11);
   Gan gan;
-  gan.generator = torch::nn::Linear(kInputs, kInputs);
+  gan.generator = Generator(norm);
   gan.discriminator = TinyNet(kInputs, kWidth, kDepth, kOutputs, 0.0);
   return gan;
 }
@@ -166,8 +185,10 @@ struct GanRun {
   std::int64_t reductions_for_the_generator = 0;
 };
 
-GanRun train_gan(int stage) {
-  Gan gan = make_gan();
+// Steps [first, first + steps); `load` and `save` name a folder of checkpoints (one per model).
+GanRun train_gan(int stage, bool norm, int first = 0, int steps = 6, const std::string& load = "",
+                 const std::string& save = "") {
+  Gan gan = make_gan(norm);
   auto communicator = Communicator::from_environment();
   const int world = stage < 0 ? 1 : communicator->size();
   const int rank = stage < 0 ? 0 : communicator->rank();
@@ -183,6 +204,10 @@ GanRun train_gan(int stage) {
     optimizer_g =
         std::make_unique<zeroshard::torch::Optimizer>(*gan.generator, config, std::move(options_g));
     optimizer_d = std::make_unique<zeroshard::torch::Optimizer>(*gan.discriminator, config);
+    if (!load.empty()) {
+      static_cast<zeroshard::torch::Optimizer&>(*optimizer_g).load_checkpoint(load + "/g");
+      static_cast<zeroshard::torch::Optimizer&>(*optimizer_d).load_checkpoint(load + "/d");
+    }
   }
   GanRun run;
   const auto reductions = [&] {
@@ -193,7 +218,7 @@ GanRun train_gan(int stage) {
            traffic.calls[static_cast<int>(Collective::kAllReduce)];
   };
   const std::int64_t rows = kBatch / world;
-  for (int step = 0; step < 6; ++step) {
+  for (int step = first; step < first + steps; ++step) {
     const Batch real = batch(step, rank * rows, (rank + 1) * rows);
     const Batch noise = batch(100 + step, rank * rows, (rank + 1) * rows);
     gan.discriminator->zero_grad();
@@ -208,6 +233,10 @@ GanRun train_gan(int stage) {
     optimizer_g->step();
     run.reductions_for_the_generator += reductions() - before;
   }
+  if (!save.empty()) {
+    static_cast<zeroshard::torch::Optimizer&>(*optimizer_g).save_checkpoint(save + "/g", "t");
+    static_cast<zeroshard::torch::Optimizer&>(*optimizer_d).save_checkpoint(save + "/d", "t");
+  }
   if (stage < 0) {
     run.generator = flat_parameters(*gan.generator);
     run.discriminator = flat_parameters(*gan.discriminator);
@@ -221,14 +250,32 @@ GanRun train_gan(int stage) {
 }
 
 TEST(TorchPatterns, AGansTwoOptimizersMatchTorchOptim) {
-  const GanRun reference = train_gan(-1);
+  const GanRun reference = train_gan(-1, false);
   for (int stage = 0; stage <= 3; ++stage) {
     SCOPED_TRACE("stage " + std::to_string(stage));
-    const GanRun run = train_gan(stage);
+    const GanRun run = train_gan(stage, false);
     EXPECT_LE(max_difference(run.generator, reference.generator), kRoundingBound);
     EXPECT_LE(max_difference(run.discriminator, reference.discriminator), kRoundingBound);
     EXPECT_EQ(run.reductions_for_the_generator, 0)
         << "the discriminator's engine reduced gradients of the generator's loss";
+  }
+}
+
+// DCGAN's save and resume: both optimizers and the generator's BatchNorm statistics come back, and
+// the resumed run equals the run that never stopped.
+TEST(TorchPatterns, AGanSavedAndResumedEqualsTheRunThatNeverStopped) {
+  const int world = Communicator::from_environment()->size();
+  const std::string dir =
+      (std::filesystem::current_path() / ("torch_gan_np" + std::to_string(world))).string();
+  for (int stage : {0, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    if (Communicator::from_environment()->rank() == 0) std::filesystem::remove_all(dir);
+    MPI_Barrier(MPI_COMM_WORLD);
+    const GanRun whole = train_gan(stage, true, 0, 6);
+    train_gan(stage, true, 0, 3, "", dir);
+    const GanRun resumed = train_gan(stage, true, 3, 3, dir);
+    EXPECT_EQ(resumed.generator, whole.generator);
+    EXPECT_EQ(resumed.discriminator, whole.discriminator);
   }
 }
 

@@ -12,10 +12,11 @@
 struct GeneratorImpl : torch::nn::Module {
   GeneratorImpl()
       : layers(register_module(
-            "layers", torch::nn::Sequential(torch::nn::Linear(8, 64), torch::nn::BatchNorm1d(64),
-                                            torch::nn::ReLU(), torch::nn::Linear(64, 64),
-                                            torch::nn::BatchNorm1d(64), torch::nn::ReLU(),
-                                            torch::nn::Linear(64, 2)))) {}
+            "layers",
+            torch::nn::Sequential(torch::nn::Linear(torch::nn::LinearOptions(8, 64).bias(false)),
+                                  torch::nn::BatchNorm1d(64), torch::nn::ReLU(),
+                                  torch::nn::Linear(64, 64), torch::nn::BatchNorm1d(64),
+                                  torch::nn::ReLU(), torch::nn::Linear(64, 2)))) {}
   torch::Tensor forward(torch::Tensor x) { return layers->forward(x); }
   torch::nn::Sequential layers;
 };
@@ -24,9 +25,11 @@ TORCH_MODULE(Generator);
 struct DiscriminatorImpl : torch::nn::Module {
   DiscriminatorImpl()
       : layers(register_module(
-            "layers", torch::nn::Sequential(torch::nn::Linear(2, 64), torch::nn::LeakyReLU(),
-                                            torch::nn::Linear(64, 64), torch::nn::BatchNorm1d(64),
-                                            torch::nn::LeakyReLU(), torch::nn::Linear(64, 1)))) {}
+            "layers",
+            torch::nn::Sequential(torch::nn::Linear(2, 64), torch::nn::LeakyReLU(),
+                                  torch::nn::Linear(torch::nn::LinearOptions(64, 64).bias(false)),
+                                  torch::nn::BatchNorm1d(64), torch::nn::LeakyReLU(),
+                                  torch::nn::Linear(64, 1)))) {}
   torch::Tensor forward(torch::Tensor x) { return layers->forward(x); }
   torch::nn::Sequential layers;
 };
