@@ -6,6 +6,8 @@
 #pragma once
 
 #include <torch/nn/module.h>
+#include <torch/nn/modules/container/any.h>
+#include <torch/nn/pimpl.h>
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
@@ -68,6 +70,19 @@ struct OptimizerOptions {
   /// model's GPU's) restored so that dropout draws alike. Without it, an `activation_checkpointing`
   /// key that asks for something is refused (ConfigError naming it): nothing would checkpoint.
   bool checkpoint_units = false;
+  /// False (the default), as torch::optim: autograd accumulates each gradient in `.grad()` over
+  /// any number of backward() calls, the module's or the optimizer's zero_grad() discards it, and
+  /// step() hands it to the engine, so a gradient that flows through this model for another
+  /// optimizer's loss (a GAN's generator loss through its discriminator) is never reduced. True:
+  /// each gradient goes to the engine as soon as autograd completes it, so at stages 2-3 a
+  /// bucket's reduction overlaps the rest of backward and no whole gradient is kept; a micro-step
+  /// then takes one backward() through this model (a second one is refused, naming the
+  /// parameter).
+  bool reduce_during_backward = false;
+  /// Rank 0's module buffers (BatchNorm's running statistics) are copied to every rank when the
+  /// optimizer is built and at every step(), as DDP's broadcast_buffers does before each forward,
+  /// so that every rank evaluates alike. False: each rank keeps its own.
+  bool broadcast_buffers = true;
 };
 
 /// A torch::optim::Optimizer whose state is sharded by a zeroshard Engine. Built from the model
@@ -115,6 +130,11 @@ class Optimizer : public ::torch::optim::Optimizer {
   void save(::torch::serialize::OutputArchive& archive) const override;
   void load(::torch::serialize::InputArchive& archive) override;
 
+  /// Collective: the mean of `value` over the ranks. A decision taken on a rank's own loss (stop
+  /// when it is below a threshold) makes ranks stop at different steps and the collectives of
+  /// the next step() hang; take it on this mean, which every rank gets alike.
+  double mean_over_ranks(double value);
+
   Engine& engine();
   const Engine& engine() const;
 
@@ -156,25 +176,77 @@ class UnitScope {
   Unit* unit_ = nullptr;
 };
 
-/// module->forward(args...) with the module's parameters gathered when it is a stage-3 unit: the
-/// one change a stage-3 model makes at each unit's call site. `module` is a ModuleHolder or a
-/// shared_ptr to a module.
-template <class ModulePointer, class... Args>
-auto forward(const ModulePointer& module, Args&&... args) {
-  UnitScope scope(*module);
-  using Output = decltype(module->forward(std::forward<Args>(args)...));
+namespace detail {
+
+template <class M, class = void>
+struct IsModuleHolder : std::false_type {};
+template <class M>
+struct IsModuleHolder<M, std::void_t<typename M::ContainedType>>
+    : std::is_base_of<::torch::nn::ModuleHolder<typename M::ContainedType>, M> {};
+
+/// The module behind a ModuleHolder (torch::nn::Conv2d), a shared_ptr or a plain pointer, callable
+/// (its forward() is not const).
+template <class M>
+auto* module_pointer(const M& module) {
+  if constexpr (IsModuleHolder<M>::value) {
+    return module.ptr().get();
+  } else if constexpr (std::is_pointer_v<M>) {
+    return module;
+  } else {
+    return module.get();
+  }
+}
+
+}  // namespace detail
+
+/// function(args...) with `module`'s parameters gathered when it is a stage-3 unit: the call site
+/// of a unit whose work is not its own forward() (a function of its layers, say). `module` is
+/// what forward() takes. A checkpointed unit (checkpoint_units) calls `function` again in
+/// backward: capture by value what it reads.
+template <class ModulePointer, class Function, class... Args>
+auto call(const ModulePointer& module, Function&& function, Args&&... args) {
+  const ::torch::nn::Module& unit = [&]() -> const ::torch::nn::Module& {
+    if constexpr (std::is_same_v<ModulePointer, ::torch::nn::AnyModule>) {
+      return *module.ptr();
+    } else {
+      return *detail::module_pointer(module);
+    }
+  }();
+  UnitScope scope(unit);
+  using Output = decltype(function(std::forward<Args>(args)...));
   if constexpr (sizeof...(Args) == 1 && std::is_same_v<Output, at::Tensor> &&
                 (std::is_convertible_v<Args, const at::Tensor&> && ...)) {
-    if (scope.checkpointed()) {
-      return scope.checkpoint([module](const at::Tensor& x) { return module->forward(x); },
-                              args...);
-    }
+    if (scope.checkpointed()) return scope.checkpoint(function, args...);
   } else if (scope.checkpointed()) {
     throw UsageError(
         "zeroshard::torch::forward: a checkpointed unit takes one tensor and returns "
         "one; wrap this module's call in a module that does");
   }
-  return scope.leave(module->forward(std::forward<Args>(args)...));
+  return scope.leave(function(std::forward<Args>(args)...));
+}
+
+/// module->forward(args...) with the module's parameters gathered when it is a stage-3 unit: the
+/// one change a stage-3 model makes at each unit's call site. `module` is a ModuleHolder (a
+/// torch::nn::Linear member), a shared_ptr or pointer to a module, or an AnyModule (what iterating
+/// a Sequential yields: its forward returns a tensor).
+template <class ModulePointer, class... Args>
+auto forward(const ModulePointer& module, Args&&... args) {
+  if constexpr (std::is_same_v<ModulePointer, ::torch::nn::AnyModule>) {
+    // AnyModule::forward is not const; a copy shares the module.
+    return call(
+        module,
+        [any = module](auto&&... inputs) mutable {
+          return any.forward(std::forward<decltype(inputs)>(inputs)...);
+        },
+        std::forward<Args>(args)...);
+  } else {
+    return call(
+        module,
+        [pointer = detail::module_pointer(module)](auto&&... inputs) {
+          return pointer->forward(std::forward<decltype(inputs)>(inputs)...);
+        },
+        std::forward<Args>(args)...);
+  }
 }
 
 }  // namespace zeroshard::torch

@@ -1,6 +1,9 @@
 #include "torch/engine_tensors.h"
 
+#include <c10/core/Allocator.h>
 #include <c10/core/Storage.h>
+
+#include <limits>
 
 #include "zeroshard/error.h"
 
@@ -70,28 +73,52 @@ void EngineBackedTensor::point_at(void* data) {
   if (attached_) return;
   // set_data keeps the tensor (and its gradient accumulator, same type and device) and swaps
   // what it views; the values are already in engine memory.
-  tensor_.set_data(
+  set_data(
       at::empty({0}, options_).set_(c10::Storage(storage_), 0, shape_, contiguous_strides(shape_)));
   attached_ = true;
 }
 
-void EngineBackedTensor::point_at_nothing() { detach_storage(at::empty({0}, options_)); }
+void EngineBackedTensor::point_at_nothing(void* placeholder) {
+  detach_storage(placeholder, at::empty({0}, options_));
+}
 
 void EngineBackedTensor::shape_without_values() {
   // A zero-dimensional tensor expanded: the full shape, one element of memory.
-  detach_storage(at::empty({}, options_).expand(shape_));
+  detach_storage(nullptr, at::empty({}, options_).expand(shape_));
 }
 
 void EngineBackedTensor::keep_values() {
-  if (attached_) tensor_.set_data(tensor_.detach().clone());
-  detach_storage({});
+  // Only the parameter and this object hold a storage nothing was detached from.
+  const bool viewed = attached_ || storage_.use_count() > 1;
+  if (!viewed || bytes_ == 0) {
+    if (!attached_) detach_storage(nullptr, {});
+    return;
+  }
+  c10::DataPtr owned = c10::GetAllocator(device_.type())->allocate(bytes_);
+  const at::Tensor values = at::from_blob(owned.get(), shape_, options_);
+  if (attached_) {
+    values.copy_(tensor_.detach());
+  } else {
+    values.fill_(std::numeric_limits<double>::quiet_NaN());
+  }
+  storage_->set_data_ptr_noswap(std::move(owned));
+  storage_->set_nbytes(bytes_);
 }
 
-void EngineBackedTensor::detach_storage(const at::Tensor& replacement) {
-  storage_->set_data_ptr_noswap(c10::DataPtr(nullptr, device_));
-  storage_->set_nbytes(0);
-  if (replacement.defined()) tensor_.set_data(replacement);
+bool EngineBackedTensor::replaced() const {
+  return tensor_.storage().unsafeGetStorageImpl() != given_;
+}
+
+void EngineBackedTensor::detach_storage(void* data, const at::Tensor& replacement) {
+  storage_->set_data_ptr_noswap(c10::DataPtr(data, device_));
+  storage_->set_nbytes(data == nullptr ? 0 : bytes_);
+  if (replacement.defined()) set_data(replacement);
   attached_ = false;
+}
+
+void EngineBackedTensor::set_data(const at::Tensor& data) {
+  tensor_.set_data(data);
+  given_ = tensor_.storage().unsafeGetStorageImpl();
 }
 
 }  // namespace zeroshard::torch::detail

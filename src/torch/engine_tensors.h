@@ -34,18 +34,25 @@ class EngineBackedTensor {
   /// The parameter's values are at `data` from now on.
   void point_at(void* data);
   /// The parameter holds nothing (an empty tensor): a read outside its unit fails at its first
-  /// operation, and the views autograd saved point nowhere until the next point_at().
-  void point_at_nothing();
+  /// operation. The views autograd saved, and tensors detach()ed from the parameter, see
+  /// `placeholder` (as many bytes as the parameter's, never freed before this object) until the
+  /// next point_at().
+  void point_at_nothing(void* placeholder);
   /// The parameter takes the engine's type and its full shape with no values behind it: what
   /// autograd's accumulator is created from for a parameter that is gathered only later.
   void shape_without_values();
-  /// Before the engine's memory goes: the tensor keeps a copy of the values it views (torch's own
-  /// memory from then on), or stays empty when it views nothing.
+  /// Before the engine's memory goes: the storage the parameter (and every tensor detach()ed from
+  /// it) views takes torch memory of its own, with the values it views, or NaN when the parameter
+  /// views nothing (a released stage-3 unit's, whose tensor stays empty).
   void keep_values();
+  /// True when the program gave the tensor other data (set_data(), module->to()) than this object
+  /// last gave it.
+  bool replaced() const;
 
  private:
-  /// storage_ points nowhere; the tensor then views `replacement` (unless undefined).
-  void detach_storage(const at::Tensor& replacement);
+  /// storage_ points at `data` (null: nowhere); the tensor then views `replacement`.
+  void detach_storage(void* data, const at::Tensor& replacement);
+  void set_data(const at::Tensor& data);
 
   at::Tensor tensor_;
   std::vector<std::int64_t> shape_;
@@ -53,7 +60,8 @@ class EngineBackedTensor {
   c10::Device device_;
   at::TensorOptions options_;
   c10::intrusive_ptr<c10::StorageImpl> storage_;
-  bool attached_ = false;  ///< tensor_ uses storage_
+  bool attached_ = false;                    ///< tensor_ uses storage_
+  const c10::StorageImpl* given_ = nullptr;  ///< the storage tensor_ was last given
 };
 
 }  // namespace zeroshard::torch::detail

@@ -1,6 +1,7 @@
-// Gradients from autograd to the engine: a post hook on each parameter's gradient accumulator
-// runs as soon as autograd has accumulated that gradient, in backward order, so at stages 2-3 a
-// bucket's reduce-scatter starts while the rest of backward goes on.
+// Gradients from autograd to the engine: at step(), as torch::optim reads .grad(), or, with
+// reduce_during_backward, from a post hook on each parameter's gradient accumulator as soon as
+// autograd has accumulated it, so that at stages 2-3 a bucket's reduce-scatter starts while the
+// rest of backward goes on.
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -45,15 +46,38 @@ void Optimizer::State::install_gradient_hooks() {
   }
 }
 
+namespace {
+
+// The gradient's values live in `grad_view` when .grad() is it or an alias of it (a module's
+// zero_grad() makes .grad() a detached alias).
+bool views_engine_memory(const at::Tensor& grad, const at::Tensor& grad_view) {
+  return grad.defined() && grad.data_ptr() == grad_view.data_ptr();
+}
+
+}  // namespace
+
 void Optimizer::State::hand_over_gradient(int index) {
   ManagedParam& param = params[static_cast<std::size_t>(index)];
+  if (!reduce_during_backward) {
+    // The gradient stays in .grad() until step(); the unit's backward gather may go.
+    if (param.unit != nullptr) param.unit->gradient_handed_over();
+    return;
+  }
+  if (param.handed_over) {
+    throw UsageError("zeroshard::torch::Optimizer: parameter '" + param.parameter.name() +
+                     "' got a gradient from a second backward() before step(); with "
+                     "OptimizerOptions::reduce_during_backward each micro-step takes one "
+                     "backward() through the model. Add the losses and call backward() once, or "
+                     "leave reduce_during_backward false");
+  }
+  param.handed_over = true;
   at::Tensor& grad = param.backing.tensor().mutable_grad();
   if (!per_parameter_grads) {
     // .grad() was replaced since zero_grad() (set to none, say): its values join the engine's.
-    if (grad.defined() && !grad.is_same(param.grad_view)) {
+    if (grad.defined() && !views_engine_memory(grad, param.grad_view)) {
       param.grad_view.add_(grad);
-      grad = param.grad_view;
     }
+    grad = param.grad_view;
     engine.grad_ready(param.parameter);
     return;
   }
@@ -68,6 +92,38 @@ void Optimizer::State::hand_over_gradient(int index) {
   engine.grad_ready(param.parameter);
   grad = at::Tensor();
   if (param.unit != nullptr) param.unit->gradient_handed_over();
+}
+
+void Optimizer::State::hand_over_gradients() {
+  if (reduce_during_backward) return;
+  // Last registered first: the order the engine's buckets are reduced in.
+  for (std::size_t i = params.size(); i-- > 0;) {
+    ManagedParam& param = params[i];
+    if (!param.parameter.trainable()) continue;
+    at::Tensor& grad = param.backing.tensor().mutable_grad();
+    if (!per_parameter_grads) {
+      // torch::optim reads .grad() as it is: a caller that set it to none (libtorch 2.x's
+      // zero_grad()) dropped what the engine's memory held, and a new tensor replaces it.
+      if (!grad.defined()) {
+        param.grad_view.zero_();
+      } else if (!views_engine_memory(grad, param.grad_view)) {
+        param.grad_view.copy_(grad);
+      }
+      grad = param.grad_view;
+      continue;
+    }
+    if (!grad.defined()) continue;  // no gradient: zero, for all_grads_ready()
+    const GradTarget target = param.parameter.grad_target();
+    at::Tensor slot = detail::view_of(target.data, engine.model_dtype(), engine.device(),
+                                      param.parameter.shape());
+    if (target.accumulate) {
+      slot.add_(grad);
+    } else {
+      slot.copy_(grad);
+    }
+    engine.grad_ready(param.parameter);
+    grad = at::Tensor();
+  }
 }
 
 }  // namespace zeroshard::torch

@@ -25,6 +25,8 @@ struct ManagedParam {
   /// Keeps autograd's accumulator, and so the post hook on it, alive.
   std::shared_ptr<::torch::autograd::Node> accumulator;
   std::uintptr_t hook = 0;  ///< the post hook's key, to remove it with the optimizer
+  /// reduce_during_backward: the gradient went to the engine in this micro-step.
+  bool handed_over = false;
 };
 
 struct UnitScope::Unit {
@@ -76,6 +78,17 @@ struct Optimizer::State {
   void unregister_units() noexcept;
   /// The post hook's work once autograd has accumulated parameter `index`'s gradient.
   void hand_over_gradient(int index);
+  /// At step(), unless reduce_during_backward: every `.grad()` as torch::optim would read it goes
+  /// to the engine.
+  void hand_over_gradients();
+  /// Before the engine uses the model's tensors: UsageError naming a parameter whose data the
+  /// program replaced (set_data, module->to()) since the optimizer was built.
+  void check_parameters_are_ours() const;
+  /// Collective (broadcast_buffers): rank 0's module buffers on every rank.
+  void broadcast_module_buffers();
+  /// The module buffers beside checkpoint `dir`/`tag`: written by rank 0, read by every rank.
+  void save_module_buffers(const std::string& dir, const std::string& tag);
+  void load_module_buffers(const std::string& dir, const std::string& tag);
   /// Every group's lr from the torch side to the engine, before an update.
   void push_learning_rates(std::vector<::torch::optim::OptimizerParamGroup>& groups);
   /// The engine's lr (its scheduler's) back to every group.
@@ -104,6 +117,13 @@ struct Optimizer::State {
   /// Stage 3: the engine modules of the parameters in no unit.
   std::vector<ModuleId> modules_of_no_unit;
   bool per_parameter_grads = false;  ///< stages 2-3: gradients go to bucket slots
+  bool reduce_during_backward = false;
+  bool broadcast_buffers = true;
+  /// The model's buffers (BatchNorm's running statistics), by name.
+  std::vector<std::pair<std::string, at::Tensor>> buffers;
+  /// Stage 3: what a released unit's parameter storage holds (NaN, as wide as the widest one), so
+  /// that a tensor detach()ed from it inside its unit reads valid memory.
+  at::Tensor released_values;
   bool backward_callback_queued = false;
 
   struct Group {

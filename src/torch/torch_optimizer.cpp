@@ -6,6 +6,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <mutex>
+#include <span>
 #include <sstream>
 #include <unordered_map>
 
@@ -105,6 +108,26 @@ int unit_of(const std::string& parameter_name, const std::vector<FoundUnit>& uni
   return -1;
 }
 
+// Parameter -> the optimizer training it, over every optimizer alive: two engines updating one
+// tensor would train two diverging copies.
+std::mutex claims_mutex;
+std::unordered_map<const c10::TensorImpl*, const Optimizer::State*>& claims() {
+  static std::unordered_map<const c10::TensorImpl*, const Optimizer::State*> owners;
+  return owners;
+}
+
+void refuse_claimed(const std::vector<std::pair<std::string, at::Tensor>>& named) {
+  std::lock_guard lock(claims_mutex);
+  for (const auto& [name, tensor] : named) {
+    if (claims().count(tensor.unsafeGetTensorImpl()) != 0) {
+      throw UsageError("zeroshard::torch::Optimizer: parameter '" + name +
+                       "' is already trained by another zeroshard::torch::Optimizer; give each "
+                       "parameter to one optimizer (one over both models, with a ParamGroup for "
+                       "other options, or freeze it with requires_grad(false))");
+    }
+  }
+}
+
 std::vector<float> fp32_values(const at::Tensor& tensor) {
   const at::Tensor host = tensor.detach().to(at::kCPU, at::kFloat).contiguous();
   return std::vector<float>(host.data_ptr<float>(), host.data_ptr<float>() + host.numel());
@@ -123,6 +146,8 @@ Optimizer::State::State(Module& model, Config config, OptimizerOptions options)
   }
   const int stage = engine.stage();
   per_parameter_grads = stage >= 2;
+  reduce_during_backward = options.reduce_during_backward;
+  broadcast_buffers = options.broadcast_buffers;
   units_gather = stage == 3;
 
   std::vector<FoundUnit> found_units;
@@ -156,6 +181,10 @@ Optimizer::State::State(Module& model, Config config, OptimizerOptions options)
     if (seen.emplace(item.value().unsafeGetTensorImpl(), true).second) {
       named.emplace_back(item.key(), item.value());
     }
+  }
+  refuse_claimed(named);
+  for (const auto& item : model.named_buffers(/*recurse=*/true)) {
+    buffers.emplace_back(item.key(), item.value());
   }
   std::vector<int> unit_of_param;
   for (const auto& [name, tensor] : named) {
@@ -225,17 +254,40 @@ Optimizer::State::State(Module& model, Config config, OptimizerOptions options)
     }
   }
   install_gradient_hooks();
+  std::int64_t widest_released = 0;
   for (ManagedParam& param : params) {
-    if (follows_its_unit(param)) param.backing.point_at_nothing();
+    if (follows_its_unit(param))
+      widest_released = std::max(widest_released, param.parameter.numel());
+  }
+  if (widest_released > 0) {
+    released_values = at::full({widest_released}, std::numeric_limits<double>::quiet_NaN(),
+                               at::TensorOptions()
+                                   .dtype(detail::scalar_type(engine.model_dtype()))
+                                   .device(detail::torch_device(engine.device())));
+  }
+  for (ManagedParam& param : params) {
+    if (follows_its_unit(param)) param.backing.point_at_nothing(released_values.data_ptr());
   }
   if (options.checkpoint_units) start_checkpointing();
   for (Group& group : groups) group.lr_written = engine.lr() * group.lr_ratio;
+  broadcast_module_buffers();
+  std::lock_guard lock(claims_mutex);
+  for (const ManagedParam& param : params) {
+    claims()[param.backing.tensor().unsafeGetTensorImpl()] = this;
+  }
 }
 
 // The model outlives its optimizer, not the engine's memory: each parameter keeps a copy of its
 // values (stage 3: a unit's parameters stay empty, the engine alone held their shards), gradients
 // that were views of the engine's are dropped, and the hooks that call into this state go.
 Optimizer::State::~State() {
+  {
+    std::lock_guard lock(claims_mutex);
+    for (const ManagedParam& param : params) {
+      const auto claim = claims().find(param.backing.tensor().unsafeGetTensorImpl());
+      if (claim != claims().end() && claim->second == this) claims().erase(claim);
+    }
+  }
   for (ManagedParam& param : params) {
     param.backing.keep_values();
     if (!param.parameter.trainable()) continue;
@@ -298,6 +350,17 @@ void Optimizer::State::pull_learning_rates(
   }
 }
 
+void Optimizer::State::check_parameters_are_ours() const {
+  for (const ManagedParam& param : params) {
+    if (!param.backing.replaced()) continue;
+    throw UsageError("zeroshard::torch::Optimizer: parameter '" + param.parameter.name() +
+                     "' was given new data (set_data(), or module->to() a dtype or device) after "
+                     "the optimizer was built, so the model no longer reads what the engine "
+                     "trains; move or cast the model first, then build the optimizer, and write "
+                     "new values in place (copy_() under torch::NoGradGuard)");
+  }
+}
+
 void Optimizer::State::gather_units_of_no_unit() {
   for (ModuleId module : modules_of_no_unit) engine.gather(module);
   for (ManagedParam& param : params) {
@@ -341,13 +404,17 @@ at::Tensor Optimizer::step(LossClosure closure) {
     loss = closure();
   }
   State& state = *state_;
+  state.check_parameters_are_ours();
   state.push_learning_rates(param_groups_);
   state.drop_pending_checkpoints();
+  state.hand_over_gradients();
   state.engine.all_grads_ready();
   state.release_units_of_no_unit();
   state.last_step = state.engine.step();
   state.gather_units_of_no_unit();
   state.pull_learning_rates(param_groups_);
+  for (ManagedParam& param : state.params) param.handed_over = false;
+  state.broadcast_module_buffers();
   return loss;
 }
 
@@ -355,6 +422,7 @@ void Optimizer::zero_grad() {
   state_->engine.zero_grad();
   for (ManagedParam& param : state_->params) {
     if (!param.parameter.trainable()) continue;
+    param.handed_over = false;
     // A caller (or torch's own zero_grad(set_to_none)) may have replaced .grad(); stages 0-1
     // put the view of the engine's gradient memory back, stages 2-3 keep none between backwards.
     param.backing.tensor().mutable_grad() = param.grad_view;
@@ -377,6 +445,7 @@ const StepResult& Optimizer::last_step() const noexcept { return state_->last_st
 void Optimizer::save_checkpoint(const std::string& dir, const std::string& tag,
                                 const std::string& user_state) {
   state_->engine.save_checkpoint(dir, tag, user_state);
+  state_->save_module_buffers(dir, tag);
 }
 
 CheckpointInfo Optimizer::load_checkpoint(const std::string& dir, const std::string& tag) {
@@ -384,6 +453,7 @@ CheckpointInfo Optimizer::load_checkpoint(const std::string& dir, const std::str
   // Gathered copies would be stale after the load: released first, gathered from the new shards.
   state.release_units_of_no_unit();
   CheckpointInfo info = state.engine.load_checkpoint(dir, tag);
+  state.load_module_buffers(dir, info.tag);
   state.gather_units_of_no_unit();
   state.pull_learning_rates(param_groups_);
   return info;
@@ -399,6 +469,12 @@ void Optimizer::load(::torch::serialize::InputArchive& /*archive*/) {
   throw UsageError(
       "zeroshard::torch::Optimizer: torch::load cannot restore a sharded optimizer; call "
       "load_checkpoint(dir) on every rank instead");
+}
+
+double Optimizer::mean_over_ranks(double value) {
+  Communicator& communicator = state_->engine.communicator();
+  communicator.all_reduce(std::span<double>(&value, 1));
+  return value / communicator.size();
 }
 
 Engine& Optimizer::engine() { return state_->engine; }

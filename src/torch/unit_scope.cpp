@@ -60,7 +60,9 @@ void UnitScope::Unit::gather() {
   if (holders++ > 0) return;
   for (int index : params) {
     ManagedParam& param = owner->params[static_cast<std::size_t>(index)];
-    if (owner->follows_its_unit(param)) param.backing.point_at(param.parameter.raw_data());
+    if (!owner->follows_its_unit(param)) continue;
+    if (param.backing.replaced()) owner->check_parameters_are_ours();
+    param.backing.point_at(param.parameter.raw_data());
   }
 }
 
@@ -70,7 +72,9 @@ void UnitScope::Unit::release() {
   if (--holders > 0) return;
   for (int index : params) {
     ManagedParam& param = owner->params[static_cast<std::size_t>(index)];
-    if (owner->follows_its_unit(param)) param.backing.point_at_nothing();
+    if (owner->follows_its_unit(param)) {
+      param.backing.point_at_nothing(owner->released_values.data_ptr());
+    }
   }
 }
 

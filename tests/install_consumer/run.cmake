@@ -32,6 +32,15 @@ if(EXISTS ${WORK_DIR}/build/torch_consumer)
 elseif(EXISTS ${WORK_DIR}/prefix/${INSTALL_LIBDIR}/cmake/zeroshard/zeroshardTorchTargets.cmake)
   message(FATAL_ERROR "zeroshard::torch is installed but the consumer did not get it")
 endif()
+# A program that calls only the adapter's API does not list libzeroshard (the linker drops it
+# under --as-needed): the installed adapter finds it beside itself.
+file(GLOB torch_library ${WORK_DIR}/prefix/${INSTALL_LIBDIR}/libzeroshard_torch.so.*.*.*)
+if(torch_library)
+  execute_process(COMMAND readelf -d ${torch_library} OUTPUT_VARIABLE dynamic RESULT_VARIABLE rc)
+  if(rc OR NOT dynamic MATCHES "(RUNPATH|RPATH)[^\n]*[$]ORIGIN")
+    message(FATAL_ERROR "the installed ${torch_library} has no RUNPATH $ORIGIN:\n${dynamic}")
+  endif()
+endif()
 
 find_program(PKG_CONFIG pkg-config REQUIRED)
 set(pc_env PKG_CONFIG_PATH=${WORK_DIR}/prefix/${INSTALL_LIBDIR}/pkgconfig)

@@ -70,6 +70,7 @@ std::int64_t reductions(const Communicator& communicator) {
          traffic.calls[static_cast<int>(Collective::kAllReduce)];
 }
 
+// With reduce_during_backward (by default gradients wait in .grad() for step()).
 TEST(TorchOptimizer, Stage2StartsABucketsReductionBeforeBackwardEnds) {
   std::int64_t before_backward = 0;
   std::int64_t in_backward = -1;
@@ -82,7 +83,14 @@ TEST(TorchOptimizer, Stage2StartsABucketsReductionBeforeBackwardEnds) {
     };
   };
   // 100-element buckets: the head's and the last blocks' gradients fill several.
-  train_zero({.stage = 2, .zero = {{"reduce_bucket_size", "100"}}, .steps = 1}, install);
+  train_zero({.stage = 2,
+              .zero = {{"reduce_bucket_size", "100"}},
+              .steps = 1,
+              .configure =
+                  [](TinyNet&, zeroshard::torch::OptimizerOptions& options) {
+                    options.reduce_during_backward = true;
+                  }},
+             install);
   EXPECT_GT(in_backward, before_backward)
       << "no gradient reduction started while backward was still running";
 }
