@@ -1,0 +1,55 @@
+// The training series the csv_monitor and tensorboard keys ask for: what one optimizer step
+// reports, the names it is written under (DeepSpeed's where it has them) and the writers of this
+// rank, which a failing disk turns off with a warning rather than stopping training.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "monitor/series_writer.h"
+#include "zeroshard/communicator.h"
+#include "zeroshard/config.h"
+#include "zeroshard/memory_report.h"
+
+namespace zeroshard::detail {
+
+/// What the engine knows of one optimizer step (an accumulation window's end).
+struct MonitoredStep {
+  std::int64_t step = 0;     ///< windows ended, skipped ones included: the x of zeroshard's series
+  std::int64_t samples = 0;  ///< step x train_batch_size: the x of DeepSpeed's Train/Samples
+  double lr = 0.0;
+  double loss_scale = 1.0;
+  double grad_norm = 0.0;
+  bool skipped = false;
+  std::int64_t skipped_steps = 0;  ///< skipped so far
+  /// Wall-clock milliseconds of this step's parts ("step", "reduce", "update", ...).
+  std::vector<std::pair<std::string, double>> times_ms;
+  TrafficCounters traffic;  ///< sent by this rank in this step
+  MemoryReport memory;      ///< this rank's, at the step's end
+};
+
+/// The series files of one rank. Rank 0 writes every series; the others their memory only.
+class TrainingMonitor {
+ public:
+  /// Opens output_path/job_name of each enabled monitor (rank r > 0: the tensorboard run
+  /// job_name/rank<r>); IoError naming the key and the folder when it cannot be written.
+  TrainingMonitor(const Config& config, int rank);
+  bool enabled() const noexcept { return !writers_.empty(); }
+
+  /// Writes one step's series and flushes them.
+  void write_step(const MonitoredStep& step);
+  /// Rank 0: Train/Samples/train_loss at `samples`, flushed.
+  void write_loss(std::int64_t samples, double loss);
+
+ private:
+  void add(const std::string& tag, std::int64_t x, double value);
+  void flush();
+
+  int rank_;
+  std::vector<std::unique_ptr<SeriesWriter>> writers_;
+};
+
+}  // namespace zeroshard::detail
