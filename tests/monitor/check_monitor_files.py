@@ -14,6 +14,7 @@ import csv
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -49,7 +50,9 @@ def run(out, config_path, command):
         config = json.load(f)
     for key in ("csv_monitor", "tensorboard"):
         config[key] = {"enabled": True, "output_path": out, "job_name": JOB}
-    os.makedirs(out, exist_ok=True)
+    # A new run adds an event file beside an old run's: start from an empty folder.
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
     monitored = os.path.join(out, "config.json")
     with open(monitored, "w") as f:
         json.dump(config, f)

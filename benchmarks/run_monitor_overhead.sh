@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# What csv_monitor and tensorboard cost: the MLP example on 2 ranks with both monitors on and
+# off, alternating for --rounds rounds (a shared machine's noise hits both alike); prints each
+# round's mean milliseconds per step (the example's "ms/step", steps after the first 5) and the
+# whole run's wall time, then the medians and the ratio on/off.
+# usage: benchmarks/run_monitor_overhead.sh [--build DIR] [--rounds 5] [--steps 200] [--width 128]
+set -euo pipefail
+
+build=build
+rounds=5
+steps=200
+width=128
+while (($#)); do
+  case "$1" in
+    --build) build=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
+    --width) width=$2; shift 2 ;;
+    *) echo "run_monitor_overhead.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+program="$build/zeroshard-train-mlp"
+[[ -x "$program" ]] || { echo "run_monitor_overhead.sh: $program missing; build it" >&2; exit 1; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+base=$(dirname "$0")/../examples/configs/zero2.json
+python3 - "$base" "$work" <<'PY'
+import json, sys
+config = json.load(open(sys.argv[1]))
+json.dump(config, open(sys.argv[2] + "/off.json", "w"))
+for key in ("csv_monitor", "tensorboard"):
+    config[key] = {"enabled": True, "output_path": sys.argv[2] + "/runs", "job_name": "mlp"}
+json.dump(config, open(sys.argv[2] + "/on.json", "w"))
+PY
+
+run() {  # run <on|off>: prints "<mean ms/step> <wall seconds>"
+  local start end
+  start=$(date +%s.%N)
+  OPENBLAS_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 \
+    "$program" --config "$work/$1.json" --steps "$steps" --width "$width" --device cpu \
+    > "$work/$1.out"
+  end=$(date +%s.%N)
+  awk -v wall="$(echo "$end - $start" | bc)" '
+    /^step .* ms\/step/ { n++; if (n > 5) { for (i = 1; i <= NF; i++) if ($i == "ms/step") { sum += $(i - 1); m++ } } }
+    END { printf "%.4f %.3f\n", sum / m, wall }' "$work/$1.out"
+}
+
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+echo "round  off ms/step  on ms/step  off wall s  on wall s"
+: > "$work/off.txt"; : > "$work/on.txt"
+for ((r = 1; r <= rounds; r++)); do
+  read -r off_ms off_wall < <(run off)
+  rm -rf "$work/runs"
+  read -r on_ms on_wall < <(run on)
+  echo "$off_ms $off_wall" >> "$work/off.txt"
+  echo "$on_ms $on_wall" >> "$work/on.txt"
+  printf "%5d  %11s  %10s  %10s  %9s\n" "$r" "$off_ms" "$on_ms" "$off_wall" "$on_wall"
+done
+off_ms=$(cut -d' ' -f1 "$work/off.txt" | median); on_ms=$(cut -d' ' -f1 "$work/on.txt" | median)
+off_wall=$(cut -d' ' -f2 "$work/off.txt" | median); on_wall=$(cut -d' ' -f2 "$work/on.txt" | median)
+echo "median ms/step: off $off_ms, on $on_ms, on/off $(echo "scale=4; $on_ms / $off_ms" | bc)"
+echo "median wall s:  off $off_wall, on $on_wall, on/off $(echo "scale=4; $on_wall / $off_wall" | bc)"
