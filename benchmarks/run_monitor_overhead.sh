@@ -3,13 +3,13 @@
 # off, alternating for --rounds rounds (a shared machine's noise hits both alike); prints each
 # round's mean milliseconds per step (the example's "ms/step", steps after the first 5) and the
 # whole run's wall time, then the medians and the ratio on/off.
-# usage: benchmarks/run_monitor_overhead.sh [--build DIR] [--rounds 5] [--steps 200] [--width 128]
+# usage: benchmarks/run_monitor_overhead.sh [--build DIR] [--rounds 5] [--steps 200] [--width 256]
 set -euo pipefail
 
 build=build
 rounds=5
 steps=200
-width=128
+width=256
 while (($#)); do
   case "$1" in
     --build) build=$2; shift 2 ;;
@@ -19,7 +19,7 @@ while (($#)); do
     *) echo "run_monitor_overhead.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
-program="$build/zeroshard-train-mlp"
+program="$build/examples/mlp/zeroshard-train-mlp"
 [[ -x "$program" ]] || { echo "run_monitor_overhead.sh: $program missing; build it" >&2; exit 1; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

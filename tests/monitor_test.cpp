@@ -123,18 +123,24 @@ Config monitored_config(const std::string& output_path) {
 TEST(TrainingMonitor, EngineWritesOneRowPerStepEqualToStepResults) {
   const TempFolder folder("engine");
   const std::vector<ToyTensor> tensors = uneven_toy_tensors();
-  Engine engine(monitored_config(folder.path().string()), detail::make_self_communicator(),
-                rule_cases()[0].make());
-  const std::vector<Parameter> handles = register_toy(engine, tensors);
   constexpr int kSteps = 5;
   std::vector<StepResult> results;
-  for (int s = 0; s < kSteps; ++s) {
-    toy_micro_step(engine, tensors, handles, s);
-    results.push_back(engine.step());
-    engine.log_loss(10.0 - s);
+  MemoryReport report;
+  std::int64_t batch = 0;
+  {
+    Engine engine(monitored_config(folder.path().string()), detail::make_self_communicator(),
+                  rule_cases()[0].make());
+    const std::vector<Parameter> handles = register_toy(engine, tensors);
+    for (int s = 0; s < kSteps; ++s) {
+      toy_micro_step(engine, tensors, handles, s);
+      results.push_back(engine.step());
+      engine.log_loss(10.0 - s);
+    }
+    report = engine.memory_report();
+    // A Config built in code leaves train_batch_size 0: samples count micro batches x ranks.
+    batch = engine.config().train_micro_batch_size_per_gpu;
+    // The engine's end waits for its monitors' writing thread.
   }
-  // A Config built in code leaves train_batch_size 0: samples count micro batches x ranks.
-  const std::int64_t batch = engine.config().train_micro_batch_size_per_gpu;
   const fs::path job = folder.path() / "toy";
   const CsvSeries lr = read_csv(job / "Train_Samples_lr.csv");
   const CsvSeries loss = read_csv(job / "Train_Samples_train_loss.csv");
@@ -150,7 +156,6 @@ TEST(TrainingMonitor, EngineWritesOneRowPerStepEqualToStepResults) {
     EXPECT_EQ(norm.rows.at(s + 1), results[s].grad_norm) << "step " << s + 1;
   }
   // The series' last peaks are the report's after the last step.
-  const MemoryReport report = engine.memory_report();
   for (int c = 0; c < kMemoryCategoryCount; ++c) {
     const std::string category = to_string(static_cast<MemoryCategory>(c));
     const CsvSeries peak = read_csv(job / ("Memory_rank0_host_" + category + "_peak_bytes.csv"));

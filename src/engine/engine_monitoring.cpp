@@ -81,7 +81,7 @@ void EngineState::monitor_step(const StepResult& result) {
     step.traffic.calls[kind] = traffic.calls[kind] - monitored_traffic_.calls[kind];
   }
   monitored_traffic_ = traffic;
-  step.memory = tracker_.report(rank_, world_);
+  step.memory = tracker_.counted(rank_, world_);
   monitor_->write_step(step);
 }
 

@@ -42,6 +42,8 @@ TrainingMonitor::TrainingMonitor(const Config& config, int rank) : rank_(rank) {
   }
 }
 
+TrainingMonitor::~TrainingMonitor() { flush(); }
+
 void TrainingMonitor::write_step(const MonitoredStep& step) {
   if (rank_ == 0) {
     add("Train/Samples/lr", step.samples, step.lr);
@@ -68,13 +70,17 @@ void TrainingMonitor::write_step(const MonitoredStep& step) {
     add(where + "total/peak_bytes", step.step,
         static_cast<double>(step.memory.total_peak[location]));
   }
-  flush();
+  flush_when_due();
 }
 
 void TrainingMonitor::write_loss(std::int64_t samples, double loss) {
   if (rank_ != 0) return;
   add("Train/Samples/train_loss", samples, loss);
-  flush();
+  flush_when_due();
+}
+
+void TrainingMonitor::flush_when_due() {
+  if (std::chrono::steady_clock::now() - last_flush_ >= kFlushInterval) flush();
 }
 
 void TrainingMonitor::add(const std::string& tag, std::int64_t x, double value) {
@@ -91,6 +97,7 @@ void TrainingMonitor::add(const std::string& tag, std::int64_t x, double value) 
 }
 
 void TrainingMonitor::flush() {
+  last_flush_ = std::chrono::steady_clock::now();
   for (auto it = writers_.begin(); it != writers_.end();) {
     try {
       (*it)->flush();
