@@ -49,7 +49,7 @@ std::string bytes(std::initializer_list<int> values) {
   return text;
 }
 
-TEST(EventEncoding, ScalarEventIsTheProtobufWireFormat) {
+TEST(EventEncoding, ScalarRecordIsTheProtobufWireFormatInAFrame) {
   // Event{wall_time 0.5 (field 1, fixed64), step 300 (field 2, varint), summary (field 5)
   // {value (field 1) {tag "a" (field 1), simple_value 1.0f (field 2, fixed32)}}}.
   const std::string expected =
@@ -57,7 +57,9 @@ TEST(EventEncoding, ScalarEventIsTheProtobufWireFormat) {
              0x10, 0xac, 0x02,                                // 300 as a varint
              0x2a, 0x0a, 0x0a, 0x08,                          // summary, value
              0x0a, 0x01, 'a',  0x15, 0, 0, 0x80, 0x3f});
-  EXPECT_EQ(detail::scalar_event(0.5, 300, "a", 1.0f), expected);
+  std::string record = "kept";
+  detail::append_scalar_record(record, 0.5, 300, "a", 1.0f);
+  EXPECT_EQ(record, "kept" + detail::tfrecord_frame(expected));
   EXPECT_EQ(detail::file_version_event(0.0, "v"), bytes({0x09, 0, 0, 0, 0, 0, 0, 0, 0,  //
                                                          0x1a, 0x01, 'v'}));
 }

@@ -56,19 +56,20 @@ void EngineState::monitor_step(const StepResult& result) {
   const auto ms = [](double seconds) { return seconds * 1e3; };
   const StepTimes& before = monitored_times_;
   step.times_ms = {
-      {"step", std::chrono::duration<double, std::milli>(now - last_window_end_).count()},
-      {"reduce", ms(times_.reduce - before.reduce)},
-      {"update", ms(times_.update - before.update)},
-      {"scan", ms(times_.scan - before.scan)},
-      {"norm_wait", ms(times_.norm_wait - before.norm_wait)},
-      {"rule", ms(times_.rule - before.rule)},
-      {"gather", ms(times_.gather - before.gather)}};
+      {"Time/step_ms", std::chrono::duration<double, std::milli>(now - last_window_end_).count()},
+      {"Time/reduce_ms", ms(times_.reduce - before.reduce)},
+      {"Time/update_ms", ms(times_.update - before.update)},
+      {"Time/scan_ms", ms(times_.scan - before.scan)},
+      {"Time/norm_wait_ms", ms(times_.norm_wait - before.norm_wait)},
+      {"Time/rule_ms", ms(times_.rule - before.rule)},
+      {"Time/gather_ms", ms(times_.gather - before.gather)}};
   if (optimizer_->offloaded()) {
-    step.times_ms.emplace_back("copy_wait", ms(times_.copy_wait - before.copy_wait));
+    step.times_ms.emplace_back("Time/copy_wait_ms", ms(times_.copy_wait - before.copy_wait));
   }
   if (optimizer_->swaps()) {
-    step.times_ms.emplace_back("swap_read_wait", ms(times_.swap_read_wait - before.swap_read_wait));
-    step.times_ms.emplace_back("swap_write_wait",
+    step.times_ms.emplace_back("Time/swap_read_wait_ms",
+                               ms(times_.swap_read_wait - before.swap_read_wait));
+    step.times_ms.emplace_back("Time/swap_write_wait_ms",
                                ms(times_.swap_write_wait - before.swap_write_wait));
   }
   last_window_end_ = now;

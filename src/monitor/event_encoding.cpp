@@ -43,15 +43,36 @@ void put_bytes(std::string& out, int field, std::string_view bytes) {
   out.append(bytes);
 }
 
-std::string event_head(double wall_time, std::int64_t step) {
-  std::string event;
-  put_key(event, 1, kFixed64);
-  put_little_endian(event, std::bit_cast<std::uint64_t>(wall_time));
-  if (step != 0) {
-    put_key(event, 2, kVarint);
-    put_varint(event, static_cast<std::uint64_t>(step));
+std::size_t varint_size(std::uint64_t value) {
+  std::size_t size = 1;
+  while (value >= 0x80) {
+    value >>= 7;
+    ++size;
   }
-  return event;
+  return size;
+}
+
+// Bytes of a length-delimited field (a one-byte key) holding `length` bytes.
+std::size_t field_size(std::size_t length) { return 1 + varint_size(length) + length; }
+
+void put_event_head(std::string& out, double wall_time, std::int64_t step) {
+  put_key(out, 1, kFixed64);
+  put_little_endian(out, std::bit_cast<std::uint64_t>(wall_time));
+  if (step != 0) {
+    put_key(out, 2, kVarint);
+    put_varint(out, static_cast<std::uint64_t>(step));
+  }
+}
+
+std::size_t event_head_size(std::int64_t step) {
+  return 9 + (step != 0 ? 1 + varint_size(static_cast<std::uint64_t>(step)) : 0);
+}
+
+// The frame's head: the data's length and the length's masked checksum.
+void put_frame_head(std::string& out, std::size_t length) {
+  const std::size_t at = out.size();
+  put_little_endian(out, static_cast<std::uint64_t>(length));
+  put_little_endian(out, masked_crc32c(std::string_view(out).substr(at, 8)));
 }
 
 }  // namespace
@@ -62,31 +83,36 @@ std::uint32_t masked_crc32c(std::string_view bytes) noexcept {
 }
 
 std::string tfrecord_frame(std::string_view data) {
-  std::string length;
-  put_little_endian(length, static_cast<std::uint64_t>(data.size()));
-  std::string frame = length;
-  put_little_endian(frame, masked_crc32c(length));
+  std::string frame;
+  put_frame_head(frame, data.size());
   frame.append(data);
   put_little_endian(frame, masked_crc32c(data));
   return frame;
 }
 
 std::string file_version_event(double wall_time, std::string_view version) {
-  std::string event = event_head(wall_time, 0);
+  std::string event;
+  put_event_head(event, wall_time, 0);
   put_bytes(event, 3, version);
   return event;
 }
 
-std::string scalar_event(double wall_time, std::int64_t step, std::string_view tag, float value) {
-  std::string summary_value;
-  put_bytes(summary_value, 1, tag);
-  put_key(summary_value, 2, kFixed32);
-  put_little_endian(summary_value, std::bit_cast<std::uint32_t>(value));
-  std::string summary;
-  put_bytes(summary, 1, summary_value);
-  std::string event = event_head(wall_time, step);
-  put_bytes(event, 5, summary);
-  return event;
+void append_scalar_record(std::string& out, double wall_time, std::int64_t step,
+                          std::string_view tag, float value) {
+  const std::size_t value_size = field_size(tag.size()) + 1 + 4;
+  const std::size_t summary_size = field_size(value_size);
+  const std::size_t event_size = event_head_size(step) + field_size(summary_size);
+  put_frame_head(out, event_size);
+  const std::size_t event_at = out.size();
+  put_event_head(out, wall_time, step);
+  put_key(out, 5, kLengthDelimited);
+  put_varint(out, summary_size);
+  put_key(out, 1, kLengthDelimited);
+  put_varint(out, value_size);
+  put_bytes(out, 1, tag);
+  put_key(out, 2, kFixed32);
+  put_little_endian(out, std::bit_cast<std::uint32_t>(value));
+  put_little_endian(out, masked_crc32c(std::string_view(out).substr(event_at, event_size)));
 }
 
 }  // namespace zeroshard::detail

@@ -15,7 +15,9 @@ std::uint32_t masked_crc32c(std::string_view bytes) noexcept;
 std::string tfrecord_frame(std::string_view data);
 /// Event{wall_time, step, file_version}: the record that opens every event file.
 std::string file_version_event(double wall_time, std::string_view version = "brain.Event:2");
-/// Event{wall_time, step, summary{value{tag, simple_value}}}: one scalar.
-std::string scalar_event(double wall_time, std::int64_t step, std::string_view tag, float value);
+/// Appends the TFRecord frame of Event{wall_time, step, summary{value{tag, simple_value}}}, one
+/// scalar, to `out`, building nothing on the way: a monitor writes some forty at every step.
+void append_scalar_record(std::string& out, double wall_time, std::int64_t step,
+                          std::string_view tag, float value);
 
 }  // namespace zeroshard::detail

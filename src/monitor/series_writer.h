@@ -24,7 +24,7 @@ class SeriesWriter {
 
 /// csv_monitor: folder/<tag with '/' and ' ' as '_'>.csv per series, a header "step,<last part
 /// of the tag>" and then rows "x,value", as DeepSpeed's CSV monitor writes them. Values are
-/// written with the fewest digits that read back as the same double.
+/// written with the fewest digits that read back as the same double (std::to_chars).
 class CsvWriter final : public SeriesWriter {
  public:
   /// Creates `folder` if needed and checks a file can be written and flushed there (IoError).
@@ -50,6 +50,7 @@ class EventFileWriter final : public SeriesWriter {
 
  private:
   SeriesFile file_;
+  std::string record_;  // reused for every record
 };
 
 /// Creates `folder` and its parents; IoError naming `key` (the config key that gave it) otherwise.

@@ -25,6 +25,18 @@ void check_job_name(const MonitorConfig& monitor, const std::string& key) {
 }  // namespace
 
 TrainingMonitor::TrainingMonitor(const Config& config, int rank) : rank_(rank) {
+  for (int kind = 0; kind < kCollectiveCount; ++kind) {
+    comm_tags_[kind] = std::string("Comm/") + to_string(static_cast<Collective>(kind)) + "/bytes";
+  }
+  for (int location = 0; location < kMemoryLocationCount; ++location) {
+    const std::string where = "Memory/rank" + std::to_string(rank) + "/" +
+                              to_string(static_cast<MemoryLocation>(location)) + "/";
+    for (int category = 0; category < kMemoryCategoryCount; ++category) {
+      const std::string name = where + to_string(static_cast<MemoryCategory>(category));
+      memory_tags_[location][category] = {name + "/current_bytes", name + "/peak_bytes"};
+    }
+    total_peak_tags_[location] = where + "total/peak_bytes";
+  }
   if (config.csv_monitor.enabled) {
     check_job_name(config.csv_monitor, "csv_monitor");
     const std::string folder = job_folder(config.csv_monitor);
@@ -51,23 +63,19 @@ void TrainingMonitor::write_step(const MonitoredStep& step) {
     add("Train/Step/grad_norm", step.step, step.grad_norm);
     add("Train/Step/skipped", step.step, step.skipped ? 1.0 : 0.0);
     add("Train/Step/skipped_steps", step.step, static_cast<double>(step.skipped_steps));
-    for (const auto& [part, ms] : step.times_ms) add("Time/" + part + "_ms", step.step, ms);
+    for (const auto& [tag, ms] : step.times_ms) add(tag, step.step, ms);
     for (int kind = 0; kind < kCollectiveCount; ++kind) {
-      add(std::string("Comm/") + to_string(static_cast<Collective>(kind)) + "/bytes", step.step,
-          static_cast<double>(step.traffic.bytes[kind]));
+      add(comm_tags_[kind], step.step, static_cast<double>(step.traffic.bytes[kind]));
     }
   }
-  const std::string rank = "Memory/rank" + std::to_string(rank_) + "/";
   for (int location = 0; location < kMemoryLocationCount; ++location) {
     if (step.memory.total_peak[location] == 0) continue;
-    const std::string where = rank + to_string(static_cast<MemoryLocation>(location)) + "/";
     for (int category = 0; category < kMemoryCategoryCount; ++category) {
       const MemoryUsage& usage = step.memory.usage[location][category];
-      const std::string name = where + to_string(static_cast<MemoryCategory>(category));
-      add(name + "/current_bytes", step.step, static_cast<double>(usage.current));
-      add(name + "/peak_bytes", step.step, static_cast<double>(usage.peak));
+      add(memory_tags_[location][category][0], step.step, static_cast<double>(usage.current));
+      add(memory_tags_[location][category][1], step.step, static_cast<double>(usage.peak));
     }
-    add(where + "total/peak_bytes", step.step,
+    add(total_peak_tags_[location], step.step,
         static_cast<double>(step.memory.total_peak[location]));
   }
   flush_when_due();
@@ -83,7 +91,7 @@ void TrainingMonitor::flush_when_due() {
   if (std::chrono::steady_clock::now() - last_flush_ >= kFlushInterval) flush();
 }
 
-void TrainingMonitor::add(const std::string& tag, std::int64_t x, double value) {
+void TrainingMonitor::add(std::string_view tag, std::int64_t x, double value) {
   for (auto it = writers_.begin(); it != writers_.end();) {
     try {
       (*it)->add(tag, x, value);

@@ -5,10 +5,12 @@
 // step would cost a sub-millisecond step (the MLP example's) over 10%.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -28,8 +30,8 @@ struct MonitoredStep {
   double grad_norm = 0.0;
   bool skipped = false;
   std::int64_t skipped_steps = 0;  ///< skipped so far
-  /// Wall-clock milliseconds of this step's parts ("step", "reduce", "update", ...).
-  std::vector<std::pair<std::string, double>> times_ms;
+  /// Wall-clock milliseconds of this step's parts, by series ("Time/step_ms", ...).
+  std::vector<std::pair<const char*, double>> times_ms;
   TrafficCounters traffic;  ///< sent by this rank in this step
   MemoryReport memory;      ///< this rank's, at the step's end
 };
@@ -57,10 +59,16 @@ class TrainingMonitor {
   static constexpr std::chrono::seconds kFlushInterval{1};
 
  private:
-  void add(const std::string& tag, std::int64_t x, double value);
+  void add(std::string_view tag, std::int64_t x, double value);
   void flush_when_due();
 
   int rank_;
+  // The series' names, made once rather than at every step.
+  std::array<std::string, kCollectiveCount> comm_tags_;
+  /// Per location and category: current and peak bytes; then the location's total peak.
+  std::array<std::array<std::array<std::string, 2>, kMemoryCategoryCount>, kMemoryLocationCount>
+      memory_tags_;
+  std::array<std::string, kMemoryLocationCount> total_peak_tags_;
   std::vector<std::unique_ptr<SeriesWriter>> writers_;
   std::chrono::steady_clock::time_point last_flush_ = std::chrono::steady_clock::now();
 };
