@@ -260,6 +260,28 @@ TEST(CommsReport, BandwidthFollowsTheCollectivesTraffic) {
   EXPECT_EQ(since[1].calls, 2);
 }
 
+TEST(CommsReport, CommunicatorTimesTheKindsItIsAskedFor) {
+  const std::unique_ptr<Communicator> comm = detail::make_self_communicator();
+  std::vector<float> data(1000, 1.0f);
+  comm->all_reduce(std::span<float>(data));
+  EXPECT_TRUE(comm->timings().empty()) << "timed before set_timing()";
+  TimingOptions options{.enabled = true};
+  options.kinds[static_cast<int>(Collective::kBroadcast)] = false;
+  comm->set_timing(options);
+  comm->all_reduce(std::span<float>(data));
+  comm->all_reduce(std::span<float>(data).first(10));
+  comm->all_reduce(std::span<float>(data));
+  comm->broadcast(std::span<float>(data), 0);
+  const std::vector<CollectiveTiming> timings = comm->timings();
+  ASSERT_EQ(timings.size(), 2u);
+  EXPECT_EQ(timings[0].op, Collective::kAllReduce);
+  EXPECT_EQ(timings[0].message_bytes, 40);
+  EXPECT_EQ(timings[0].calls, 1);
+  EXPECT_EQ(timings[1].message_bytes, 4000);
+  EXPECT_EQ(timings[1].calls, 2);
+  EXPECT_GE(timings[1].seconds, 0.0);
+}
+
 TEST(CommsReport, ProfOpsChoosesTheTimedKindsWhenProfAllIsOff) {
   CommsLoggerConfig logger{.enabled = true, .prof_all = false, .prof_ops = {"all_gather"}};
   const TimingOptions options = detail::timing_options(logger);
