@@ -16,6 +16,14 @@ packages=(
   iproute2  # ip netns: the multi-host tests' test hosts
 )
 
+# The tensorboard test reads the monitors' event files with TensorBoard's own reader, from PyPI.
+if command -v python3 >/dev/null && ! python3 -c "import tensorboard" 2>/dev/null; then
+  echo "install_deps.sh: pip install tensorboard"
+  python3 -m pip install --quiet tensorboard ||
+    python3 -m pip install --quiet --break-system-packages tensorboard ||
+    echo "install_deps.sh: could not install tensorboard; example_mlp_monitor_tensorboard skips"
+fi
+
 missing=()
 for package in "${packages[@]}"; do
   status=$(dpkg-query -W -f='${db:Status-Status}' "$package" 2>/dev/null || true)

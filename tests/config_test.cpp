@@ -241,11 +241,46 @@ TEST(Config, ReadsOptimizerAndSchedulerSections) {
 
 TEST(Config, AcceptsPythonSideIntegrationsWithANotice) {
   Config config = Config::from_json_string(R"({"train_batch_size": 8,
-    "tensorboard": {"enabled": true, "output_path": "runs"}, "wandb": {"enabled": false},
-    "csv_monitor": {}, "flops_profiler": {"enabled": true}, "comms_logger": {"verbose": true}})");
-  ASSERT_EQ(config.notices().size(), 5u);
+    "wandb": {"enabled": true, "project": "p"}, "flops_profiler": {"enabled": true}})");
+  ASSERT_EQ(config.notices().size(), 2u);
   EXPECT_EQ(config.notices()[0],
-            "tensorboard: accepted, has no effect in zeroshard (a Python-side integration)");
+            "wandb: accepted, has no effect in zeroshard (a Python-side integration)");
+}
+
+TEST(Config, ReadsTheMonitorsAndTheCommsLoggerWithoutANotice) {
+  Config config = Config::from_json_string(R"({"train_batch_size": 8,
+    "tensorboard": {"enabled": true, "output_path": "runs", "job_name": "gpt"},
+    "csv_monitor": {"enabled": true}, "comms_logger": {"enabled": true, "verbose": true,
+    "prof_all": false, "prof_ops": ["all_gather", "reduce_scatter"], "debug": true}})");
+  EXPECT_TRUE(config.notices().empty());
+  EXPECT_TRUE(config.tensorboard.enabled);
+  EXPECT_EQ(config.tensorboard.output_path, "runs");
+  EXPECT_EQ(config.tensorboard.job_name, "gpt");
+  EXPECT_TRUE(config.csv_monitor.enabled);
+  EXPECT_EQ(config.csv_monitor.output_path, "");
+  EXPECT_EQ(config.csv_monitor.job_name, "DeepSpeedJobName");
+  EXPECT_TRUE(config.comms_logger.enabled && config.comms_logger.verbose &&
+              config.comms_logger.debug);
+  EXPECT_FALSE(config.comms_logger.prof_all);
+  EXPECT_EQ(config.comms_logger.prof_ops,
+            (std::vector<std::string>{"all_gather", "reduce_scatter"}));
+  // The dump reads back as the same settings.
+  const Config again = Config::from_json_string(config.resolved_json());
+  EXPECT_EQ(again.comms_logger.prof_ops, config.comms_logger.prof_ops);
+  EXPECT_EQ(again.tensorboard.job_name, "gpt");
+  EXPECT_EQ(again.csv_monitor.output_path, "");
+}
+
+TEST(Config, RefusesMonitorKeysItDoesNotKnowAndOpsItCannotTime) {
+  EXPECT_EQ(config_error(R"({"train_batch_size": 8, "csv_monitor": {"enable": true}})").key_path(),
+            "csv_monitor.enable");
+  const ConfigError error =
+      config_error(R"({"train_batch_size": 8, "comms_logger": {"prof_ops": ["all_gater"]}})");
+  EXPECT_EQ(error.key_path(), "comms_logger.prof_ops[0]");
+  EXPECT_THAT(error.what(), HasSubstr("did you mean 'all_gather'?"));
+  EXPECT_EQ(config_error(R"({"train_batch_size": 8, "comms_logger": {"prof_ops": "all_gather"}})")
+                .key_path(),
+            "comms_logger.prof_ops");
 }
 
 TEST(Config, AcceptsRefusedKeysAtTheirDefaults) {
@@ -1131,7 +1166,7 @@ TEST(ConfigInput, DeepNestingIsRefusedWhileParsing) {
       {R"({"train_batch_size": 8, "zero_optimization": {"stage3_max_live_parameters": )" + deep +
            "}}",
        "zero_optimization.stage3_max_live_parameters"},
-      {R"({"train_batch_size": 8, "tensorboard": {"x": )" + deep + "}}", "tensorboard.x"},
+      {R"({"train_batch_size": 8, "wandb": {"x": )" + deep + "}}", "wandb.x"},
       {R"({"optimizer": {"type": "adam", "params": {"betas": )" + deep + "}}}",
        "optimizer.params.betas"},
   };
@@ -1153,13 +1188,13 @@ TEST(ConfigInput, DeepObjectsNameTheKeysSoFar) {
 }
 
 TEST(ConfigInput, NestingUpToTheLimitIsAcceptedAndOneLevelMoreIsNot) {
-  // tensorboard is not looked inside, so only the depth is checked: 1 + 1 + 30 = 32 levels.
+  // wandb is not looked inside, so only the depth is checked: 1 + 1 + 30 = 32 levels.
   const auto nested = [](std::size_t arrays) {
-    return R"({"train_batch_size": 8, "tensorboard": {"x": )" + nested_arrays(arrays) + "}}";
+    return R"({"train_batch_size": 8, "wandb": {"x": )" + nested_arrays(arrays) + "}}";
   };
   EXPECT_EQ(Config::from_json_string(nested(30)).train_batch_size, 8);
   ConfigError error = config_error(nested(31));
-  EXPECT_EQ(error.key_path(), "tensorboard.x");
+  EXPECT_EQ(error.key_path(), "wandb.x");
   EXPECT_THAT(error.what(), HasSubstr("nested more than 32 deep"));
 }
 
@@ -1328,12 +1363,12 @@ class ConfigTool : public ::testing::Test {
 
 TEST_F(ConfigTool, PrintsTheResolvedConfigAndExitsZero) {
   auto file = write("ok.json", R"({"train_batch_size": 32, "zero_optimization": {"stage": 3},
-                                   "tensorboard": {"enabled": true}})");
+                                   "wandb": {"enabled": true}})");
   ASSERT_EQ(run("'" + file.string() + "' --world-size 4"), 0) << err_;
   auto resolved = nlohmann::json::parse(out_);
   EXPECT_EQ(resolved["train_micro_batch_size_per_gpu"], 8);
   EXPECT_EQ(resolved["zero_optimization"]["overlap_comm"], true);
-  EXPECT_THAT(err_, HasSubstr("tensorboard: accepted, has no effect in zeroshard"));
+  EXPECT_THAT(err_, HasSubstr("wandb: accepted, has no effect in zeroshard"));
 }
 
 TEST_F(ConfigTool, ExitsOneOnAnInvalidConfig) {

@@ -4,8 +4,8 @@
 #
 # The parts, bottom-up (docs/architecture.md, "Parts and layers", says what each holds).
 set(zeroshard_parts
-  util layout precision memory config kernels optim backend comm offload checkpoint engine
-  estimator torch tools)
+  util layout precision memory config kernels optim backend comm offload checkpoint monitor
+  engine estimator torch tools)
 
 if(NOT SOURCE_DIR)
   message(FATAL_ERROR "layering_check.cmake: pass -DSOURCE_DIR=<the repository's root>")

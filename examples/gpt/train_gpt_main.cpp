@@ -210,6 +210,8 @@ int train(const Options& options, Communicator& communicator,
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     step_seconds.push_back(seconds);
     losses.push_back(global_loss);
+    // What csv_monitor and tensorboard write as Train/Samples/train_loss.
+    engine.log_loss(global_loss);
     const bool evaluate = (step + 1) % options.eval_every == 0 || step + 1 == common.steps;
     double validation_value = 0.0;
     if (evaluate) {

@@ -175,6 +175,8 @@ int train(const Options& options, Communicator& communicator,
     communicator.all_reduce(&stats[1], 1, DType::kFloat32, zeroshard::ReduceOp::kMax);
     const double global_loss = static_cast<double>(stats[0]) / world;
     losses.push_back(global_loss);
+    // What csv_monitor and tensorboard write as Train/Samples/train_loss.
+    engine.log_loss(global_loss);
     // One line per step; the engine adds its own lr / grad-norm line every steps_per_print.
     if (rank == 0) {
       std::printf(

@@ -45,6 +45,23 @@ struct ZEROSHARD_API TrafficCounters {
   std::int64_t total_bytes() const noexcept;
 };
 
+/// Collectives of one kind and message size (elements x element bytes) timed from their start to
+/// the completion a wait() or test() saw (comms_logger).
+struct CollectiveTiming {
+  Collective op = Collective::kBarrier;
+  std::int64_t message_bytes = 0;
+  std::int64_t calls = 0;
+  double seconds = 0.0;
+};
+
+/// Which collectives Communicator::set_timing() times, and whether each is logged as it ends.
+struct TimingOptions {
+  bool enabled = false;
+  bool kinds[kCollectiveCount] = {true, true, true, true, true, true};
+  bool log_each = false;    ///< log every timed collective as it completes
+  bool log_detail = false;  ///< those lines also name its sequence number and dtype
+};
+
 /// Completion of an asynchronous collective. Move-only; destroying a pending request, or assigning
 /// over it, waits for it, so a buffer never outlives the transfer that reads or writes it. Errors
 /// met by that implicit wait are logged (zeroshard/log.h), since a destructor cannot throw.
@@ -259,6 +276,13 @@ class ZEROSHARD_API Communicator {
   /// Counters of what this rank has sent since construction or the last reset.
   const TrafficCounters& traffic() const noexcept { return traffic_; }
   void reset_traffic() noexcept { traffic_ = TrafficCounters{}; }
+
+  /// Times the collectives `options` names from now on (or stops). A collective's time runs from
+  /// its start to the wait() or test() that sees it complete, so an asynchronous one also counts
+  /// the work done before that wait.
+  virtual void set_timing(const TimingOptions& options);
+  /// What was timed since set_timing(), per kind and message size, in kind then size order.
+  virtual std::vector<CollectiveTiming> timings() const;
 
  protected:
   /// The transport's collectives, called by the public ones above, which number and record them.

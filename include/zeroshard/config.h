@@ -138,6 +138,24 @@ struct ActivationCheckpointingConfig {
   bool profile = false;
 };
 
+/// `tensorboard` and `csv_monitor`: a monitor writing the training series into
+/// output_path/job_name (docs/monitoring.md).
+struct MonitorConfig {
+  bool enabled = false;
+  std::string output_path{};  ///< "" = the current directory
+  std::string job_name = "DeepSpeedJobName";
+};
+
+/// `comms_logger`: the engine's collectives, timed per kind and message size (docs/monitoring.md).
+struct CommsLoggerConfig {
+  bool enabled = false;
+  bool verbose = false;  ///< also log each collective as it completes
+  bool prof_all = true;  ///< time every kind; false: only those in prof_ops
+  bool debug = false;    ///< verbose lines also name the collective's sequence number and dtype
+  /// all_reduce, reduce_scatter, all_gather, broadcast, barrier, all_to_all.
+  std::vector<std::string> prof_ops{};
+};
+
 /// `aio`: the NVMe swapper's I/O settings.
 struct AioConfig {
   std::int64_t block_size = 1048576;
@@ -211,6 +229,9 @@ class ZEROSHARD_API Config {
   SchedulerConfig scheduler;
   ActivationCheckpointingConfig activation_checkpointing;
   AioConfig aio;
+  MonitorConfig tensorboard;
+  MonitorConfig csv_monitor;
+  CommsLoggerConfig comms_logger;
 
  private:
   std::vector<std::string> notices_;

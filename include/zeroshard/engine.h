@@ -351,6 +351,12 @@ class ZEROSHARD_API Engine {
   /// True when the next step() ends a gradient-accumulation window.
   bool is_gradient_accumulation_boundary() const;
 
+  /// The program's loss for the optimizer step the last step() ended (the engine never sees it),
+  /// for the csv_monitor and tensorboard monitors: rank 0 writes it as Train/Samples/train_loss
+  /// against the samples seen so far. Call once per optimizer step, after that step(); other
+  /// ranks' values and calls without a monitor are ignored.
+  void log_loss(double loss);
+
   /// Optimizer updates done so far (skipped steps do not count).
   std::int64_t global_step() const;
   /// The learning rate the next update will use (from the scheduler, unless set).

@@ -116,6 +116,8 @@ class Optimizer : public ::torch::optim::Optimizer {
   /// backward() of `loss` times the fp16 loss scale (1 otherwise); step() unscales.
   void backward(const at::Tensor& loss);
   double loss_scale() const;
+  /// Engine::log_loss: the loss of the step the last step() ended, for the monitors.
+  void log_loss(double loss);
   /// What the last step() did (skipped: an fp16 overflow, the update was not applied).
   const StepResult& last_step() const noexcept;
 

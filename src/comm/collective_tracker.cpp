@@ -123,8 +123,47 @@ void CollectiveTracker::complete(std::int64_t seq) noexcept {
   if (FlightRecord* record = recorder_.find(seq)) {
     record->state = RecordState::kCompleted;
     record->ended = std::chrono::steady_clock::now();
+    if (timing_.enabled && timing_.kinds[static_cast<int>(record->op)]) {
+      try {
+        time_completion(*record);
+      } catch (const std::exception&) {
+        // Only bad_alloc can get here; a lost timing must not fail a collective that succeeded.
+      }
+    }
   }
   update_board();
+}
+
+void CollectiveTracker::set_timing(const TimingOptions& options) {
+  timing_ = options;
+  timings_.clear();
+}
+
+std::vector<CollectiveTiming> CollectiveTracker::timings() const {
+  std::vector<CollectiveTiming> all;
+  all.reserve(timings_.size());
+  for (const auto& [key, timing] : timings_) all.push_back(timing);
+  return all;
+}
+
+void CollectiveTracker::time_completion(const FlightRecord& record) {
+  const std::int64_t bytes =
+      record.dtype ? record.count * static_cast<std::int64_t>(size_of(*record.dtype)) : 0;
+  const double seconds = record.seconds(record.ended);
+  CollectiveTiming& timing = timings_[{static_cast<int>(record.op), bytes}];
+  timing.op = record.op;
+  timing.message_bytes = bytes;
+  timing.calls += 1;
+  timing.seconds += seconds;
+  if (!timing_.log_each) return;
+  ZEROSHARD_LOG(kProgress, "comm op: " << to_string(record.op) << " | time (ms): " << seconds * 1e3
+                                       << " | msg size: " << bytes << " B"
+                                       << (timing_.log_detail
+                                               ? " | seq " + std::to_string(record.seq) +
+                                                     (record.dtype ? std::string(" | dtype ") +
+                                                                         to_string(*record.dtype)
+                                                                   : std::string())
+                                               : std::string()));
 }
 
 void CollectiveTracker::fail(std::int64_t seq) noexcept {

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -73,6 +74,9 @@ class CollectiveTracker {
   void complete(std::int64_t seq) noexcept;
   /// Marks `seq` failed by an error that is not a timeout (the communicator stays usable).
   void fail(std::int64_t seq) noexcept;
+  /// Communicator::set_timing and timings(): completed collectives timed per kind and size.
+  void set_timing(const TimingOptions& options);
+  std::vector<CollectiveTiming> timings() const;
   /// Throws TimeoutError, pointing at the first timeout, when there was one.
   void check_usable(std::int64_t seq) const;
   bool timed_out() const noexcept { return !first_timeout_.empty(); }
@@ -95,6 +99,7 @@ class CollectiveTracker {
 
  private:
   void update_board() noexcept;
+  void time_completion(const FlightRecord& record);
   std::string describe(std::int64_t seq) const;
   std::string describe_peers(std::int64_t seq, const std::vector<PeerReport>& peers) const;
 
@@ -109,6 +114,8 @@ class CollectiveTracker {
   std::vector<PeerReport> last_peers_;
   std::string first_timeout_;
   std::string dump_reason_;  // why the recorder was first dumped, or this tracker's diagnosis
+  TimingOptions timing_;
+  std::map<std::pair<int, std::int64_t>, CollectiveTiming> timings_;  // by (kind, message bytes)
 };
 
 }  // namespace zeroshard::detail

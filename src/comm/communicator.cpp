@@ -136,6 +136,14 @@ Communicator::~Communicator() = default;
 
 void Communicator::forward_tracking_to_inner() noexcept { tracker_.reset(); }
 
+void Communicator::set_timing(const TimingOptions& options) {
+  if (tracker_) tracker_->set_timing(options);
+}
+
+std::vector<CollectiveTiming> Communicator::timings() const {
+  return tracker_ ? tracker_->timings() : std::vector<CollectiveTiming>{};
+}
+
 template <class Start>
 Request Communicator::tracked(Collective collective, std::int64_t count, std::optional<DType> dtype,
                               Start start) {

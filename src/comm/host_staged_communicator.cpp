@@ -196,6 +196,14 @@ HostStagedCommunicator::~HostStagedCommunicator() = default;
 
 std::string HostStagedCommunicator::backend() const { return core_->host->backend() + "+staging"; }
 
+void HostStagedCommunicator::set_timing(const TimingOptions& options) {
+  core_->host->set_timing(options);
+}
+
+std::vector<CollectiveTiming> HostStagedCommunicator::timings() const {
+  return core_->host->timings();
+}
+
 void HostStagedCommunicator::all_gather_host(void* data, std::span<const std::int64_t> counts,
                                              DType dtype) {
   core_->host->all_gather(data, counts, dtype);

@@ -66,6 +66,9 @@ class HostStagedCommunicator final : public Communicator {
   std::string backend() const override;
   DeviceType buffer_device() const noexcept override { return DeviceType::kCuda; }
   void set_compute_stream(void* stream) noexcept override;
+  /// The host communicator numbers and times the collectives this one forwards.
+  void set_timing(const TimingOptions& options) override;
+  std::vector<CollectiveTiming> timings() const override;
 
   /// Bytes of host memory the staging pool holds (in use or kept for reuse).
   std::size_t staging_bytes() const noexcept;

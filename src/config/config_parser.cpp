@@ -382,6 +382,18 @@ void ConfigParser::read_key(const KeySpec& spec, const json& value) {
     case ValueKind::kOptimizerParams:
       read_optimizer_params(value);
       break;
+    case ValueKind::kStringList: {
+      const std::string expected = detail::describe_expected(spec.kind, spec.range, spec.choices);
+      if (!value.is_array()) throw type_error(spec.path, value, expected);
+      json checked = json::array();
+      for (std::size_t i = 0; i < value.size(); ++i) {
+        checked.push_back(check_scalar(spec.path + "[" + std::to_string(i) + "]",
+                                       ValueKind::kString, spec.range, spec.choices, spec.fold_case,
+                                       spec.refused_choices, value[i]));
+      }
+      detail::write_field(spec.field, config_, checked);
+      break;
+    }
     case ValueKind::kSchedulerParams:
       read_scheduler_params(value);
       break;

@@ -182,11 +182,25 @@ std::vector<KeySpec> make_key_specs() {
        .meaning = "Write the checkpoint per pipeline stage.",
        .status = S::kRefused},
       {.path = "tensorboard",
-       .kind = K::kOpaqueSection,
+       .kind = K::kSection,
+       .default_json = "{}",
+       .meaning = "TensorBoard monitor: event files written by the library."},
+      {.path = "tensorboard.enabled",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "Write the training series (docs/monitoring.md).",
+       .field = ZEROSHARD_CONFIG_FIELD(tensorboard.enabled)},
+      {.path = "tensorboard.output_path",
+       .kind = K::kString,
        .default_json = "null",
-       .meaning = "TensorBoard monitor.",
-       .status = S::kNoEffect,
-       .no_effect_reason = kIntegration},
+       .meaning = "Folder the job's folder is made in; null or \"\" (DeepSpeed's default) = the "
+                  "current directory.",
+       .field = ZEROSHARD_CONFIG_FIELD(tensorboard.output_path)},
+      {.path = "tensorboard.job_name",
+       .kind = K::kString,
+       .default_json = "\"DeepSpeedJobName\"",
+       .meaning = "The job's folder under output_path.",
+       .field = ZEROSHARD_CONFIG_FIELD(tensorboard.job_name)},
       {.path = "wandb",
        .kind = K::kOpaqueSection,
        .default_json = "null",
@@ -194,11 +208,25 @@ std::vector<KeySpec> make_key_specs() {
        .status = S::kNoEffect,
        .no_effect_reason = kIntegration},
       {.path = "csv_monitor",
-       .kind = K::kOpaqueSection,
+       .kind = K::kSection,
+       .default_json = "{}",
+       .meaning = "CSV monitor: one file of step,value rows per series."},
+      {.path = "csv_monitor.enabled",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "Write the training series (docs/monitoring.md).",
+       .field = ZEROSHARD_CONFIG_FIELD(csv_monitor.enabled)},
+      {.path = "csv_monitor.output_path",
+       .kind = K::kString,
        .default_json = "null",
-       .meaning = "CSV monitor.",
-       .status = S::kNoEffect,
-       .no_effect_reason = kIntegration},
+       .meaning = "Folder the job's folder is made in; null or \"\" (DeepSpeed's default) = the "
+                  "current directory.",
+       .field = ZEROSHARD_CONFIG_FIELD(csv_monitor.output_path)},
+      {.path = "csv_monitor.job_name",
+       .kind = K::kString,
+       .default_json = "\"DeepSpeedJobName\"",
+       .meaning = "The job's folder under output_path.",
+       .field = ZEROSHARD_CONFIG_FIELD(csv_monitor.job_name)},
       {.path = "flops_profiler",
        .kind = K::kOpaqueSection,
        .default_json = "null",
@@ -206,11 +234,36 @@ std::vector<KeySpec> make_key_specs() {
        .status = S::kNoEffect,
        .no_effect_reason = kIntegration},
       {.path = "comms_logger",
-       .kind = K::kOpaqueSection,
-       .default_json = "null",
-       .meaning = "Logger of torch.distributed calls.",
-       .status = S::kNoEffect,
-       .no_effect_reason = kIntegration},
+       .kind = K::kSection,
+       .default_json = "{}",
+       .meaning = "Times the engine's collectives per kind and message size; logs them at "
+                  "steps_per_print and a summary when the engine ends."},
+      {.path = "comms_logger.enabled",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "Time and log the collectives.",
+       .field = ZEROSHARD_CONFIG_FIELD(comms_logger.enabled)},
+      {.path = "comms_logger.verbose",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "Also log each collective as it completes.",
+       .field = ZEROSHARD_CONFIG_FIELD(comms_logger.verbose)},
+      {.path = "comms_logger.prof_all",
+       .kind = K::kBool,
+       .default_json = "true",
+       .meaning = "Time every kind of collective; false: only those in prof_ops.",
+       .field = ZEROSHARD_CONFIG_FIELD(comms_logger.prof_all)},
+      {.path = "comms_logger.prof_ops",
+       .kind = K::kStringList,
+       .default_json = "[]",
+       .meaning = "The kinds timed when prof_all is false.",
+       .field = ZEROSHARD_CONFIG_FIELD(comms_logger.prof_ops),
+       .choices = "all_reduce|reduce_scatter|all_gather|broadcast|barrier|all_to_all"},
+      {.path = "comms_logger.debug",
+       .kind = K::kBool,
+       .default_json = "false",
+       .meaning = "The verbose lines also name each collective's sequence number and dtype.",
+       .field = ZEROSHARD_CONFIG_FIELD(comms_logger.debug)},
 
       // --- optimizer and scheduler ----------------------------------------------------------
       {.path = "optimizer",
@@ -997,6 +1050,14 @@ std::string describe_expected(ValueKind kind, const Range& range, std::string_vi
       return "an object of numbers, booleans and number arrays";
     case ValueKind::kBool:
       return "a boolean";
+    case ValueKind::kStringList:
+      text = "an array of strings";
+      if (choices.empty()) return text;
+      text += ", each one of ";
+      for (const std::string& choice : split_choices(choices)) {
+        text += (text.back() == ' ' ? "" : ", ") + choice;
+      }
+      return text;
     case ValueKind::kString:
       if (choices.empty()) return "a string";
       text = "one of ";

@@ -24,6 +24,7 @@ enum class ValueKind {
   kInteger,  ///< an integral number; 5e8 counts, 1.5 and true do not
   kNumber,   ///< any finite number
   kString,
+  kStringList,       ///< an array of strings, each one of the choices when there are any
   kOptimizerParams,  ///< optimizer.params: numbers, booleans and number arrays
   kSchedulerParams,  ///< scheduler.params: checked against the scheduler type's parameters
 };
@@ -59,7 +60,7 @@ inline constexpr Range kNonNegative{.min = 0};
 using FieldRef =
     std::variant<std::monostate, bool& (*)(Config&), int& (*)(Config&), std::int64_t& (*)(Config&),
                  double& (*)(Config&), std::string& (*)(Config&), OffloadDevice& (*)(Config&),
-                 std::optional<std::int64_t>& (*)(Config&)>;
+                 std::optional<std::int64_t>& (*)(Config&), std::vector<std::string>& (*)(Config&)>;
 
 /// One key of the table.
 struct KeySpec {

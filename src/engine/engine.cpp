@@ -92,6 +92,7 @@ EngineState::EngineState(Config config, Device device, std::unique_ptr<Communica
 }
 
 EngineState::~EngineState() {
+  log_comms_summary();
   lifetime_->end();
   // The model's compute stream may already be destroyed; the buffers the components free must
   // not be freed on it, nor may the communicator order anything after it.
@@ -219,6 +220,7 @@ void EngineState::finalize() {
                                           "Engine::adopt_memory() before finalize()");
     }
   }
+  open_monitors();
   if (world_ > 1) {
     // Adopted gradients change when reductions run: every rank must adopt alike.
     float adopted[2] = {adopted_.parameters ? 1.0f : 0.0f, adopted_.gradients ? 1.0f : 0.0f};
@@ -760,6 +762,7 @@ void Engine::set_lr(double lr) {
   live().lr_override_ = lr;
 }
 double Engine::loss_scale() const { return live().loss_scale(); }
+void Engine::log_loss(double loss) { live().log_loss(loss); }
 double Engine::global_grad_norm() const { return live().last_grad_norm_; }
 const Config& Engine::config() const { return live().config_; }
 Device Engine::device() const { return live().device_; }

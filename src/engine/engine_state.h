@@ -22,6 +22,7 @@
 #include "engine/param_coordinator.h"
 #include "layout/shard_layout.h"
 #include "memory/memory_tracker.h"
+#include "monitor/training_monitor.h"
 #include "precision/loss_scaler.h"
 #include "zeroshard/communicator.h"
 #include "zeroshard/config.h"
@@ -131,6 +132,18 @@ class EngineState {
   /// which the update has already cleared.
   void zero_grad(std::int64_t cleared_begin = 0, std::int64_t cleared_end = 0);
   void print_progress(const StepResult& result);
+  /// csv_monitor, tensorboard and comms_logger, from finalize(): collective, and every rank
+  /// throws when any rank cannot write its monitor's folder.
+  void open_monitors();
+  /// The window's series, to the monitors of this rank (nothing when there are none).
+  void monitor_step(const StepResult& result);
+  /// Engine::log_loss.
+  void log_loss(double loss);
+  /// The x of DeepSpeed's Train/Samples series: windows ended x the global batch.
+  std::int64_t samples_seen() const;
+  /// comms_logger: rank 0 logs every collective timed since finalize(), as DeepSpeed's
+  /// log_summary() does.
+  void log_comms_summary() noexcept;
   // fp16 loss scaling: the scaler hears of every boundary step, skipped or not.
   void on_overflow();
   void on_clean_step();
@@ -248,6 +261,16 @@ class EngineState {
   bool overlap_next_update_ = true;
   std::unique_ptr<LrScheduler> scheduler_;
   std::optional<LossScaler> scaler_;
+
+  // Monitoring (monitor_step): what the last window's series were measured from.
+  std::unique_ptr<TrainingMonitor> monitor_;
+  std::int64_t windows_ = 0;        ///< accumulation windows ended, skipped ones included
+  std::int64_t skipped_steps_ = 0;  ///< of those, skipped
+  StepTimes monitored_times_;       ///< times_ at the last window's end
+  TrafficCounters monitored_traffic_;
+  std::chrono::steady_clock::time_point last_window_end_;
+  /// comms_logger: the timings at the last progress line.
+  std::vector<CollectiveTiming> printed_timings_;
 };
 
 }  // namespace zeroshard::detail

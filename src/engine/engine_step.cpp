@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine/engine_state.h"
+#include "monitor/comms_report.h"
 #include "util/check.h"
 #include "util/log.h"
 
@@ -50,7 +51,11 @@ StepResult EngineState::step() {
 
   const auto update_start = std::chrono::steady_clock::now();
   const GradientSummary gradients = scan_gradients();
-  if (gradients.nonfinite && checks_nonfinite()) return skip_nonfinite_step(result);
+  if (gradients.nonfinite && checks_nonfinite()) {
+    result = skip_nonfinite_step(result);
+    monitor_step(result);
+    return result;
+  }
   const double norm = std::sqrt(gradients.sum_of_squares);
   last_grad_norm_ = norm;
   result.grad_norm = norm;
@@ -63,6 +68,7 @@ StepResult EngineState::step() {
   ++global_step_;
   on_clean_step();
   result.updated = true;
+  monitor_step(result);
   print_progress(result);
   return result;
 }
@@ -299,6 +305,7 @@ void EngineState::print_progress(const StepResult& result) {
     }
     os << " (per step, averaged over " << every << ")";
     times_ = StepTimes{};
+    monitored_times_ = StepTimes{};
   }
   if (config_.memory_breakdown) {
     const MemoryReport report = tracker_.report(rank_, world_);
@@ -310,6 +317,14 @@ void EngineState::print_progress(const StepResult& result) {
        << (where == MemoryLocation::kDevice ? " on the GPU" : "");
   }
   detail::log(LogLevel::kProgress, os.str());
+  if (config_.comms_logger.enabled) {
+    const std::vector<CollectiveTiming> now = comm_->timings();
+    detail::log(LogLevel::kProgress, "comms_logger, steps " +
+                                         std::to_string(global_step_ - every + 1) + "-" +
+                                         std::to_string(global_step_) + ":\n" +
+                                         comms_table(timings_since(printed_timings_, now), world_));
+    printed_timings_ = now;
+  }
 }
 
 }  // namespace zeroshard::detail

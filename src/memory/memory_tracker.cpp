@@ -82,6 +82,12 @@ void MemoryTracker::reset_peaks() {
 }
 
 MemoryReport MemoryTracker::report(int rank, int world_size) const {
+  MemoryReport report = counted(rank, world_size);
+  report.process_peak_rss = process_peak_rss_bytes();
+  return report;
+}
+
+MemoryReport MemoryTracker::counted(int rank, int world_size) const {
   MemoryReport report;
   {
     std::lock_guard lock(mutex_);
@@ -92,7 +98,6 @@ MemoryReport MemoryTracker::report(int rank, int world_size) const {
   }
   report.rank = rank;
   report.world_size = world_size;
-  report.process_peak_rss = process_peak_rss_bytes();
   return report;
 }
 

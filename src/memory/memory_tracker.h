@@ -25,6 +25,9 @@ class MemoryTracker {
   /// Kept bytes freed.
   void remove_kept(MemoryLocation location, std::int64_t bytes);
   MemoryReport report(int rank, int world_size) const;
+  /// The same without process_peak_rss (0), which costs a read of /proc: for every step's
+  /// monitor series.
+  MemoryReport counted(int rank, int world_size) const;
   /// Every peak becomes the current value.
   void reset_peaks();
   std::int64_t current(MemoryCategory category,

@@ -440,6 +440,8 @@ void Optimizer::backward(const at::Tensor& loss) {
 
 double Optimizer::loss_scale() const { return state_->engine.loss_scale(); }
 
+void Optimizer::log_loss(double loss) { state_->engine.log_loss(loss); }
+
 const StepResult& Optimizer::last_step() const noexcept { return state_->last_step; }
 
 void Optimizer::save_checkpoint(const std::string& dir, const std::string& tag,
