@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -157,7 +158,8 @@ int main(int argc, char** argv) {
   CLI::App app{
       "The update phase of an offloaded bf16 engine step (stage 2, optimizer in CPU memory) "
       "against the bare fused AdamW pass over as many elements, on 1, 2, 4, ... threads up to "
-      "the cores there are, alternated round by round; medians."};
+      "the cores there are, alternated round by round; medians.",
+      "zeroshard-offload-step-bench"};
   app.add_option_function<std::string>(
       "--params",
       [&options](const std::string& text) {
@@ -168,7 +170,9 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--threads", options.threads, "thread counts (default 1, 2, 4, ... cores)");
   app.add_flag("--check", options.check, "exit 1 unless every time is positive and finite");
-  CLI11_PARSE(app, argc, argv);
+  if (const std::optional<int> exit_code = zeroshard::cli::parse(app, argc, argv)) {
+    return *exit_code;
+  }
   if (options.threads.empty()) options.threads = default_threads();
   try {
     std::printf(

@@ -54,6 +54,21 @@ bool views_engine_memory(const at::Tensor& grad, const at::Tensor& grad_view) {
   return grad.defined() && grad.data_ptr() == grad_view.data_ptr();
 }
 
+// Per-parameter gradients: `grad` goes into the engine's place for it, added or written as the
+// engine says, and the engine takes it; .grad() is left undefined.
+void hand_over_to_engine(Engine& engine, ManagedParam& param, at::Tensor& grad) {
+  const GradTarget target = param.parameter.grad_target();
+  at::Tensor slot =
+      detail::view_of(target.data, engine.model_dtype(), engine.device(), param.parameter.shape());
+  if (target.accumulate) {
+    slot.add_(grad);
+  } else {
+    slot.copy_(grad);
+  }
+  engine.grad_ready(param.parameter);
+  grad = at::Tensor();
+}
+
 }  // namespace
 
 void Optimizer::State::hand_over_gradient(int index) {
@@ -81,16 +96,7 @@ void Optimizer::State::hand_over_gradient(int index) {
     engine.grad_ready(param.parameter);
     return;
   }
-  const GradTarget target = param.parameter.grad_target();
-  at::Tensor slot =
-      detail::view_of(target.data, engine.model_dtype(), engine.device(), param.parameter.shape());
-  if (target.accumulate) {
-    slot.add_(grad);
-  } else {
-    slot.copy_(grad);
-  }
-  engine.grad_ready(param.parameter);
-  grad = at::Tensor();
+  hand_over_to_engine(engine, param, grad);
   if (param.unit != nullptr) param.unit->gradient_handed_over();
 }
 
@@ -113,16 +119,7 @@ void Optimizer::State::hand_over_gradients() {
       continue;
     }
     if (!grad.defined()) continue;  // no gradient: zero, for all_grads_ready()
-    const GradTarget target = param.parameter.grad_target();
-    at::Tensor slot = detail::view_of(target.data, engine.model_dtype(), engine.device(),
-                                      param.parameter.shape());
-    if (target.accumulate) {
-      slot.add_(grad);
-    } else {
-      slot.copy_(grad);
-    }
-    engine.grad_ready(param.parameter);
-    grad = at::Tensor();
+    hand_over_to_engine(engine, param, grad);
   }
 }
 

@@ -131,12 +131,20 @@ TEST(EngineConfig, ACodeBuiltConfigMeetsTheCrossKeyRules) {
       [](Config& c) { c.zero_optimization.offload_optimizer.device = OffloadDevice::kNvme; });
   EXPECT_EQ(nvme_without_path.first, "zero_optimization.offload_optimizer.nvme_path");
   EXPECT_THAT(nvme_without_path.second, HasSubstr("required when device is \"nvme\""));
-  const auto partial_offload = error_of([](Config& c) {
+  const auto no_offloaded_share = error_of([](Config& c) {
     c.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
+    c.zero_optimization.offload_optimizer.ratio = 0.0;
+  });
+  EXPECT_EQ(no_offloaded_share.first, "zero_optimization.offload_optimizer.ratio");
+  EXPECT_THAT(no_offloaded_share.second,
+              HasSubstr("expected the share of the optimizer offloaded"));
+  const auto partial_offload_on_nvme = error_of([](Config& c) {
+    c.zero_optimization.offload_optimizer.device = OffloadDevice::kNvme;
+    c.zero_optimization.offload_optimizer.nvme_path = "/tmp";
     c.zero_optimization.offload_optimizer.ratio = 0.5;
   });
-  EXPECT_EQ(partial_offload.first, "zero_optimization.offload_optimizer.ratio");
-  EXPECT_THAT(partial_offload.second, HasSubstr("not implemented yet"));
+  EXPECT_EQ(partial_offload_on_nvme.first, "zero_optimization.offload_optimizer.ratio");
+  EXPECT_THAT(partial_offload_on_nvme.second, HasSubstr("offloaded to CPU memory only"));
 }
 
 TEST(EngineLearningRate, NonFiniteValuesAreRefused) {
