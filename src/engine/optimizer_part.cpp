@@ -36,12 +36,10 @@ OptimizerPart::OptimizerPart(const EngineContext& context, const UpdateRule& rul
   }
   const OffloadConfig& offload = context_.config.zero_optimization.offload_optimizer;
   Tier tier = Tier::kDevice;
-  int host_team = 0;
   if (placement == PartPlacement::kHost) {
     const CpuTeam team = cpu_team_for_share(offload.cpuadam_cores_perc);
-    host_team = team.size;
-    host_team_ = std::max(1, team.size);
-    host_backend_ = make_cpu_backend(rule_, host_team);
+    host_team_ = team.size;
+    host_backend_ = make_cpu_backend(rule_, host_team_);
     update_backend_ = host_backend_.get();
     tier = offload.pin_memory ? Tier::kPinnedHost : Tier::kPageableHost;
     if (context_.rank == 0) {
@@ -52,7 +50,7 @@ OptimizerPart::OptimizerPart(const EngineContext& context, const UpdateRule& rul
     }
   }
   // The host arrays are first touched by the team that updates them, in the update's schedule.
-  const CpuTeamScope first_touch(host_team);
+  const CpuTeamScope first_touch(host_team_);
   const std::int64_t owned = owned_end_ - owned_begin_;
   master_aliases_params_ = !offloaded() && context_.dtype == DType::kFloat32;
   // With whole gradients (stages 0-1, or handed over at the end of backward) the shard is read

@@ -220,9 +220,10 @@ class OptimizerPart final {
   /// the update, which overlap_copy_done_ marks the end of.
   TrackedBuffer overlap_params_;
   std::unique_ptr<CopyEvent> overlap_copy_done_;
-  /// Threads of the host's team (offload_optimizer.cpuadam_cores_perc), and whether the overlapped
-  /// update may run its chunks on them (the built-in rules, which keep no state of their own).
-  int host_team_ = 1;
+  /// Threads of the host's team (offload_optimizer.cpuadam_cores_perc; 0 in the device's part,
+  /// which has none), and whether the overlapped update may run its chunks on them (the built-in
+  /// rules, which keep no state of their own).
+  int host_team_ = 0;
   bool parallel_overlap_ = false;
   struct Overlap {
     bool begun = false;     ///< parts landing now are queued to the update thread

@@ -14,17 +14,12 @@ OptimizerShard::OptimizerShard(const EngineContext& context, const UpdateRule& r
                                                      grad_shard_dtype, range, placement));
   };
   const OffloadConfig& offload = context.config.zero_optimization.offload_optimizer;
-  if (offload.device == OffloadDevice::kNone) {
-    make_part(owned, PartPlacement::kDevice);
-    return;
-  }
   // DeepSpeed offloads the first sub-groups and keeps the later ones on the device.
-  const std::int64_t split =
-      owned.begin + host_share_elements(offload.ratio, owned.end - owned.begin);
-  if (split > owned.begin || split == owned.end) {
-    make_part({owned.begin, split}, PartPlacement::kHost);
-  }
-  if (split < owned.end) make_part({split, owned.end}, PartPlacement::kDevice);
+  const OptimizerSplit split = split_optimizer(offload.device != OffloadDevice::kNone,
+                                               offload.ratio, owned.end - owned.begin);
+  const std::int64_t boundary = owned.begin + split.host;
+  if (split.host_part) make_part({owned.begin, boundary}, PartPlacement::kHost);
+  if (split.device_part) make_part({boundary, owned.end}, PartPlacement::kDevice);
 }
 
 bool OptimizerShard::offloaded() const noexcept { return host_part().offloaded(); }

@@ -110,19 +110,16 @@ struct Terms {
   std::int64_t elements(int sharded_from) const { return stage >= sharded_from ? shard : padded; }
   /// Elements of the flat buffer this rank updates: all of it at stage 0, its shard otherwise.
   std::int64_t updated() const { return elements(1); }
-  /// Of updated(): the elements offload puts on the host (all of them at ratio 1) and those
-  /// held and updated on the device.
-  std::int64_t host_share() const {
-    return optimizer_offloaded ? detail::host_share_elements(in.offload_ratio, updated()) : 0;
+  /// updated() divided between the optimizer's host part (all of it at ratio 1) and its device
+  /// part.
+  detail::OptimizerSplit split() const {
+    return detail::split_optimizer(optimizer_offloaded, in.offload_ratio, updated());
   }
-  std::int64_t device_share() const { return updated() - host_share(); }
-  /// The engine's parts of the shard (src/engine/optimizer_shard.cpp): the host's whenever the
-  /// optimizer is offloaded and the split leaves it elements or nothing to the device; the
-  /// device's without offload or when it keeps some elements.
-  bool has_host_part() const {
-    return optimizer_offloaded && (host_share() > 0 || device_share() == 0);
-  }
-  bool has_device_part() const { return !optimizer_offloaded || device_share() > 0; }
+  std::int64_t host_share() const { return split().host; }
+  std::int64_t device_share() const { return split().device; }
+  /// The engine's parts of the shard, as the engine splits it.
+  bool has_host_part() const { return split().host_part; }
+  bool has_device_part() const { return split().device_part; }
   /// Sets of master and states of the host's share: two with super_offload, whose update during
   /// backward writes the second while the first stays as it was until the step keeps or drops it.
   std::int64_t update_copies() const {

@@ -51,9 +51,16 @@ std::vector<TensorPiece> ShardLayout::pieces(std::int64_t begin, std::int64_t en
   return result;
 }
 
-std::int64_t host_share_elements(double ratio, std::int64_t owned) {
-  const auto units = std::llround(ratio * static_cast<double>(owned) / kTensorAlignment);
-  return std::clamp<std::int64_t>(units * kTensorAlignment, 0, owned);
+OptimizerSplit split_optimizer(bool offloaded, double ratio, std::int64_t owned) {
+  OptimizerSplit split;
+  if (offloaded) {
+    const auto units = std::llround(ratio * static_cast<double>(owned) / kTensorAlignment);
+    split.host = std::clamp<std::int64_t>(units * kTensorAlignment, 0, owned);
+  }
+  split.device = owned - split.host;
+  split.host_part = offloaded && (split.host > 0 || split.device == 0);
+  split.device_part = split.device > 0 || !offloaded;
+  return split;
 }
 
 }  // namespace zeroshard::detail

@@ -13,10 +13,19 @@ namespace zeroshard::detail {
 // offsets depend on it and not on the world size.
 inline constexpr std::int64_t kTensorAlignment = 16;
 
-/// Owned elements, of `owned` in all, that offload_optimizer.ratio puts on the host (its first
-/// ones): the nearest multiple of kTensorAlignment to ratio x owned, so that each part of the
-/// shard starts aligned and the gradient scan's ranges meet at multiples of 16.
-std::int64_t host_share_elements(double ratio, std::int64_t owned);
+/// How a rank's `owned` elements divide between the optimizer's parts, for the engine's optimizer
+/// shard and the estimator alike. Without offload: one device part. Offloaded: the first `host`
+/// elements on the host, the nearest multiple of kTensorAlignment to ratio x owned (so that each
+/// part starts aligned and the gradient scan's ranges meet at multiples of 16), the rest on the
+/// device; a part is there when it holds elements, and the host's also when it holds them all
+/// (a rank that owns none still has it).
+struct OptimizerSplit {
+  std::int64_t host = 0;
+  std::int64_t device = 0;
+  bool host_part = false;
+  bool device_part = false;
+};
+OptimizerSplit split_optimizer(bool offloaded, double ratio, std::int64_t owned);
 
 /// A run of one tensor's elements inside some range of the flat buffer.
 struct TensorPiece {

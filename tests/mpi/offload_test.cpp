@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "engine/engine_internals.h"
-#include "layout/shard_layout.h"  // host_share_elements
+#include "layout/shard_layout.h"  // split_optimizer
 #include "mpi/toy_model.h"
 #include "zeroshard/log.h"
 
@@ -181,7 +181,7 @@ TEST(OffloadMemory, EachShareOfAPartialOffloadIsCountedWhereItLives) {
     register_toy(engine, tensors);
     const MemoryReport report = engine.memory_report();
     const std::int64_t shard = engine.shard_end() - engine.shard_begin();
-    const std::int64_t host_share = detail::host_share_elements(ratio, shard);
+    const std::int64_t host_share = detail::split_optimizer(true, ratio, shard).host;
     EXPECT_EQ(host_share % 16, 0);
     if (ratio < 1.0) {
       EXPECT_GT(host_share, 0);

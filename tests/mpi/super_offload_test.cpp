@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -77,6 +78,42 @@ void expect_same_training(const Trained& actual, const Trained& expected) {
   EXPECT_EQ(actual.norms, expected.norms);
   EXPECT_EQ(actual.loss_scale, expected.loss_scale);
 }
+
+// Trains `sequential` and the same config with super_offload; expects the same training and
+// returns the overlapped run.
+Trained expect_overlap_trains_alike(const Config& sequential, int steps = 12,
+                                    const std::vector<ToyTensor>& tensors = uneven_toy_tensors()) {
+  Config overlapped = sequential;
+  overlapped.zero_optimization.offload_optimizer.super_offload = true;
+  const Trained expected = train(sequential, 0, steps, tensors);
+  const Trained actual = train(overlapped, 0, steps, tensors);
+  expect_same_training(actual, expected);
+  return actual;
+}
+
+// Sizes the host team of the engines built in its scope, as OMP_NUM_THREADS does for a user.
+class ScopedTeam {
+ public:
+  explicit ScopedTeam(int threads) : threads_(omp_get_max_threads()) {
+    if (const char* value = std::getenv("OMP_NUM_THREADS")) variable_ = value;
+    setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
+    omp_set_num_threads(threads);
+  }
+  ~ScopedTeam() {
+    omp_set_num_threads(threads_);
+    if (variable_) {
+      setenv("OMP_NUM_THREADS", variable_->c_str(), 1);
+    } else {
+      unsetenv("OMP_NUM_THREADS");
+    }
+  }
+  ScopedTeam(const ScopedTeam&) = delete;
+  ScopedTeam& operator=(const ScopedTeam&) = delete;
+
+ private:
+  int threads_;
+  std::optional<std::string> variable_;
+};
 
 class SuperOffloadEquivalence : public ::testing::TestWithParam<SuperOffloadCase> {};
 
@@ -153,12 +190,7 @@ TEST(SuperOffload, PartialOffloadTrainsBitForBit) {
                      (clip == Clip::kNever ? "" : ", sometimes clipped"));
         Config sequential = case_config(stage, dtype, clip);
         sequential.zero_optimization.offload_optimizer.ratio = 0.4;
-        Config overlapped = sequential;
-        overlapped.zero_optimization.offload_optimizer.super_offload = true;
-        const Trained expected = train(sequential, 0);
-        const Trained actual = train(overlapped, 0);
-        expect_same_training(actual, expected);
-        EXPECT_GT(actual.overlapped, 0);
+        EXPECT_GT(expect_overlap_trains_alike(sequential).overlapped, 0);
       }
     }
   }
@@ -172,29 +204,15 @@ TEST(SuperOffload, LargePartsRunOnTheHostTeamBitForBit) {
   if (make_engine(toy_config(1), make_adamw()).world_size() > 2) {
     GTEST_SKIP() << "runs on 1 and 2 ranks";
   }
-  const char* saved = std::getenv("OMP_NUM_THREADS");
-  const std::string saved_value = saved != nullptr ? saved : "";
-  setenv("OMP_NUM_THREADS", "2", 1);
-  const int saved_threads = omp_get_max_threads();
-  omp_set_num_threads(2);
+  const ScopedTeam team(2);
   // At 4 ranks each still owns 1.25M elements of the large tensor.
   const std::vector<ToyTensor> tensors = {{"a.weight", std::int64_t{5} << 20}, {"b.bias", 5}};
   for (const auto& [stage, dtype] : {std::pair{1, DType::kFloat32}, {3, DType::kBFloat16}}) {
     SCOPED_TRACE("stage " + std::to_string(stage) + ", " + to_string(dtype));
     Config sequential = case_config(stage, dtype, Clip::kNever);
     sequential.zero_optimization.reduce_bucket_size = std::int64_t{1} << 23;
-    Config overlapped = sequential;
-    overlapped.zero_optimization.offload_optimizer.super_offload = true;
-    const Trained expected = train(sequential, 0, 4, tensors);
-    const Trained actual = train(overlapped, 0, 4, tensors);
-    expect_same_training(actual, expected);
+    const Trained actual = expect_overlap_trains_alike(sequential, 4, tensors);
     EXPECT_EQ(actual.overlapped, actual.updates);
-  }
-  omp_set_num_threads(saved_threads);
-  if (saved != nullptr) {
-    setenv("OMP_NUM_THREADS", saved_value.c_str(), 1);
-  } else {
-    unsetenv("OMP_NUM_THREADS");
   }
 }
 
@@ -204,12 +222,7 @@ TEST(SuperOffload, ParametersOffloadedTooTrainBitForBit) {
     SCOPED_TRACE(to_string(dtype));
     Config sequential = case_config(3, dtype, Clip::kSometimes);
     sequential.zero_optimization.offload_param.device = OffloadDevice::kCpu;
-    Config overlapped = sequential;
-    overlapped.zero_optimization.offload_optimizer.super_offload = true;
-    const Trained expected = train(sequential, 0);
-    const Trained actual = train(overlapped, 0);
-    expect_same_training(actual, expected);
-    EXPECT_GT(actual.overlapped, 0);
+    EXPECT_GT(expect_overlap_trains_alike(sequential).overlapped, 0);
   }
 }
 
