@@ -266,19 +266,18 @@ EOF
     failed=1
   else
     # after/during: the whole optimizer on the host, updated after backward or during it
-    # (super_offload); partial-*: the same with offload_optimizer.ratio, the rest on the GPU.
-    for variant in after during partial-after partial-during; do
+    # (super_offload); auto-*: the same with offload_optimizer.ratio "auto", which moves what
+    # the GPU can hold after the first step to the GPU. The estimate beside them is the
+    # estimator's own pick: the smallest ratio whose estimate fits 85% of the GPU.
+    for variant in after during auto-after auto-during; do
       config="$out/offload-config-$variant.json"
       keys='"pin_memory": true'
       [[ $variant == *during ]] && keys+=', "super_offload": true'
-      [[ $variant == partial-* ]] && keys+=", \"ratio\": $ratio"
+      [[ $variant == auto-* ]] && keys+=', "ratio": "auto"'
       sed "s/\"pin_memory\": true}/$keys}/" "$offload_config" >"$config"
-      if [[ $variant == partial-* && $ratio == 1.0 ]]; then
-        continue  # the GPU holds no more than the whole-offload runs already put there
-      fi
-      printf '\n### The update %s backward%s%s\n\n' "${variant#partial-}" \
+      printf '\n### The update %s backward%s%s\n\n' "${variant#auto-}" \
         "$([[ $variant == *during ]] && echo ' (super_offload)')" \
-        "$([[ $variant == partial-* ]] && echo ", offload_optimizer.ratio $ratio")" >>"$report"
+        "$([[ $variant == auto-* ]] && echo ", offload_optimizer.ratio \"auto\" (the estimate beside it: ratio $ratio)")" >>"$report"
       fits $((offload_limit + 10)) || continue
       run_start=$(date +%s)
       logged "offload-$variant.log" timeout "$offload_limit" \
@@ -286,8 +285,8 @@ EOF
         --device cuda --steps "$steps" --layers "$layers" --width "$width" --inputs "$inputs" \
         --classes "$classes" --report-json "$out/offload-report-$variant.json" || failed=1
       python3 - "$out/offload-$variant.log" "$out/offload-report-$variant.json" \
-        "$offload_params" "$([[ $variant == partial-* ]] && echo "$partial_device" || echo "$estimate_device")" \
-        "$([[ $variant == partial-* ]] && echo "$partial_host" || echo "$estimate_host")" \
+        "$offload_params" "$([[ $variant == auto-* ]] && echo "$partial_device" || echo "$estimate_device")" \
+        "$([[ $variant == auto-* ]] && echo "$partial_host" || echo "$estimate_host")" \
         "$(($(date +%s) - run_start))" \
         "$layers" "$width" >>"$report" <<'EOF'
 import json, os, re, sys
@@ -305,6 +304,9 @@ for line in open(log):
         engine[int(m[1])] = [float(x) if x else 0.0 for x in m.groups()[1:]]
 print(f"MLP of {layers} layers of width {width}: {int(params) / 1e9:.2f}B parameters; "
       f"{seconds} s in all (set-up, {len(trainer)} steps, checksums).\n")
+for line in open(log):
+    if 'offload_optimizer.ratio "auto": ' in line:
+        print(f"Chosen after the first step: `{line.strip()}`\n")
 print("| step | ms/step | forward + backward | step() | reduce | CPU update | of it: scan | "
       "norm waits | rule | host-device copy wait | gather |")
 print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")

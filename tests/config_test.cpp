@@ -903,6 +903,43 @@ TEST(ConfigRules, HoldForAConfigBuiltInCodeAsForAParsedOne) {
   EXPECT_NO_THROW(check_config(Config{}));
 }
 
+TEST(ConfigValidation, AutoOffloadRatioIsKeptThroughTrainerResolutionAndTheDump) {
+  const std::string text = R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+      "zero_optimization": {"stage": 3, "stage3_max_live_parameters": "auto",
+      "offload_optimizer": {"device": "cpu", "ratio": "auto", "auto_ratio_margin": 0.2}}})";
+  ConfigOverrides overrides;
+  overrides.per_device_train_batch_size = 4;
+  const Config config = Config::from_json_string(text, 2, overrides);
+  const OffloadConfig& offload = config.zero_optimization.offload_optimizer;
+  EXPECT_FALSE(offload.ratio.has_value());
+  EXPECT_EQ(offload.auto_ratio_margin, 0.2);
+  // The other "auto" took DeepSpeed's default with a notice; the ratio's own "auto" none.
+  bool dropped_max_live = false;
+  for (const std::string& notice : config.notices()) {
+    dropped_max_live =
+        dropped_max_live || notice.find("stage3_max_live_parameters") != std::string::npos;
+    EXPECT_THAT(notice, ::testing::Not(HasSubstr("offload_optimizer.ratio"))) << notice;
+  }
+  const Config again = Config::from_json_string(config.resolved_json(), 2);
+  EXPECT_FALSE(again.zero_optimization.offload_optimizer.ratio.has_value());
+  EXPECT_THAT(config.resolved_json(), HasSubstr(R"("ratio": "auto")"));
+
+  const ConfigError nvme = config_error(R"({"train_batch_size": 8, "zero_optimization": {
+      "stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/x", "ratio": "auto"}}})");
+  EXPECT_EQ(nvme.key_path(), "zero_optimization.offload_optimizer.ratio");
+  EXPECT_THAT(nvme.what(), HasSubstr("got \"auto\" with device \"nvme\""));
+  const ConfigError spelled = config_error(R"({"train_batch_size": 8, "zero_optimization": {
+      "stage": 3, "offload_optimizer": {"device": "cpu", "ratio": "automatic"}}})");
+  EXPECT_THAT(spelled.what(), HasSubstr(R"(expected a number 0..1 or "auto")"));
+  for (double margin : {1.0, -0.1, std::nan("")}) {
+    Config in_code;
+    in_code.zero_optimization.offload_optimizer.auto_ratio_margin = margin;
+    EXPECT_EQ(check_error(in_code).key_path(),
+              "zero_optimization.offload_optimizer.auto_ratio_margin")
+        << margin;
+  }
+}
+
 TEST(ConfigRules, AnOffloadRatioOutsideZeroToOneIsRefusedInCode) {
   // The parser holds the ratio to 0..1; in code the rule holds it to (0, 1].
   for (double ratio : {0.0, -0.5, 1.5, std::nan("")}) {

@@ -7,6 +7,7 @@
 #include <array>
 #include <string>
 
+#include "layout/shard_layout.h"  // split_optimizer, kTensorAlignment
 #include "zeroshard/error.h"
 #include "zeroshard/quantity.h"
 
@@ -237,8 +238,8 @@ TEST(MemoryEstimator, OffloadMovesMasterWeightsStatesAndGradientShardToTheHost) 
 }
 
 // What a GPU rank with offload_optimizer allocates beside the update, in pinned host memory
-// (layout/host_staging_size.h): two halves, each the larger of the largest share of a reduced bucket
-// this rank receives, in the type it is delivered in, and a write-back tile of at most 4M
+// (layout/host_staging_size.h): two halves, each the larger of the largest share of a reduced
+// bucket this rank receives, in the type it is delivered in, and a write-back tile of at most 4M
 // 16-bit elements (min with sub_group_size and the shard).
 TEST(MemoryEstimator, CountsTheOffloadStagingHalvesOfAGpuConfig) {
   Config config;
@@ -460,6 +461,49 @@ TEST(ActivationEstimate, TheEstimateAddsTheChainAndStageThreeGathersForTheRecomp
   EXPECT_EQ(checkpointed.at(MemoryCategory::kActivations), 500 + 4 * 1000);
   EXPECT_EQ(checkpointed.at(MemoryCategory::kActivations, MemoryTier::kHost), 4 * 1000);
   EXPECT_EQ(checkpointed.traffic_bytes_per_step * 3, plain.traffic_bytes_per_step * 4);
+}
+
+// ratio "auto": the fewest host elements (whole alignment steps) whose device share adds no more
+// than the spare bytes; one step fewer would add more.
+TEST(SmallestOffloadRatio, KeepsOnTheHostWhatTheSpareDeviceBytesCannotHold) {
+  for (int stage : {1, 2, 3}) {  // offload starts at stage 1
+    for (DType precision : {DType::kFloat32, DType::kBFloat16}) {
+      SCOPED_TRACE("stage " + std::to_string(stage) + " " + to_string(precision));
+      EstimateInput in;
+      in.params = 1000003;
+      in.ranks = 4;
+      in.stage = stage;
+      in.precision = precision;
+      in.offload_optimizer = OffloadDevice::kCpu;
+      const MemoryEstimate whole = estimate(in);
+      const std::int64_t owned = whole.shard_params;
+      const auto growth = [&](double ratio) {
+        EstimateInput at = in;
+        at.offload_ratio = ratio;
+        return estimate(at).total() - whole.total();
+      };
+      const auto host_of = [owned](double ratio) {
+        return detail::split_optimizer(true, ratio, owned).host;
+      };
+      EXPECT_EQ(smallest_offload_ratio(0, in), 1.0);
+      EXPECT_EQ(smallest_offload_ratio(-5, in), 1.0);
+      EXPECT_EQ(host_of(smallest_offload_ratio(std::int64_t{1} << 50, in)), 0);
+      for (double share : {0.1, 0.5, 0.9}) {  // of the shard on the host
+        const std::int64_t spare = growth(share);
+        const double ratio = smallest_offload_ratio(spare, in);
+        const std::int64_t host = host_of(ratio);
+        EXPECT_LE(growth(ratio), spare) << share;
+        EXPECT_EQ(host % detail::kTensorAlignment, 0);
+        // The whole step nearest the share.
+        EXPECT_NEAR(static_cast<double>(host), share * static_cast<double>(owned),
+                    detail::kTensorAlignment)
+            << share;
+        const double one_step_more_on_device =
+            static_cast<double>(host - detail::kTensorAlignment) / static_cast<double>(owned);
+        EXPECT_GT(growth(one_step_more_on_device), spare) << share;
+      }
+    }
+  }
 }
 
 }  // namespace

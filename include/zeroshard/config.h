@@ -29,7 +29,14 @@ struct OffloadConfig {
   bool pipeline_read = false;            ///< offload_optimizer only
   bool pipeline_write = false;           ///< offload_optimizer only
   bool fast_init = false;                ///< offload_optimizer only
-  double ratio = 1.0;                    ///< offload_optimizer only
+  /// offload_optimizer only: the share of this rank's optimizer shard (its first elements) kept
+  /// in host memory and updated there; the rest stays on the device. std::nullopt is "auto": the
+  /// first step runs with all of it on the host, and the engine then moves the largest share that
+  /// fits the device memory left after that step's peak (less auto_ratio_margin) to the device.
+  std::optional<double> ratio = 1.0;
+  /// ratio "auto": the share of the device's total memory left free on top of the measured peak,
+  /// for what the engine cannot see (other allocators' transients, fragmentation).
+  double auto_ratio_margin = 0.1;
   /// offload_optimizer only, device cpu: each bucket's shard is updated on a host thread as its
   /// reduced gradients arrive at the window's end, while backward goes on (DeepSpeed's
   /// SuperOffload). Exact: a step whose norm clips, that overflows or whose inputs changed is

@@ -184,6 +184,14 @@ ZEROSHARD_API std::int64_t largest_model(std::int64_t device_bytes_per_rank, int
                                          DType precision = DType::kFloat32,
                                          const std::string& optimizer = "adamw");
 
+/// offload_optimizer.ratio "auto": the smallest ratio at which the device's share of the optimizer
+/// (its gradients, master weights, states and working chunk) adds at most `spare_device_bytes` to
+/// the device's resident bytes at ratio 1. `base` offloads the optimizer to cpu; its ratio is
+/// ignored. Bisected over whole alignment steps of the split (the engine's split_optimizer): 1
+/// when not one step fits, and a ratio that leaves the host no element when the whole shard does.
+ZEROSHARD_API double smallest_offload_ratio(std::int64_t spare_device_bytes,
+                                            const EstimateInput& base);
+
 /// fp32 state arrays per element of the named optimizer (adam/adamw 2, lion/adagrad 1, sgd 0);
 /// throws ConfigError naming the allowed names otherwise.
 ZEROSHARD_API int optimizer_state_arrays(const std::string& optimizer);

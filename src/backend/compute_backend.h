@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -51,6 +52,13 @@ class CopyEvent {
 /// Every pointer passed in is memory of this backend (from memory()), unless the name says host.
 /// Work is queued on stream() in call order; only the calls that return a host value (scan) or
 /// fill host memory (copy_to_host) wait for it.
+/// A device's memory as its driver counts it.
+struct DeviceMemoryUse {
+  std::int64_t total = 0;
+  /// Bytes allocated by anything: this engine, other libraries' caches, other processes.
+  std::int64_t in_use = 0;
+};
+
 class ComputeBackend {
  public:
   virtual ~ComputeBackend() = default;
@@ -76,6 +84,10 @@ class ComputeBackend {
   /// Whether one apply_rule call may span several tensors of the flat buffer (the GPU's fused
   /// element-wise kernels), so that a step is one launch per run of equal hyper-parameters.
   virtual bool fuses_tensors() const noexcept = 0;
+  /// The device's memory now. CPU ranks have no device limit, so none, unless
+  /// ZEROSHARD_DEVICE_MEMORY (bytes, e.g. "2GiB") rehearses one, with nothing known in use: a
+  /// GPU's offload_optimizer.ratio "auto" can then be tried on CPU ranks.
+  virtual std::optional<DeviceMemoryUse> device_memory() const = 0;
 
   virtual void zero(void* data, std::size_t bytes) = 0;
   /// The ranges must not overlap (cudaMemcpy's rule).

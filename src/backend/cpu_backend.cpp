@@ -3,6 +3,7 @@
 // operation needs working memory of its own.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <span>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "precision/half_conversion.h"
 #include "util/check.h"
 #include "util/cpu_team.h"
+#include "zeroshard/quantity.h"
 
 #if ZEROSHARD_WITH_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -61,6 +63,11 @@ class CpuBackend final : public ComputeBackend {
     return std::max<std::int64_t>(2, std::min(owned, kWorkingChunk));
   }
   bool fuses_tensors() const noexcept override { return false; }
+  std::optional<DeviceMemoryUse> device_memory() const override {
+    const char* rehearsed = std::getenv("ZEROSHARD_DEVICE_MEMORY");
+    if (rehearsed == nullptr || *rehearsed == '\0') return std::nullopt;
+    return DeviceMemoryUse{.total = parse_bytes(rehearsed, "ZEROSHARD_DEVICE_MEMORY")};
+  }
 
   void zero(void* data, std::size_t bytes) override {
     const CpuTeamScope team(team_);

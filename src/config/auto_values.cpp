@@ -19,6 +19,15 @@ bool is_auto(const json& value) { return value.is_string() && value.get<std::str
 
 bool starts_with(const std::string& path, const char* prefix) { return path.rfind(prefix, 0) == 0; }
 
+// A key whose own values include "auto" (offload_optimizer.ratio) keeps it: no default replaces
+// it and nothing fills it.
+bool takes_auto_itself(const KeySpec& spec) {
+  for (const std::string& choice : split_choices(spec.choices)) {
+    if (choice == "auto") return true;
+  }
+  return false;
+}
+
 // DeepSpeed reads these sections through pydantic models (DeepSpeedConfigModel, config_utils.py),
 // which drop every "auto" before validation, so its default applies; every other section passes
 // "auto" on as a string, which DeepSpeed then refuses or misreads. The Trainer fills the
@@ -26,6 +35,7 @@ bool starts_with(const std::string& path, const char* prefix) { return path.rfin
 bool deepspeed_drops_auto(const KeySpec& spec) {
   if (spec.kind == ValueKind::kSection || !spec.alias_of.empty()) return false;
   if (spec.path == "fp16.enabled" || spec.path == "bf16.enabled") return false;
+  if (takes_auto_itself(spec)) return false;
   for (const char* section :
        {"zero_optimization.", "fp16.", "bf16.", "tensorboard.", "wandb.", "csv_monitor."}) {
     if (starts_with(spec.path, section)) return true;
@@ -252,9 +262,10 @@ class Resolver {
     for (const auto& [key, value] : object.items()) {
       const std::string path = prefix.empty() ? key : prefix + "." + key;
       // An unknown key is reported as such when the sections are read.
-      const bool known = find_key_spec(path) != nullptr || prefix == "optimizer.params" ||
-                         prefix == "scheduler.params";
-      if (is_auto(value) && known) {
+      const KeySpec* spec = find_key_spec(path);
+      const bool known =
+          spec != nullptr || prefix == "optimizer.params" || prefix == "scheduler.params";
+      if (is_auto(value) && known && (spec == nullptr || !takes_auto_itself(*spec))) {
         throw ConfigError(printable_text(path),
                           "\"auto\", but no override fills this key (the Trainer fills only "
                           "batch sizes, clipping, optimizer and scheduler values, precision and "

@@ -160,16 +160,23 @@ void check_required_scheduler_params(const SchedulerConfig& scheduler) {
 // when a write fails: NVMe takes the whole shard.
 void check_offload_ratio(const OffloadConfig& offload) {
   const char* const path = "zero_optimization.offload_optimizer.ratio";
-  if (!(offload.ratio > 0.0 && offload.ratio <= 1.0)) {
-    throw ConfigError(path, "got " + detail::format_number(offload.ratio) +
-                                ", expected the share of the optimizer offloaded, in (0, 1]; "
-                                "to keep all of it on the device, set offload_optimizer.device "
-                                "to \"none\"");
+  const std::string given =
+      offload.ratio ? "got " + detail::format_number(*offload.ratio) : std::string("got \"auto\"");
+  if (offload.ratio && !(*offload.ratio > 0.0 && *offload.ratio <= 1.0)) {
+    throw ConfigError(path, given +
+                                ", expected the share of the optimizer offloaded, in (0, 1], or "
+                                "\"auto\"; to keep all of it on the device, set "
+                                "offload_optimizer.device to \"none\"");
   }
-  if (offload.ratio < 1.0 && offload.device == OffloadDevice::kNvme) {
-    throw ConfigError(path, "got " + detail::format_number(offload.ratio) +
+  if (offload.ratio.value_or(0.0) < 1.0 && offload.device == OffloadDevice::kNvme) {
+    throw ConfigError(path, given +
                                 " with device \"nvme\": a share below 1 is offloaded to CPU "
                                 "memory only. Set device to \"cpu\", or ratio to 1");
+  }
+  if (!(offload.auto_ratio_margin >= 0.0 && offload.auto_ratio_margin < 1.0)) {
+    throw ConfigError("zero_optimization.offload_optimizer.auto_ratio_margin",
+                      "got " + detail::format_number(offload.auto_ratio_margin) +
+                          ", expected the share of the device's memory kept free, in [0, 1)");
   }
 }
 

@@ -441,6 +441,9 @@ json ConfigParser::check_scalar(const std::string& path, ValueKind kind, const d
       return *number;
     }
     case ValueKind::kNumber: {
+      for (const std::string& choice : detail::split_choices(choices)) {
+        if (value.is_string() && value.get<std::string>() == choice) return value;
+      }
       if (!value.is_number()) throw type_error(path, value, expected);
       if (!range.contains(value.get<double>())) throw range_error(path, value, range);
       return value;

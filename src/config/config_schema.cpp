@@ -740,8 +740,19 @@ std::vector<KeySpec> make_key_specs() {
        .meaning = "Share of this rank's optimizer shard (its first elements) updated on the "
                   "host; the rest stays in device memory and is updated there at the same time "
                   "(DeepSpeed's Twin-Flow). In (0, 1]; below 1 with device cpu only, at any "
-                  "stage 1-3.",
+                  "stage 1-3. \"auto\" (zeroshard's; DeepSpeed reads it as 1): the first step "
+                  "runs at 1, then the largest device share that fits the memory left after its "
+                  "peak, less auto_ratio_margin, moves to the device, and rank 0 logs the ratio.",
        .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.offload_optimizer.ratio),
+       .range = kFraction,
+       .choices = "auto"},
+      {.path = "zero_optimization.offload_optimizer.auto_ratio_margin",
+       .kind = K::kNumber,
+       .default_json = "0.1",
+       .meaning = "zeroshard's own key, for ratio \"auto\": the share of the device's total "
+                  "memory left free on top of the first step's peak, for what the engine cannot "
+                  "see (transients of other allocators, fragmentation). DeepSpeed refuses it.",
+       .field = ZEROSHARD_CONFIG_FIELD(zero_optimization.offload_optimizer.auto_ratio_margin),
        .range = kFraction},
       {.path = "zero_optimization.offload_optimizer.super_offload",
        .kind = K::kBool,
@@ -1073,7 +1084,9 @@ std::string describe_expected(ValueKind kind, const Range& range, std::string_vi
       break;
   }
   std::string bounds = range.describe();
-  return bounds.empty() ? text : text + " " + bounds;
+  if (!bounds.empty()) text += " " + bounds;
+  for (const std::string& choice : split_choices(choices)) text += " or \"" + choice + "\"";
+  return text;
 }
 
 nlohmann::json read_field(const FieldRef& field, Config& config) {
@@ -1089,6 +1102,8 @@ nlohmann::json read_field(const FieldRef& field, Config& config) {
             return to_string(value);
           } else if constexpr (std::is_same_v<Value, std::optional<std::int64_t>>) {
             return value ? nlohmann::json(*value) : nlohmann::json(nullptr);
+          } else if constexpr (std::is_same_v<Value, std::optional<double>>) {
+            return value ? nlohmann::json(*value) : nlohmann::json("auto");
           } else if constexpr (std::is_same_v<Value, std::string>) {
             return value.empty() ? nlohmann::json(nullptr) : nlohmann::json(value);
           } else {
@@ -1115,6 +1130,9 @@ void write_field(const FieldRef& field, Config& config, const nlohmann::json& va
                                std::is_same_v<Value, std::int64_t> || std::is_same_v<Value, int>) {
             // Integer kinds were range-checked against the field's type by the parser.
             target = static_cast<Value>(*integer_value(value));
+          } else if constexpr (std::is_same_v<Value, std::optional<double>>) {
+            // The parser lets through a number or the key's one choice, "auto".
+            target = value.is_number() ? Value(value.get<double>()) : std::nullopt;
           } else {
             target = value.get<Value>();
           }

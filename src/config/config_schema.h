@@ -60,7 +60,8 @@ inline constexpr Range kNonNegative{.min = 0};
 using FieldRef =
     std::variant<std::monostate, bool& (*)(Config&), int& (*)(Config&), std::int64_t& (*)(Config&),
                  double& (*)(Config&), std::string& (*)(Config&), OffloadDevice& (*)(Config&),
-                 std::optional<std::int64_t>& (*)(Config&), std::vector<std::string>& (*)(Config&)>;
+                 std::optional<std::int64_t>& (*)(Config&), std::vector<std::string>& (*)(Config&),
+                 std::optional<double>& (*)(Config&)>;
 
 /// One key of the table.
 struct KeySpec {
@@ -71,7 +72,9 @@ struct KeySpec {
   KeyStatus status = KeyStatus::kImplemented;
   FieldRef field{};
   Range range = kAnyValue;
-  std::string choices{};           ///< allowed strings, '|'-separated; stored in this spelling
+  /// Allowed strings, '|'-separated; stored in this spelling. A kNumber key with choices takes
+  /// them beside numbers (an std::optional<double> field, std::nullopt for "auto").
+  std::string choices{};
   std::string refused_choices{};   ///< strings DeepSpeed knows that zeroshard refuses
   bool fold_case = false;          ///< choices match ignoring ASCII case
   std::string alias_of{};          ///< aliases: the target path(s), '|'-separated

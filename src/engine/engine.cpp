@@ -301,6 +301,8 @@ void EngineState::finalize() {
   optimizer_ = std::make_unique<OptimizerShard>(*context_, *rule_, *coordinator_,
                                                 bucketer_->full_grads(), grad_shard_dtype_);
   bucketer_->deliver_to(*optimizer_);
+  const OffloadConfig& offload = config_.zero_optimization.offload_optimizer;
+  settles_offload_ratio_ = offload.device == OffloadDevice::kCpu && !offload.ratio;
   finalized_ = true;
   if (adopted_.parameters != nullptr) take_adopted_values();
 }

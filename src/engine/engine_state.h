@@ -132,6 +132,14 @@ class EngineState {
   /// which the update has already cleared.
   void zero_grad(std::int64_t cleared_begin = 0, std::int64_t cleared_end = 0);
   void print_progress(const StepResult& result);
+
+  // --- auto_offload_ratio.cpp ---
+  /// offload_optimizer.ratio "auto", after the first step: every rank moves the largest share of
+  /// its optimizer shard that fits the device memory left to the device (collective), and rank 0
+  /// logs the ratio and why.
+  void settle_auto_offload_ratio();
+  /// The owned elements this rank must keep on the host, and in `reason` what decided it.
+  std::int64_t auto_host_elements(std::string& reason);
   /// csv_monitor, tensorboard and comms_logger, from finalize(): collective, and every rank
   /// throws when any rank cannot write its monitor's folder.
   void open_monitors();
@@ -259,6 +267,8 @@ class EngineState {
   /// super_offload: the next window's update overlaps backward. Off after a step that clipped, as
   /// the next one likely clips too and the overlapped update would be thrown away.
   bool overlap_next_update_ = true;
+  /// offload_optimizer.ratio "auto" with device cpu: the first step's end settles the ratio.
+  bool settles_offload_ratio_ = false;
   std::unique_ptr<LrScheduler> scheduler_;
   std::optional<LossScaler> scaler_;
 

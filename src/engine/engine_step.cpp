@@ -54,6 +54,7 @@ StepResult EngineState::step() {
   if (gradients.nonfinite && checks_nonfinite()) {
     result = skip_nonfinite_step(result);
     monitor_step(result);
+    if (settles_offload_ratio_) settle_auto_offload_ratio();
     return result;
   }
   const double norm = std::sqrt(gradients.sum_of_squares);
@@ -70,6 +71,7 @@ StepResult EngineState::step() {
   result.updated = true;
   monitor_step(result);
   print_progress(result);
+  if (settles_offload_ratio_) settle_auto_offload_ratio();
   return result;
 }
 

@@ -17,16 +17,18 @@ HostStaging::HostStaging(const EngineContext& context, std::size_t half_bytes)
   }
 }
 
+void wait_before_freeing(CopyEvent& copy, const char* what) noexcept {
+  try {
+    copy.wait();
+  } catch (const std::exception& error) {
+    ZEROSHARD_LOG(kWarning,
+                  what << " failed while the engine was being destroyed: " << error.what());
+  }
+}
+
 HostStaging::~HostStaging() {
   // The copy stream may still read or write the halves, which are freed after this body.
-  for (Half& half : halves_) {
-    try {
-      half.done->wait();
-    } catch (const std::exception& error) {
-      ZEROSHARD_LOG(kWarning,
-                    "a staging copy failed while the engine was being destroyed: " << error.what());
-    }
-  }
+  for (Half& half : halves_) wait_before_freeing(*half.done, "a staging copy");
 }
 
 void HostStaging::settle(Half& half) {

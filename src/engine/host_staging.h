@@ -13,6 +13,10 @@
 
 namespace zeroshard::detail {
 
+/// In a destructor, before freeing what `copy` reads or writes: waits for it, and logs a failure
+/// (naming `what`) rather than throwing.
+void wait_before_freeing(CopyEvent& copy, const char* what) noexcept;
+
 class HostStaging {
  public:
   /// Two halves of `half_bytes` of pinned host memory, charged to communication.

@@ -18,7 +18,8 @@ namespace zeroshard::detail {
 
 OptimizerPart::OptimizerPart(const EngineContext& context, const UpdateRule& rule,
                              ParamCoordinator& params, char* full_grads, DType grad_shard_dtype,
-                             FlatRange owned_range, PartPlacement placement)
+                             FlatRange owned_range, PartPlacement placement,
+                             OptimizerPart* predecessor)
     : context_(context),
       rule_(rule),
       params_(params),
@@ -53,11 +54,22 @@ OptimizerPart::OptimizerPart(const EngineContext& context, const UpdateRule& rul
   const CpuTeamScope first_touch(host_team_);
   const std::int64_t owned = owned_end_ - owned_begin_;
   master_aliases_params_ = !offloaded() && context_.dtype == DType::kFloat32;
+  // The predecessor's array, as it stands, or a new one.
+  const auto array = [&](TrackedBuffer* given, MemoryCategory category, std::size_t bytes) {
+    return given != nullptr ? std::move(*given) : context_.allocate(tier, category, bytes);
+  };
+  const auto inherited = [predecessor](TrackedBuffer OptimizerPart::*member) {
+    return predecessor != nullptr ? &(predecessor->*member) : nullptr;
+  };
+  const auto inherited_at = [predecessor](std::vector<TrackedBuffer> OptimizerPart::*member,
+                                          int i) {
+    return predecessor != nullptr ? &(predecessor->*member)[i] : nullptr;
+  };
   // With whole gradients (stages 0-1, or handed over at the end of backward) the shard is read
   // where the bucketer reduced it.
   if (full_grads_ == nullptr || offloaded()) {
-    grad_shard_ =
-        context_.allocate(tier, MemoryCategory::kGradients, owned * size_of(grad_shard_dtype_));
+    grad_shard_ = array(inherited(&OptimizerPart::grad_shard_), MemoryCategory::kGradients,
+                        owned * size_of(grad_shard_dtype_));
   }
   if (offloaded() && offload.device == OffloadDevice::kNvme) {
     // The gradient shard stays in host memory, as in DeepSpeed; master and states are swapped,
@@ -86,24 +98,25 @@ OptimizerPart::OptimizerPart(const EngineContext& context, const UpdateRule& rul
     if (!offload.fast_init) swapped_->write_missing_tiles();
   } else {
     if (!master_aliases_params_) {
-      master_ = context_.allocate(tier, MemoryCategory::kMasterWeights, owned * sizeof(float));
+      master_ = array(inherited(&OptimizerPart::master_), MemoryCategory::kMasterWeights,
+                      owned * sizeof(float));
     }
     for (int s = 0; s < rule_.state_count(); ++s) {
-      states_.push_back(
-          context_.allocate(tier, MemoryCategory::kOptimizerStates, owned * sizeof(float)));
+      states_.push_back(array(inherited_at(&OptimizerPart::states_, s),
+                              MemoryCategory::kOptimizerStates, owned * sizeof(float)));
     }
   }
   if (offloaded() && offload.super_offload) {
     // check_config() allows it with device cpu only: the arrays are host memory.
-    next_arrays_.push_back(
-        context_.allocate(tier, MemoryCategory::kMasterWeights, owned * sizeof(float)));
+    next_arrays_.push_back(array(inherited_at(&OptimizerPart::next_arrays_, 0),
+                                 MemoryCategory::kMasterWeights, owned * sizeof(float)));
     for (int s = 0; s < rule_.state_count(); ++s) {
-      next_arrays_.push_back(
-          context_.allocate(tier, MemoryCategory::kOptimizerStates, owned * sizeof(float)));
+      next_arrays_.push_back(array(inherited_at(&OptimizerPart::next_arrays_, 1 + s),
+                                   MemoryCategory::kOptimizerStates, owned * sizeof(float)));
     }
     // What the overlapped update rounds into the parameters' type, for step() to copy in whole.
-    overlap_params_ = context_.allocate(tier, MemoryCategory::kParameters,
-                                        static_cast<std::size_t>(owned) * context_.dsize);
+    overlap_params_ = array(inherited(&OptimizerPart::overlap_params_), MemoryCategory::kParameters,
+                            static_cast<std::size_t>(owned) * context_.dsize);
     overlap_copy_done_ = context_.backend.make_copy_event();
     parallel_overlap_ = dynamic_cast<const BuiltinRule*>(&rule_) != nullptr;
     update_thread_ = std::make_unique<WorkThread>();
@@ -120,11 +133,22 @@ OptimizerPart::OptimizerPart(const EngineContext& context, const UpdateRule& rul
   }
 }
 
+std::int64_t OptimizerPart::host_bytes() const noexcept {
+  if (!offloaded()) return 0;
+  std::size_t bytes = grad_shard_.bytes() + master_.bytes() + scratch_.bytes() +
+                      overlap_params_.bytes() + (staging_ ? 2 * staging_->half_bytes() : 0);
+  for (const TrackedBuffer& buffer : states_) bytes += buffer.bytes();
+  for (const TrackedBuffer& buffer : next_arrays_) bytes += buffer.bytes();
+  return static_cast<std::int64_t>(bytes);
+}
+
 OptimizerPart::~OptimizerPart() {
   // The update thread writes next_arrays_, which the members' order would free before it, and
   // the last kept update's copy may still read overlap_params_.
   update_thread_.reset();
-  if (overlap_copy_done_) overlap_copy_done_->wait();
+  if (overlap_copy_done_) {
+    wait_before_freeing(*overlap_copy_done_, "the copy of super_offload's kept parameters");
+  }
 }
 
 // Offloaded, the parameters in the device tier are written through staging on either backend (on

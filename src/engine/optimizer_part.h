@@ -31,14 +31,20 @@ class OptimizerPart final {
   /// gradient shard and the whole gradients accumulate in, offloaded or not
   /// (data_types.grad_accum_dtype), so that offload never changes the sums. kHost places it as
   /// offload_optimizer says (CPU memory or NVMe, pinned or not).
+  /// `predecessor`, a host part (not swapped) whose range starts where this host part's does and
+  /// is no shorter, hands this part its arrays as they stand, tails included: its first elements
+  /// are this part's values, and nothing is copied or allocated twice. It is spent afterwards.
   OptimizerPart(const EngineContext& context, const UpdateRule& rule, ParamCoordinator& params,
-                char* full_grads, DType grad_shard_dtype, FlatRange owned, PartPlacement placement);
+                char* full_grads, DType grad_shard_dtype, FlatRange owned, PartPlacement placement,
+                OptimizerPart* predecessor = nullptr);
   /// Joins the update thread before the arrays it writes are freed.
   ~OptimizerPart();
   OptimizerPart(const OptimizerPart&) = delete;
   OptimizerPart& operator=(const OptimizerPart&) = delete;
 
   bool offloaded() const noexcept { return update_backend_ != &context_.backend; }
+  /// Bytes of host memory this part holds when offloaded (its arrays, working chunk and staging).
+  std::int64_t host_bytes() const noexcept;
   /// offload_optimizer.device nvme: the master weights and states live in swap files.
   bool swaps() const noexcept { return swapped_ != nullptr; }
   /// The swap files' I/O since construction (swaps() only).

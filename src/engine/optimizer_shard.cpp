@@ -3,23 +3,58 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 namespace zeroshard::detail {
 
 OptimizerShard::OptimizerShard(const EngineContext& context, const UpdateRule& rule,
-                               ParamCoordinator& params, char* full_grads, DType grad_shard_dtype) {
+                               ParamCoordinator& params, char* full_grads, DType grad_shard_dtype)
+    : context_(context),
+      rule_(rule),
+      params_(params),
+      full_grads_(full_grads),
+      grad_shard_dtype_(grad_shard_dtype) {
   const FlatRange owned{context.update_begin(), context.update_end()};
-  const auto make_part = [&](FlatRange range, PartPlacement placement) {
-    parts_.push_back(std::make_unique<OptimizerPart>(context, rule, params, full_grads,
-                                                     grad_shard_dtype, range, placement));
-  };
   const OffloadConfig& offload = context.config.zero_optimization.offload_optimizer;
-  // DeepSpeed offloads the first sub-groups and keeps the later ones on the device.
-  const OptimizerSplit split = split_optimizer(offload.device != OffloadDevice::kNone,
-                                               offload.ratio, owned.end - owned.begin);
+  // DeepSpeed offloads the first sub-groups and keeps the later ones on the device. "auto" starts
+  // with all of them on the host.
+  const OptimizerSplit split = split_optimizer(
+      offload.device != OffloadDevice::kNone, offload.ratio.value_or(1.0), owned.end - owned.begin);
   const std::int64_t boundary = owned.begin + split.host;
-  if (split.host_part) make_part({owned.begin, boundary}, PartPlacement::kHost);
-  if (split.device_part) make_part({boundary, owned.end}, PartPlacement::kDevice);
+  if (split.host_part) parts_.push_back(make_part({owned.begin, boundary}, PartPlacement::kHost));
+  if (split.device_part) parts_.push_back(make_part({boundary, owned.end}, PartPlacement::kDevice));
+}
+
+std::unique_ptr<OptimizerPart> OptimizerShard::make_part(FlatRange range, PartPlacement placement,
+                                                         OptimizerPart* predecessor) const {
+  return std::make_unique<OptimizerPart>(context_, rule_, params_, full_grads_, grad_shard_dtype_,
+                                         range, placement, predecessor);
+}
+
+void OptimizerShard::keep_on_host(std::int64_t host_elements) {
+  // The whole part stays the shard until the device's part is built and filled: a device that
+  // cannot hold it leaves the shard as it was.
+  OptimizerPart* const whole = parts_.front().get();
+  const std::int64_t begin = whole->owned_begin();
+  const std::int64_t boundary = begin + host_elements;
+  const std::int64_t end = whole->owned_end();
+  std::unique_ptr<OptimizerPart> device = make_part({boundary, end}, PartPlacement::kDevice);
+  // Bounded host chunks: the device part's arrays may be GPU memory.
+  constexpr std::int64_t kChunk = std::int64_t{1} << 20;
+  std::vector<float> chunk(static_cast<std::size_t>(std::min(kChunk, end - boundary)));
+  for (int array = 0; array < array_count(); ++array) {
+    for (std::int64_t flat = boundary; flat < end; flat += kChunk) {
+      const std::int64_t count = std::min(kChunk, end - flat);
+      whole->read_owned(array, flat, chunk.data(), count);
+      device->write_owned(array, flat, chunk.data(), count);
+    }
+  }
+  // The host part takes the whole part's arrays last, once the device's share is read from them.
+  std::unique_ptr<OptimizerPart> host = make_part({begin, boundary}, PartPlacement::kHost, whole);
+  parts_.clear();
+  parts_.push_back(std::move(host));
+  parts_.push_back(std::move(device));
+  for (const auto& part : parts_) part->expect_deliveries(expected_elements_, expected_dtype_);
 }
 
 bool OptimizerShard::offloaded() const noexcept { return host_part().offloaded(); }
@@ -56,6 +91,8 @@ void OptimizerShard::accept_reduced(std::int64_t lo, std::int64_t hi, const void
 }
 
 void OptimizerShard::expect_deliveries(std::int64_t elements, DType dtype) {
+  expected_elements_ = elements;
+  expected_dtype_ = dtype;
   for (const auto& part : parts_) part->expect_deliveries(elements, dtype);
 }
 

@@ -87,6 +87,15 @@ class OptimizerShard final : public ReducedGradientSink {
   /// Keeps the host part's finished overlapped update when it applies (OptimizerPart), and then
   /// updates the device part: the whole step is done. Otherwise returns false and update() runs.
   bool keep_overlapped_update(float grad_factor, const GroupContexts& contexts);
+  /// offload_optimizer.ratio "auto", once the first step has measured the device, on a shard that
+  /// is one host part: its first `host_elements` owned elements stay there and the rest moves to
+  /// a new device part, values as they stand, so training goes on bit for bit on CPU ranks. The
+  /// host part keeps its arrays whole (pinned memory is not returned in part): host memory stays
+  /// as at ratio 1.
+  void keep_on_host(std::int64_t host_elements);
+  /// Host memory the host part holds (OptimizerPart::host_bytes).
+  std::int64_t host_bytes() const noexcept { return host_part().host_bytes(); }
+
   /// After update() failed on some rank (an I/O error on swap files): OptimizerPart's roll-back.
   /// Swap files hold the whole shard (check_config refuses nvme with a ratio below 1).
   void roll_back_update();
@@ -99,8 +108,19 @@ class OptimizerShard final : public ReducedGradientSink {
   template <class Use>
   void for_each_part(std::int64_t lo, std::int64_t hi, Use use);
 
+  std::unique_ptr<OptimizerPart> make_part(FlatRange range, PartPlacement placement,
+                                           OptimizerPart* predecessor = nullptr) const;
+
+  const EngineContext& context_;
+  const UpdateRule& rule_;
+  ParamCoordinator& params_;
+  char* const full_grads_;
+  const DType grad_shard_dtype_;
   /// Host part first, then the device part; one part when there is nothing to split.
   std::vector<std::unique_ptr<OptimizerPart>> parts_;
+  /// The bucketer's announcement (expect_deliveries), for parts built after it.
+  std::int64_t expected_elements_ = 0;
+  DType expected_dtype_ = DType::kFloat32;
 };
 
 }  // namespace zeroshard::detail

@@ -651,7 +651,8 @@ EstimateInput estimate_input_from_config(const Config& config, std::int64_t para
     if (in.optimizer_state_arrays == 0 && flag("momentum")) in.optimizer_state_arrays = 1;
   }
   in.offload_optimizer = zero.offload_optimizer.device;
-  in.offload_ratio = zero.offload_optimizer.ratio;
+  // "auto" is chosen from a measured peak: the estimate is the first step's, at 1.
+  in.offload_ratio = zero.offload_optimizer.ratio.value_or(1.0);
   in.super_offload = zero.offload_optimizer.super_offload;
   in.offload_param = zero.offload_param.device;
   in.reduce_bucket_size = zero.reduce_bucket_size;
@@ -701,6 +702,32 @@ std::int64_t largest_model(std::int64_t device_bytes_per_rank, const EstimateInp
     (fits(mid) ? low : high) = mid;
   }
   return low;
+}
+
+double smallest_offload_ratio(std::int64_t spare_device_bytes, const EstimateInput& base) {
+  EstimateInput in = base;
+  in.offload_ratio = 1.0;
+  const MemoryEstimate all_on_host = estimate(in);
+  const std::int64_t owned = in.stage == 0 ? all_on_host.padded_params : all_on_host.shard_params;
+  if (!all_on_host.valid || owned == 0 || spare_device_bytes <= 0) return 1.0;
+  // The ratio whose split puts `units` alignment steps on the host; 0 steps is a ratio above 0
+  // that rounds to none, as the split rounds to the nearest step.
+  const auto ratio_of = [owned](std::int64_t units) {
+    return static_cast<double>(std::max<std::int64_t>(1, units * detail::kTensorAlignment)) /
+           static_cast<double>(owned);
+  };
+  const auto fits = [&](std::int64_t units) {
+    in.offload_ratio = std::min(1.0, ratio_of(units));
+    return estimate(in).total() - all_on_host.total() <= spare_device_bytes;
+  };
+  // Device bytes never grow as the host's share does: bisect for the fewest host steps that fit.
+  std::int64_t high = (owned + detail::kTensorAlignment - 1) / detail::kTensorAlignment;
+  std::int64_t low = -1;  // below the range: "fits" is never asked of it
+  while (high - low > 1) {
+    const std::int64_t mid = low + (high - low) / 2;
+    (fits(mid) ? high : low) = mid;
+  }
+  return std::min(1.0, ratio_of(high));
 }
 
 std::int64_t largest_model(std::int64_t device_bytes_per_rank, int ranks, int stage,

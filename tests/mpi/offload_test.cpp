@@ -35,12 +35,7 @@ double partial_ratio(int rule) { return std::array{0.5, 0.1, 0.8, 0.3}[rule % 4]
 using OffloadCase = std::tuple<int, DType, int, Offload>;  // stage, precision, rule, offload
 
 Config case_config(int stage, DType dtype) {
-  Config config = toy_config(stage);
-  config.fp16.enabled = dtype == DType::kFloat16;
-  // 2^8 keeps the scaled toy gradients (|g| <= 4, summed over 4 ranks and 2 micro-steps) finite.
-  config.fp16.initial_scale_power = 8;
-  config.bf16.enabled = dtype == DType::kBFloat16;
-  config.gradient_accumulation_steps = 2;
+  Config config = toy_config(stage, dtype);
   config.gradient_clipping = 1.0;
   return config;
 }
@@ -74,10 +69,6 @@ Trained train(Config config, int rule) {
       report.at(MemoryCategory::kMasterWeights, MemoryLocation::kHost).current;
   result.nvme_param_bytes = report.at(MemoryCategory::kParameters, MemoryLocation::kNvme).current;
   return result;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 class OffloadEquivalence : public ::testing::TestWithParam<OffloadCase> {};

@@ -24,11 +24,7 @@ enum class Clip { kNever, kAlways, kSometimes };
 using SuperOffloadCase = std::tuple<int, DType, int, Clip>;  // stage, precision, rule, clipping
 
 Config case_config(int stage, DType dtype, Clip clip) {
-  Config config = toy_config(stage);
-  config.fp16.enabled = dtype == DType::kFloat16;
-  config.fp16.initial_scale_power = 8;
-  config.bf16.enabled = dtype == DType::kBFloat16;
-  config.gradient_accumulation_steps = 2;
+  Config config = toy_config(stage, dtype);
   // The toy's gradient norms range from about 1.6 to 18 over its steps at every world size: 8
   // clips some steps and not others.
   config.gradient_clipping = clip == Clip::kNever ? 0.0 : clip == Clip::kAlways ? 1.0 : 8.0;
@@ -64,10 +60,6 @@ Trained train(Config config, int rule, int steps = 12,
   result.model = model_bytes(engine, tensors, handles);
   result.loss_scale = engine.loss_scale();
   return result;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 void expect_same_training(const Trained& actual, const Trained& expected) {

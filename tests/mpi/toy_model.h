@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -422,6 +423,21 @@ inline Config toy_config(int stage) {
   config.zero_optimization.prefetch_bucket_size = 120;
   config.zero_optimization.param_persistence_threshold = 10;
   return config;
+}
+
+/// toy_config(stage) in `dtype` with two micro-steps per window. 2^8 keeps the scaled toy
+/// gradients (|g| <= 4, summed over 4 ranks and 2 micro-steps) finite in fp16.
+inline Config toy_config(int stage, DType dtype) {
+  Config config = toy_config(stage);
+  config.fp16.enabled = dtype == DType::kFloat16;
+  config.fp16.initial_scale_power = 8;
+  config.bf16.enabled = dtype == DType::kBFloat16;
+  config.gradient_accumulation_steps = 2;
+  return config;
+}
+
+inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 }  // namespace zeroshard::testing

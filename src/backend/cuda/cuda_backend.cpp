@@ -167,6 +167,14 @@ class CudaBackend final : public detail::ComputeBackend {
     return std::max<std::int64_t>(2, std::min(owned, kWorkingChunk));
   }
   bool fuses_tensors() const noexcept override { return true; }
+  std::optional<detail::DeviceMemoryUse> device_memory() const override {
+    const DeviceGuard guard(device_.index);
+    std::size_t free = 0;
+    std::size_t total = 0;
+    ZEROSHARD_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    return detail::DeviceMemoryUse{.total = static_cast<std::int64_t>(total),
+                                   .in_use = static_cast<std::int64_t>(total - free)};
+  }
 
   void zero(void* data, std::size_t bytes) override {
     if (bytes == 0) return;
