@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "torch/engine_tensors.h"
@@ -22,8 +23,10 @@ struct ManagedParam {
   UnitScope::Unit* unit = nullptr;  ///< stage 3: the unit it is gathered with; null: no unit
   /// Stages 0-1: the view of the engine's gradient memory that `.grad()` is.
   at::Tensor grad_view;
-  /// Keeps autograd's accumulator, and so the post hook on it, alive.
-  std::shared_ptr<::torch::autograd::Node> accumulator;
+  /// Keeps autograd's accumulator, and so the post hook on it, alive (libtorch 1.x holds nodes
+  /// in a shared_ptr, 2.x in an intrusive_ptr).
+  decltype(::torch::autograd::impl::grad_accumulator(
+      std::declval<const at::Tensor&>())) accumulator;
   std::uintptr_t hook = 0;  ///< the post hook's key, to remove it with the optimizer
   /// reduce_during_backward: the gradient went to the engine in this micro-step.
   bool handed_over = false;
