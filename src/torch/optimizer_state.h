@@ -71,7 +71,8 @@ struct Optimizer::State {
 
   /// The torch optimizer's groups: the default group, then one per OptimizerOptions::groups.
   std::vector<::torch::optim::OptimizerParamGroup> torch_groups() const;
-  std::unique_ptr<GroupOptions> default_options() const;
+  /// Group `g`'s lr and weight decay as the torch side reads them (0: the default group).
+  std::unique_ptr<GroupOptions> group_options(std::size_t g) const;
 
   /// Stages 0-1: `.grad()` becomes a view of the engine's gradient memory. Every stage: a post
   /// hook on each trainable parameter's gradient accumulator hands the gradient over.
