@@ -171,6 +171,28 @@ TEST(TorchUsage, TheModelKeepsItsValuesWhenTheOptimizerGoes) {
   }
 }
 
+// A graph built while the optimizer lived keeps autograd's gradient accumulators, and with them
+// the hooks that call into the optimizer: the optimizer takes its hooks along when it goes.
+TEST(TorchUsage, TheOptimizerRemovesItsGradientHooksWhenItGoes) {
+  const int world = Communicator::from_environment()->size();
+  for (int stage : {1, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    TinyNet model = make_tiny_net();
+    const auto hooks_on_head = [&] {
+      return torch::autograd::impl::grad_accumulator(model->head->weight)->post_hooks().size();
+    };
+    torch::Tensor loss;
+    {
+      zeroshard::torch::Optimizer optimizer(
+          *model, Config::from_json_string(config_json(stage, world, "adamw"), world));
+      EXPECT_EQ(hooks_on_head(), 1u);
+      const Batch data = batch(0);
+      loss = torch::mse_loss(model->forward(data.inputs), data.targets);
+    }
+    EXPECT_EQ(hooks_on_head(), 0u);
+  }
+}
+
 TEST(TorchUsage, MisusesAreRefusedByName) {
   const int world = Communicator::from_environment()->size();
   // A config key the adapter cannot honour names itself.
