@@ -5,6 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake pkg-config
+  ccache  # scripts/test.sh: build-torch2/ reuses build/'s libzeroshard objects
   liburing-dev nlohmann-json3-dev
   libopenmpi-dev openmpi-bin
   libopenblas-dev

@@ -41,7 +41,7 @@ void Optimizer::State::install_gradient_hooks() {
       tensor.mutable_grad() = param.grad_view;
     }
     param.accumulator = ::torch::autograd::impl::grad_accumulator(tensor);
-    param.accumulator->add_post_hook(
+    param.hook = param.accumulator->add_post_hook(
         std::make_unique<HandOverGradient>(*this, static_cast<int>(i)));
   }
 }

@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "torch/engine_tensors.h"
@@ -22,8 +23,10 @@ struct ManagedParam {
   UnitScope::Unit* unit = nullptr;  ///< stage 3: the unit it is gathered with; null: no unit
   /// Stages 0-1: the view of the engine's gradient memory that `.grad()` is.
   at::Tensor grad_view;
-  /// Keeps autograd's accumulator, and so the post hook on it, alive.
-  std::shared_ptr<::torch::autograd::Node> accumulator;
+  /// Keeps autograd's accumulator, and so the post hook on it, alive (libtorch 1.x holds nodes
+  /// in a shared_ptr, 2.x in an intrusive_ptr).
+  decltype(::torch::autograd::impl::grad_accumulator(
+      std::declval<const at::Tensor&>())) accumulator;
   std::uintptr_t hook = 0;  ///< the post hook's key, to remove it with the optimizer
   /// reduce_during_backward: the gradient went to the engine in this micro-step.
   bool handed_over = false;
@@ -68,7 +71,8 @@ struct Optimizer::State {
 
   /// The torch optimizer's groups: the default group, then one per OptimizerOptions::groups.
   std::vector<::torch::optim::OptimizerParamGroup> torch_groups() const;
-  std::unique_ptr<GroupOptions> default_options() const;
+  /// Group `g`'s lr and weight decay as the torch side reads them (0: the default group).
+  std::unique_ptr<GroupOptions> group_options(std::size_t g) const;
 
   /// Stages 0-1: `.grad()` becomes a view of the engine's gradient memory. Every stage: a post
   /// hook on each trainable parameter's gradient accumulator hands the gradient over.

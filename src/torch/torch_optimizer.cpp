@@ -299,19 +299,18 @@ Optimizer::State::~State() {
 
 std::vector<::torch::optim::OptimizerParamGroup> Optimizer::State::torch_groups() const {
   std::vector<::torch::optim::OptimizerParamGroup> result;
-  for (const Group& group : groups) {
+  for (std::size_t g = 0; g < groups.size(); ++g) {
     std::vector<at::Tensor> tensors;
-    for (int index : group.params) {
+    for (int index : groups[g].params) {
       tensors.push_back(params[static_cast<std::size_t>(index)].backing.tensor());
     }
-    result.emplace_back(std::move(tensors),
-                        std::make_unique<GroupOptions>(group.lr_written, group.weight_decay));
+    result.emplace_back(std::move(tensors), group_options(g));
   }
   return result;
 }
 
-std::unique_ptr<GroupOptions> Optimizer::State::default_options() const {
-  return std::make_unique<GroupOptions>(groups.front().lr_written, groups.front().weight_decay);
+std::unique_ptr<GroupOptions> Optimizer::State::group_options(std::size_t g) const {
+  return std::make_unique<GroupOptions>(groups[g].lr_written, groups[g].weight_decay);
 }
 
 void Optimizer::State::push_learning_rates(
@@ -388,8 +387,14 @@ Optimizer::Optimizer(::torch::nn::Module& model, const std::string& config_file,
       }()) {}
 
 Optimizer::Optimizer(std::unique_ptr<State> state)
-    : ::torch::optim::Optimizer(state->torch_groups(), state->default_options()),
+    : ::torch::optim::Optimizer(state->torch_groups(), state->group_options(0)),
       state_(std::move(state)) {
+  // libtorch 2.x merges each group's options with the defaults, and for an options class it does
+  // not know keeps a copy of the defaults instead: every group's own lr and weight decay would
+  // read back as the default group's. Each group's are set again.
+  for (std::size_t g = 0; g < param_groups_.size(); ++g) {
+    param_groups_[g].set_options(state_->group_options(g));
+  }
   state_->register_units();
 }
 
