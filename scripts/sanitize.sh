@@ -12,9 +12,10 @@ build_dir=${ZEROSHARD_SANITIZE_BUILD_DIR:-build-asan}
 # -fno-sanitize-recover: a UBSan report ends the program even where a test starts a program with
 # an environment of its own (UBSAN_OPTIONS below does the same for every other case).
 sanitizers="-fsanitize=address,undefined -fno-sanitize-recover=undefined"
-# -O1, not Debug's -O0, under which the MPI tests ran 30-50x slower than in release; -O1 is what
-# AddressSanitizer's documentation advises for usable speed, while -O2's inlining and tail calls
-# leave a report's stack with fewer of the frames that led to the error.
+# -O1, not Debug's -O0: what AddressSanitizer's documentation advises for usable speed, while
+# -O2's inlining and tail calls leave a report's stack with fewer of the frames that led to the
+# error. The tests still run up to 70x slower than release (docs/testing.md), hence the scaled
+# limits.
 cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZEROSHARD_CUDA=OFF \
   -DCMAKE_CXX_FLAGS="$sanitizers -fno-omit-frame-pointer" \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g -DNDEBUG" \
