@@ -9,7 +9,8 @@ if(rc)
   message(FATAL_ERROR "cmake --install failed: ${rc}")
 endif()
 execute_process(COMMAND ${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/build
-                        -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix RESULT_VARIABLE rc)
+                        -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}"
+                        "-DCMAKE_EXE_LINKER_FLAGS=${EXE_LINKER_FLAGS}" RESULT_VARIABLE rc)
 if(rc)
   message(FATAL_ERROR "configuring the consumer failed: ${rc}")
 endif()
@@ -52,8 +53,9 @@ endif()
 execute_process(COMMAND ${CMAKE_COMMAND} -E env ${pc_env} ${PKG_CONFIG} --variable=libdir zeroshard
                 OUTPUT_VARIABLE pc_libdir OUTPUT_STRIP_TRAILING_WHITESPACE)
 separate_arguments(pc_flag_list UNIX_COMMAND "${pc_flags}")
-execute_process(COMMAND ${CXX} -std=c++20 ${CONSUMER_SOURCE_DIR}/main.cpp ${pc_flag_list}
-                        -o ${WORK_DIR}/consumer_pkg_config RESULT_VARIABLE rc)
+separate_arguments(build_flag_list UNIX_COMMAND "${CXX_FLAGS} ${EXE_LINKER_FLAGS}")
+execute_process(COMMAND ${CXX} -std=c++20 ${build_flag_list} ${CONSUMER_SOURCE_DIR}/main.cpp
+                        ${pc_flag_list} -o ${WORK_DIR}/consumer_pkg_config RESULT_VARIABLE rc)
 if(rc)
   message(FATAL_ERROR "building the consumer with pkg-config's flags (${pc_flags}) failed: ${rc}")
 endif()
