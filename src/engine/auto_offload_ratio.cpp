@@ -14,9 +14,8 @@
 
 namespace zeroshard::detail {
 
-std::int64_t EngineState::auto_host_elements(std::string& reason) {
+std::int64_t EngineState::auto_host_elements(std::int64_t owned, std::string& reason) {
   const OffloadConfig& offload = config_.zero_optimization.offload_optimizer;
-  const std::int64_t owned = optimizer_->owned_end() - optimizer_->owned_begin();
   const std::optional<DeviceMemoryUse> device = backend_->device_memory();
   if (!device) {
     reason = "the device has no memory limit (CPU ranks; ZEROSHARD_DEVICE_MEMORY rehearses one)";
@@ -47,7 +46,7 @@ void EngineState::settle_auto_offload_ratio() {
   settles_offload_ratio_ = false;
   const std::int64_t owned = optimizer_->owned_end() - optimizer_->owned_begin();
   std::string reason;
-  std::int64_t host = auto_host_elements(reason);
+  std::int64_t host = auto_host_elements(owned, reason);
   // Every rank keeps the most any rank needs on the host, so that they step alike; and at least
   // one aligned run, so that the shard stays offloaded as the rest of the engine was built for.
   for (const std::string& text : all_gather_text(std::to_string(host))) {

@@ -138,8 +138,9 @@ class EngineState {
   /// its optimizer shard that fits the device memory left to the device (collective), and rank 0
   /// logs the ratio and why.
   void settle_auto_offload_ratio();
-  /// The owned elements this rank must keep on the host, and in `reason` what decided it.
-  std::int64_t auto_host_elements(std::string& reason);
+  /// Of this rank's `owned` elements, those it must keep on the host, and in `reason` what
+  /// decided it.
+  std::int64_t auto_host_elements(std::int64_t owned, std::string& reason);
   /// csv_monitor, tensorboard and comms_logger, from finalize(): collective, and every rank
   /// throws when any rank cannot write its monitor's folder.
   void open_monitors();
