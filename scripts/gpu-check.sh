@@ -141,8 +141,21 @@ if [[ -f "$build/CMakeCache.txt" ]]; then
 else
   generator=()
   command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
+  # The machine's own PyTorch, where python3 imports one: the libtorch adapter then builds against
+  # its libtorch, and its gpu-labelled cases run with the others.
+  torch_prefix=()
+  if torch_line=$(python3 -c 'import torch, torch.utils; print(torch.utils.cmake_prefix_path,
+torch.__version__, torch.version.cuda)' 2>/dev/null); then
+    read -r torch_path torch_version torch_cuda <<<"$torch_line"
+    torch_prefix=(-DCMAKE_PREFIX_PATH="$torch_path")
+    echo "- PyTorch: $torch_version (CUDA $torch_cuda), its libtorch at $torch_path" >>"$report"
+  else
+    echo "- PyTorch: python3 cannot import torch; the libtorch adapter is not built" >>"$report"
+  fi
   logged configure.log cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
-    -DZEROSHARD_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$cuda_architectures" || failed=1
+    -DZEROSHARD_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$cuda_architectures" "${torch_prefix[@]}" ||
+    failed=1
+  grep -m1 'libtorch adapter skipped' "$out/configure.log" | sed 's/^-- /- /' >>"$report"
 fi
 # What the gpu label runs (with the fixtures its cases need), the kernel benchmarks, the trainer
 # and the estimator: a program is named by its path in a test's command.
@@ -164,7 +177,7 @@ for test in tests:
             wanted.add(os.path.basename(path))
 # ctest lists no command for a case whose program it cannot find yet: the example checkers.
 always = {"bench_kernels", "bench_cpu_optimizer", "zeroshard-train-mlp", "zeroshard-estimate",
-          "zeroshard-overlap-bench"}
+          "zeroshard-overlap-bench", "zeroshard-train-torch-gpt"}
 always |= {name for name in known if name.startswith("zeroshard-check-")}
 print("\n".join(sorted((wanted & known) | always)))
 EOF
@@ -406,6 +419,33 @@ elif fits 90; then
   else
     echo "failed or timed out; output in super-offload.log" >>"$report"
   fi
+fi
+
+# --- the libtorch adapter on the GPU ------------------------------------------------------------
+section "libtorch: the torch GPT on the GPU, zeroshard against torch::optim"
+gpt="$build/examples/torch/zeroshard-train-torch-gpt"
+if [[ -n "$gpu_reason" ]]; then
+  echo "skipped: $gpu_reason" >>"$report"
+elif [[ ! -x "$gpt" ]]; then
+  echo "not run: zeroshard-train-torch-gpt was not built (no usable libtorch; see Set-up)" \
+    >>"$report"
+elif fits 100; then
+  # One loop, three optimizers: the same model, data and steps on one GPU; the torch GPT's
+  # gpu-labelled tests ran above.
+  echo "| optimizer | final loss (mean of the last 5 steps) | median step (ms) |" >>"$report"
+  echo "| --- | --- | --- |" >>"$report"
+  for variant in torch-optim zero0 zero3; do
+    flags=(--config examples/configs/zero0.json --torch-optim)
+    [[ $variant == zero* ]] && flags=(--config "examples/configs/$variant.json")
+    if logged "torch-gpt-$variant.log" timeout 30 "$gpt" --device cuda "${flags[@]}" \
+      --layers 8 --width 512 --heads 8 --seq-len 256 --batch 16 --steps 30 --lr 1e-3; then
+      echo "| $variant | $(sed -n 's/^final loss.*: //p' "$out/torch-gpt-$variant.log") |" \
+        "$(sed -n 's/^median step after the first: \([0-9.]*\) ms/\1/p' \
+        "$out/torch-gpt-$variant.log") |" >>"$report"
+    else
+      failed=1
+    fi
+  done
 fi
 
 section "Summary"
