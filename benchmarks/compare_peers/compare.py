@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 from mlp_shape import parameter_count
 
@@ -61,6 +62,9 @@ def parse_args():
     parser.add_argument("--python", default=sys.executable,
                         help="the interpreter with torch (and deepspeed) for the peers")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per run")
+    parser.add_argument("--budget", type=int,
+                        help="seconds for everything: a run that would start after them is "
+                        "skipped and says so, a run still going at them is stopped")
     parser.add_argument("--check-losses", type=int, default=0, metavar="K",
                         help="fail when a peer's loss at any of the first K steps differs from "
                         "zeroshard's by more than --tolerance")
@@ -193,15 +197,21 @@ class RunFailed(Exception):
     pass
 
 
+def seconds_left(args):
+    return args.timeout if args.deadline is None else min(args.timeout,
+                                                          int(args.deadline - time.monotonic()))
+
+
 def launch(args, command, tag):
     log = os.path.join(args.work_dir, f"{tag}.log")
+    timeout = seconds_left(args)
     try:
         result = subprocess.run(command, capture_output=True, text=True, env=peer_env(args),
-                                timeout=args.timeout)
+                                timeout=timeout)
     except subprocess.TimeoutExpired as error:
         with open(log, "w") as f:
             f.write(str(error.stdout or "") + str(error.stderr or ""))
-        raise RunFailed(f"timed out after {args.timeout} s; log {log}") from error
+        raise RunFailed(f"timed out after {timeout} s; log {log}") from error
     with open(log, "w") as f:
         f.write(result.stdout + result.stderr)
     if result.returncode != 0:
@@ -306,6 +316,7 @@ def check_losses(args, results):
 
 def main():
     args = parse_args()
+    args.deadline = None if args.budget is None else time.monotonic() + args.budget
     keep = args.work_dir is not None
     args.work_dir = args.work_dir or tempfile.mkdtemp(prefix="compare_peers.")
     os.makedirs(args.work_dir, exist_ok=True)
@@ -330,6 +341,13 @@ def main():
             if runnable else []
         for framework in order:
             if results[framework]["status"] != "ok":
+                continue
+            if seconds_left(args) <= 0:
+                # A framework with rounds behind it is summarized over those.
+                if not results[framework]["runs"]:
+                    results[framework]["status"] = f"skipped: the {args.budget} s budget ran out"
+                print(f"compare.py: {framework}: round {round_index + 1} skipped: the "
+                      f"{args.budget} s budget ran out", file=sys.stderr)
                 continue
             tag = f"{framework}-round{round_index + 1}"
             config = configs["partial" if framework.endswith("-ratio") else "ratio1"]

@@ -7,7 +7,6 @@ FSDP2's clip_grad_norm_ and optimizer.step()), after synchronizing the device at
 """
 
 import argparse
-import contextlib
 import json
 import os
 import resource
@@ -43,19 +42,6 @@ def synchronize(device):
         torch.cuda.synchronize(device)
 
 
-def set_initial_weights(model, args, device, gathered=None):
-    """Writes the example's initial weights into `model`; `gathered(params)` is a context that
-    makes a sharded layer's full parameters writable (DeepSpeed's GatheredParameters)."""
-    shapes = layer_shapes(args.inputs, args.width, args.layers, args.classes)
-    values = mlp_task.initial_values(args.seed, shapes, device)
-    for layer, (weight, bias) in zip(model.layers, values):
-        context = gathered([layer.weight, layer.bias]) if gathered else contextlib.nullcontext()
-        with context, torch.no_grad():
-            if gathered is None or dist.get_rank() == 0:
-                layer.weight.copy_(weight)
-                layer.bias.copy_(bias)
-
-
 def build_deepspeed(args, config, device):
     import deepspeed
 
@@ -64,9 +50,15 @@ def build_deepspeed(args, config, device):
     # (or the host's, twice over) is never whole anywhere.
     with deepspeed.zero.Init(config_dict_or_path=config):
         model = mlp_task.Mlp(args.inputs, args.width, args.layers, args.classes)
-    set_initial_weights(
-        model, args, device,
-        lambda params: deepspeed.zero.GatheredParameters(params, modifier_rank=0))
+    shapes = layer_shapes(args.inputs, args.width, args.layers, args.classes)
+    for layer, (weight, bias) in zip(model.layers,
+                                     mlp_task.initial_values(args.seed, shapes, device)):
+        # Rank 0's values go into every rank's partition as the context ends.
+        with deepspeed.zero.GatheredParameters([layer.weight, layer.bias], modifier_rank=0):
+            with torch.no_grad():
+                if dist.get_rank() == 0:
+                    layer.weight.copy_(weight)
+                    layer.bias.copy_(bias)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                            config=config)
 
@@ -91,10 +83,14 @@ def build_fsdp2(args, config, device):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    model = mlp_task.Mlp(args.inputs, args.width, args.layers, args.classes, device="cpu")
-    set_initial_weights(model, args, "cpu")
+    # Gloo beside NCCL: with the gradients on the host, clip_grad_norm_ sums host tensors.
+    dist.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh(device.type, (world,))
+    # Built on the meta device and sharded before any memory is allocated, so the host never
+    # holds the whole fp32 model beside the shards, as FSDP2's documentation builds large models.
+    with torch.device("meta"):
+        model = mlp_task.Mlp(args.inputs, args.width, args.layers, args.classes)
     bf16 = config.get("bf16", {}).get("enabled", False)
     policy = dict(
         mesh=mesh,
@@ -106,6 +102,16 @@ def build_fsdp2(args, config, device):
     for layer in model.layers:
         fully_shard(layer, **policy)
     fully_shard(model, **policy)
+    model.to_empty(device="cpu")
+    shapes = layer_shapes(args.inputs, args.width, args.layers, args.classes)
+    with torch.no_grad():
+        for layer, values in zip(model.layers,
+                                 mlp_task.initial_values(args.seed, shapes, "cpu")):
+            for param, full in zip((layer.weight, layer.bias), values):
+                # FSDP2 shards dim 0 as torch.chunk does; the last ranks' chunks may be empty.
+                chunks = torch.chunk(full, world, dim=0)
+                if rank < len(chunks):
+                    param.to_local().copy_(chunks[rank])
     params = config["optimizer"]["params"]
     optimizer = torch.optim.AdamW(model.parameters(), lr=params["lr"],
                                   betas=tuple(params["betas"]), eps=params["eps"],
