@@ -29,7 +29,9 @@ if [[ "$installed" != "$deepspeed" ]]; then
   fi
 fi
 
-# DeepSpeedCPUAdam compiles on first use; its build is kept with the venv, not in ~/.cache.
+# DeepSpeedCPUAdam compiles on first use, with the ninja DeepSpeed installs into the venv; its
+# build is kept beside the venv, not in ~/.cache.
+export PATH=$PWD/$venv/bin:$PATH
 export TORCH_EXTENSIONS_DIR=$PWD/build-torch2/torch_extensions
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
