@@ -7,8 +7,9 @@
 # Beside them, in wheels/: DeepSpeed's wheel, built from PyPI's sdist, and the wheels it needs but
 # PyTorch's own, for the machine's preinstalled PyTorch and the comparison with DeepSpeed and FSDP2
 # (benchmarks/compare_peers). ZEROSHARD_BUNDLE_PYTHON: a Python with torch to build the wheel
-# (default build-torch2/venv/bin/python, scripts/test_torch2.sh's); ZEROSHARD_BUNDLE_PYTHON_VERSIONS:
-# the Python versions of the machine, for the dependencies' binary wheels (default 3.12).
+# (default build-torch2/venv/bin/python, scripts/test_torch2.sh's);
+# ZEROSHARD_BUNDLE_PYTHON_VERSIONS: the machine's Python versions, for the dependencies' binary
+# wheels (default 3.12).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -19,8 +19,8 @@
 # GPU_CHECK_PARAMS (the offload runs' parameters; default: the largest the estimator fits),
 # GPU_CHECK_HOST_SWEEP=1 (run the host's thread sweep without a GPU too), GPU_CHECK_COMPARE_LIMIT
 # (s for the comparison with DeepSpeed and FSDP2, 300), GPU_CHECK_COMPARE_PARAMS (its parameters;
-# default: the offload runs'), GPU_CHECK_PYTHON (the Python with PyTorch it runs, python3). CUDA_VISIBLE_DEVICES set
-# empty (or -1) hides the GPUs, as it does from CUDA.
+# default: the offload runs'), GPU_CHECK_PYTHON (the Python with PyTorch it runs, python3).
+# CUDA_VISIBLE_DEVICES set empty (or -1) hides the GPUs, as it does from CUDA.
 #
 # Order: what the offload work needs first (the host, the thread sweep, the offload runs with and
 # without super_offload, the comparison), then the kernel benchmarks, the gpu tests and the overlap
@@ -373,13 +373,23 @@ elif fits $((compare_limit + 30)); then
 print(max(3, round((p - (i * w + w + w * c + c)) / (w * w + w)) + 2))" \
       "${GPU_CHECK_COMPARE_PARAMS%.*}" "$width" "$inputs" "$classes")
   fi
-  TORCH_EXTENSIONS_DIR="$build/torch_extensions" logged compare.log "$compare_python" \
+  frameworks=zeroshard,deepspeed
+  [[ $ratio != 1.0 ]] && frameworks+=,deepspeed-ratio
+  frameworks+=,fsdp2
+  TORCH_EXTENSIONS_DIR="$build/torch_extensions" "$compare_python" \
     benchmarks/compare_peers/compare.py --device cuda --ranks 1 --steps "$steps" --rounds 1 \
-    --frameworks zeroshard,deepspeed,deepspeed-ratio,fsdp2 --ratio "$ratio" \
+    --frameworks "$frameworks" --ratio "$ratio" \
     --layers "$compare_layers" --width "$width" --inputs "$inputs" --classes "$classes" \
     --trainer "$build/examples/mlp/zeroshard-train-mlp" --budget "$compare_limit" \
-    --work-dir "$out/compare" --json "$out/compare.json" || failed=1
+    --work-dir "$out/compare" --json "$out/compare.json" >"$out/compare.log" 2>&1
+  compare_status=$?
+  # The table, and what failed: each framework's line of it says why, its log says the rest.
   sed -n '/^[0-9]* rank(s) on/,$p' "$out/compare.log" | grep -v '^compare.py: ' >>"$report"
+  if ((compare_status != 0)); then
+    printf '\nfailed (exit %d); output in compare.log, each run'"'"'s log in compare/\n' \
+      "$compare_status" >>"$report"
+    failed=1
+  fi
 fi
 
 # --- kernel benchmarks ----------------------------------------------------------------------

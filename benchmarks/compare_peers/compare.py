@@ -117,14 +117,13 @@ def missing_module(args, framework):
         if shutil.which("mpirun") is None:
             return "mpirun is not on PATH"
         return None
-    module = "deepspeed" if framework.startswith("deepspeed") else "torch.distributed.fsdp"
-    probe = ("import importlib.util, sys\n"
-             f"names = {['torch', module]!r}\n"
-             "missing = [n for n in names if importlib.util.find_spec(n.split('.')[0]) is None]\n"
-             "if not missing and names[1].startswith('torch.'):\n"
-             "    import torch.distributed.fsdp as f\n"
-             "    missing = [] if hasattr(f, 'CPUOffloadPolicy') else ['fully_shard with "
-             "CPUOffloadPolicy (torch >= 2.6)']\n"
+    names = ["torch", "deepspeed"] if framework.startswith("deepspeed") else ["torch"]
+    probe = ("import importlib.util\n"
+             f"missing = [n for n in {names!r} if importlib.util.find_spec(n) is None]\n"
+             f"if not missing and {framework == 'fsdp2'!r}:\n"
+             "    import torch.distributed.fsdp as fsdp\n"
+             "    if not hasattr(fsdp, 'CPUOffloadPolicy'):\n"
+             "        missing = ['torch.distributed.fsdp.CPUOffloadPolicy (torch >= 2.6)']\n"
              "print(', '.join(missing))\n")
     try:
         result = subprocess.run([args.python, "-c", probe], capture_output=True, text=True,
@@ -132,9 +131,9 @@ def missing_module(args, framework):
     except OSError as error:
         return f"{args.python}: {error}"
     if result.returncode != 0:
-        return f"{args.python} could not look for {module}: {result.stderr.strip()[-200:]}"
+        return f"{args.python} could not look for {', '.join(names)}: {cause(result.stderr)}"
     missing = result.stdout.strip()
-    return f"module {missing} not found by {args.python}" if missing else None
+    return f"{missing} not found by {args.python}" if missing else None
 
 
 def peer_env(args):
@@ -215,9 +214,20 @@ def launch(args, command, tag):
     with open(log, "w") as f:
         f.write(result.stdout + result.stderr)
     if result.returncode != 0:
-        tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-15:])
-        raise RunFailed(f"exit {result.returncode}; log {log}; its end:\n{tail}")
+        output = result.stdout + result.stderr
+        tail = "\n".join(output.strip().splitlines()[-15:])
+        raise RunFailed(f"exit {result.returncode}: {cause(output)} (log {log})\nits end:\n{tail}")
     return result.stdout
+
+
+def cause(output):
+    """The line of a failed run's output that says why: the last error a rank raised or the
+    trainer printed, past the launchers' own reports of it."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [line for line in lines
+              if re.search(r"(Error|Exception): |^zeroshard-train-mlp: |Killed|out of memory", line)
+              and "ChildFailedError" not in line]
+    return (errors or lines or ["no output"])[-1][:240]
 
 
 def prepare_deepspeed(args, results):
