@@ -87,8 +87,8 @@ def build_fsdp2(args, config, device):
     dist.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh(device.type, (world,))
-    # Built on the meta device and sharded before any memory is allocated, so the host never
-    # holds the whole fp32 model beside the shards, as FSDP2's documentation builds large models.
+    # Built on the meta device and sharded before any memory is allocated: to_empty then gives
+    # the host this rank's fp32 shards only, never the whole model beside them.
     with torch.device("meta"):
         model = mlp_task.Mlp(args.inputs, args.width, args.layers, args.classes)
     bf16 = config.get("bf16", {}).get("enabled", False)
@@ -105,8 +105,10 @@ def build_fsdp2(args, config, device):
     model.to_empty(device="cpu")
     shapes = layer_shapes(args.inputs, args.width, args.layers, args.classes)
     with torch.no_grad():
+        # Drawn on the device (the generator's integer passes are slow on a host's cores at the
+        # 7B-class size) and copied into the host shards.
         for layer, values in zip(model.layers,
-                                 mlp_task.initial_values(args.seed, shapes, "cpu")):
+                                 mlp_task.initial_values(args.seed, shapes, device)):
             for param, full in zip((layer.weight, layer.bias), values):
                 # FSDP2 shards dim 0 as torch.chunk does; the last ranks' chunks may be empty.
                 chunks = torch.chunk(full, world, dim=0)
