@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -204,20 +205,29 @@ def seconds_left(args):
 def launch(args, command, tag):
     log = os.path.join(args.work_dir, f"{tag}.log")
     timeout = seconds_left(args)
+    # In a session of its own, so that a run out of time is stopped with its ranks: SIGTERM first,
+    # which mpirun and torch.distributed.run pass on to them, then SIGKILL.
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=peer_env(args), start_new_session=True)
     try:
-        result = subprocess.run(command, capture_output=True, text=True, env=peer_env(args),
-                                timeout=timeout)
-    except subprocess.TimeoutExpired as error:
+        stdout, stderr = process.communicate(timeout=max(timeout, 0))
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            stdout, stderr = process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            stdout, stderr = process.communicate()
         with open(log, "w") as f:
-            f.write(str(error.stdout or "") + str(error.stderr or ""))
-        raise RunFailed(f"timed out after {timeout} s; log {log}") from error
+            f.write(stdout + stderr)
+        raise RunFailed(f"timed out after {timeout} s (log {log})")
     with open(log, "w") as f:
-        f.write(result.stdout + result.stderr)
-    if result.returncode != 0:
-        output = result.stdout + result.stderr
+        f.write(stdout + stderr)
+    if process.returncode != 0:
+        output = stdout + stderr
         tail = "\n".join(output.strip().splitlines()[-15:])
-        raise RunFailed(f"exit {result.returncode}: {cause(output)} (log {log})\nits end:\n{tail}")
-    return result.stdout
+        raise RunFailed(f"exit {process.returncode}: {cause(output)} (log {log})\nits end:\n{tail}")
+    return stdout
 
 
 def cause(output):
