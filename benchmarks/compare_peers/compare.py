@@ -241,13 +241,17 @@ def cause(output):
 
 
 def prepare_deepspeed(args, results):
-    """Compiles DeepSpeedCPUAdam (a JIT build on first use) in one process before the runs: left
-    to the ranks, every rank but one waits on the build's lock inside its first collective, and
-    the wait would be timed."""
+    """Compiles DeepSpeedCPUAdam, and on the CPU accelerator the shared-memory collectives its
+    init_distributed loads (JIT builds on first use), in one process before the runs: left to
+    the ranks, every rank but one waits on a build's lock inside a collective, and the wait would
+    be timed."""
     print("compare.py: building DeepSpeedCPUAdam for the DeepSpeed runs", file=sys.stderr,
           flush=True)
     build = ("from deepspeed.accelerator import get_accelerator\n"
-             "get_accelerator().create_op_builder('CPUAdamBuilder').load()\n")
+             "get_accelerator().create_op_builder('CPUAdamBuilder').load()\n"
+             "shm = get_accelerator().create_op_builder('ShareMemCommBuilder')\n"
+             "if shm is not None:\n"
+             "    shm.load()\n")
     try:
         launch(args, [args.python, "-c", build], "deepspeed-build")
     except RunFailed as error:
