@@ -46,8 +46,8 @@ def build_deepspeed(args, config, device):
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
-    # zero.Init partitions each layer as it is built, so a model larger than one device's memory
-    # (or the host's, twice over) is never whole anywhere.
+    # zero.Init partitions each layer as it is built, in the config's precision on the device,
+    # instead of the whole fp32 model being built on the host first.
     with deepspeed.zero.Init(config_dict_or_path=config):
         model = mlp_task.Mlp(args.inputs, args.width, args.layers, args.classes)
     shapes = layer_shapes(args.inputs, args.width, args.layers, args.classes)
@@ -152,6 +152,7 @@ def main():
     build = build_deepspeed if args.framework == "deepspeed" else build_fsdp2
     train_step, compute_dtype, optimizer = build(args, config, device)
     rank, world = dist.get_rank(), dist.get_world_size()
+    # The device peak from the first step on, as zeroshard-train-mlp resets its report's peaks.
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
@@ -178,7 +179,7 @@ def main():
     if rank == 0:
         record = {"framework": args.framework, "world": world, "device": str(device),
                   "parameters": parameter_count(args.inputs, args.width, args.layers,
-                                                         args.classes),
+                                                args.classes),
                   "steps": steps, "backend": dist.get_backend(), "optimizer": optimizer,
                   "host_peak_bytes": int(peaks[0]),
                   "device_peak_bytes": int(peaks[1]) if device.type == "cuda" else None,
