@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one call for a machine with a GPU: builds what the GPU checks need with every core, runs the
-# gpu-labelled tests, the CUDA kernel benchmarks and an offload training run of the largest MLP the
-# machine holds (stage 3, bf16, the optimizer on the host), and writes one report, report.md, with
+# gpu-labelled tests, the CUDA kernel benchmarks, an offload training run of the largest MLP the
+# machine holds (stage 3, bf16, the optimizer on the host) and the same model trained by DeepSpeed
+# and FSDP2 beside zeroshard (benchmarks/compare_peers), and writes one report, report.md, with
 # its logs to OUT_DIR. Without a GPU it still builds, says why it skipped the rest, and writes the
 # report. Exit status: 0 when nothing failed (skips included), 1 otherwise.
 #
@@ -9,18 +10,21 @@
 #
 # ZEROSHARD_DEPS_BUNDLE=DIR: on a machine that cannot reach a package registry, unpack the
 #   packages scripts/bundle_deps.sh downloaded into DIR (never over a file already there) instead
-#   of running scripts/install_deps.sh.
+#   of running scripts/install_deps.sh, and install DeepSpeed from DIR/wheels for the comparison.
 # GPU_CHECK_INSTALL_DEPS=0: the packages are installed already; install nothing.
 # GPU_CHECK_BUILD_DIR (build-gpu; one configured already is built as it is configured),
 # GPU_CHECK_BUDGET (s for the whole script, 570: a section that would not finish in what is left
 # is skipped and says so), GPU_CHECK_TEST_TIMEOUT (s per test, 120), GPU_CHECK_TESTS_LIMIT (s for
 # all tests, 120), GPU_CHECK_OFFLOAD_LIMIT (s for each offload run, 120), GPU_CHECK_STEPS (3),
 # GPU_CHECK_PARAMS (the offload runs' parameters; default: the largest the estimator fits),
-# GPU_CHECK_HOST_SWEEP=1 (run the host's thread sweep without a GPU too). CUDA_VISIBLE_DEVICES set
-# empty (or -1) hides the GPUs, as it does from CUDA.
+# GPU_CHECK_HOST_SWEEP=1 (run the host's thread sweep without a GPU too), GPU_CHECK_COMPARE_LIMIT
+# (s for the comparison with DeepSpeed and FSDP2, 300), GPU_CHECK_COMPARE_PARAMS (its parameters;
+# default: the offload runs'), GPU_CHECK_PYTHON (the Python with PyTorch it runs, python3).
+# CUDA_VISIBLE_DEVICES set empty (or -1) hides the GPUs, as it does from CUDA.
 #
 # Order: what the offload work needs first (the host, the thread sweep, the offload runs with and
-# without super_offload), then the kernel benchmarks, the gpu tests and the overlap benchmark.
+# without super_offload, the comparison), then the kernel benchmarks, the gpu tests and the overlap
+# benchmark.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,6 +38,8 @@ budget=${GPU_CHECK_BUDGET:-570}
 test_timeout=${GPU_CHECK_TEST_TIMEOUT:-120}
 tests_limit=${GPU_CHECK_TESTS_LIMIT:-120}
 offload_limit=${GPU_CHECK_OFFLOAD_LIMIT:-120}
+compare_limit=${GPU_CHECK_COMPARE_LIMIT:-300}
+compare_python=${GPU_CHECK_PYTHON:-python3}
 steps=${GPU_CHECK_STEPS:-3}
 report="$out/report.md"
 started=$(date +%s)
@@ -347,6 +353,55 @@ else:
     print("no memory report (the run failed)")
 EOF
     done
+  fi
+fi
+
+# --- against DeepSpeed and FSDP2 -------------------------------------------------------------
+section "Against DeepSpeed ZeRO-3 and FSDP2, optimizer on the host (benchmarks/compare_peers)"
+if [[ -n "$gpu_reason" ]]; then
+  echo "skipped: $gpu_reason" >>"$report"
+elif [[ -z "${layers:-}" ]]; then
+  echo "not run: no offload size was chosen (see above)" >>"$report"
+elif fits $((compare_limit + 30)); then
+  # DeepSpeed goes into the machine's PyTorch environment: from the bundle's wheels where there is
+  # no registry, from PyPI's sdist otherwise. Not installed, it is reported as skipped.
+  pip_install() {
+    "$compare_python" -m pip install --quiet --disable-pip-version-check "$@" ||
+      "$compare_python" -m pip install --quiet --disable-pip-version-check \
+        --break-system-packages "$@"
+  }
+  if ! "$compare_python" -c "import deepspeed" 2>/dev/null; then
+    if [[ -n "${ZEROSHARD_DEPS_BUNDLE:-}" ]]; then
+      logged deepspeed-install.log pip_install --no-index \
+        --find-links "$ZEROSHARD_DEPS_BUNDLE/wheels" deepspeed
+    else
+      logged deepspeed-install.log pip_install --no-build-isolation deepspeed==0.19.8
+    fi
+  fi
+  # The offload runs' model and batch, bf16; DeepSpeed's partial offload at the estimator's ratio
+  # above. Each framework once, alternated, 3 steps (the first left out of the times).
+  compare_layers=$layers
+  if [[ -n "${GPU_CHECK_COMPARE_PARAMS:-}" ]]; then
+    compare_layers=$(python3 -c "import sys; p, w, i, c = map(int, sys.argv[1:]); \
+print(max(3, round((p - (i * w + w + w * c + c)) / (w * w + w)) + 2))" \
+      "${GPU_CHECK_COMPARE_PARAMS%.*}" "$width" "$inputs" "$classes")
+  fi
+  frameworks=zeroshard,deepspeed
+  [[ $ratio != 1.0 ]] && frameworks+=,deepspeed-ratio
+  frameworks+=,fsdp2
+  TORCH_EXTENSIONS_DIR="$build/torch_extensions" "$compare_python" \
+    benchmarks/compare_peers/compare.py --device cuda --ranks 1 --steps "$steps" --rounds 1 \
+    --frameworks "$frameworks" --ratio "$ratio" \
+    --layers "$compare_layers" --width "$width" --inputs "$inputs" --classes "$classes" \
+    --trainer "$build/examples/mlp/zeroshard-train-mlp" --budget "$compare_limit" \
+    --work-dir "$out/compare" --json "$out/compare.json" >"$out/compare.log" 2>&1
+  compare_status=$?
+  # The table, and what failed: each framework's line of it says why, its log says the rest.
+  sed -n '/^[0-9]* rank(s) on/,$p' "$out/compare.log" | grep -v '^compare.py: ' >>"$report"
+  if ((compare_status != 0)); then
+    printf '\nfailed (exit %d); output in compare.log, each run'"'"'s log in compare/\n' \
+      "$compare_status" >>"$report"
+    failed=1
   fi
 fi
 
