@@ -19,7 +19,10 @@
 # GPU_CHECK_PARAMS (the offload runs' parameters; default: the largest the estimator fits),
 # GPU_CHECK_HOST_SWEEP=1 (run the host's thread sweep without a GPU too), GPU_CHECK_COMPARE_LIMIT
 # (s for the comparison with DeepSpeed and FSDP2, 300), GPU_CHECK_COMPARE_PARAMS (its parameters;
-# default: the offload runs'), GPU_CHECK_PYTHON (the Python with PyTorch it runs, python3).
+# default: the offload runs'), GPU_CHECK_PYTHON (the Python with PyTorch it runs, python3),
+# GPU_CHECK_SECTIONS (a comma list of sweep, offload, compare, kernels, tests, overlap, torch: only
+# those run, e.g. the offload work in one call and the rest in a second on the same build; the
+# offload runs' size is chosen either way).
 # CUDA_VISIBLE_DEVICES set empty (or -1) hides the GPUs, as it does from CUDA.
 #
 # Order: what the offload work needs first (the host, the thread sweep, the offload runs with and
@@ -57,6 +60,12 @@ fits() {
   fi
 }
 section() { printf '\n## %s\n\n' "$1" >>"$report"; }
+# Whether GPU_CHECK_SECTIONS (unset: all) names section $1; when not, the report says so.
+asked() {
+  if [[ -z "${GPU_CHECK_SECTIONS:-}" || ",$GPU_CHECK_SECTIONS," == *",$1,"* ]]; then return 0; fi
+  echo "not asked for (GPU_CHECK_SECTIONS=$GPU_CHECK_SECTIONS)" >>"$report"
+  return 1
+}
 # Runs "$@" with its output in $out/$log; the last lines go to the report when it fails.
 logged() {
   local log=$1
@@ -199,7 +208,9 @@ build_failed=$failed
 
 # --- the host's update on every thread count ---------------------------------------------------
 section "Host update: every thread count"
-if [[ ! -x "$build/benchmarks/bench_cpu_optimizer" ]]; then
+if ! asked sweep; then
+  :
+elif [[ ! -x "$build/benchmarks/bench_cpu_optimizer" ]]; then
   echo "not run: the benchmark did not build" >>"$report"
 elif [[ -n "$gpu_reason" && "${GPU_CHECK_HOST_SWEEP:-0}" != 1 ]]; then
   echo "skipped: $gpu_reason (GPU_CHECK_HOST_SWEEP=1 runs it)" >>"$report"
@@ -283,7 +294,8 @@ EOF
   if [[ -z "${layers:-}" ]]; then
     echo "not run: the estimator gave no size (see above)" >>"$report"
     failed=1
-  else
+  # The size is chosen either way: the comparison below trains the same model.
+  elif asked offload; then
     # after/during: the whole optimizer on the host, updated after backward or during it
     # (super_offload); auto-*: the same with offload_optimizer.ratio "auto", which moves what
     # the GPU can hold after the first step to the GPU. The estimate beside them is the
@@ -358,7 +370,9 @@ fi
 
 # --- against DeepSpeed and FSDP2 -------------------------------------------------------------
 section "Against DeepSpeed ZeRO-3 and FSDP2, optimizer on the host (benchmarks/compare_peers)"
-if [[ -n "$gpu_reason" ]]; then
+if ! asked compare; then
+  :
+elif [[ -n "$gpu_reason" ]]; then
   echo "skipped: $gpu_reason" >>"$report"
 elif [[ -z "${layers:-}" ]]; then
   echo "not run: no offload size was chosen (see above)" >>"$report"
@@ -407,7 +421,9 @@ fi
 
 # --- kernel benchmarks ----------------------------------------------------------------------
 section "Kernel benchmarks"
-if ((build_failed != 0)) && [[ ! -x "$build/benchmarks/bench_kernels" ]]; then
+if ! asked kernels; then
+  :
+elif ((build_failed != 0)) && [[ ! -x "$build/benchmarks/bench_kernels" ]]; then
   echo "not run: the build failed" >>"$report"
 elif [[ -n "$gpu_reason" ]]; then
   echo "skipped: $gpu_reason" >>"$report"
@@ -424,7 +440,9 @@ fi
 
 # --- tests ----------------------------------------------------------------------------------
 section "ctest -L gpu"
-if ((build_failed != 0)); then
+if ! asked tests; then
+  :
+elif ((build_failed != 0)); then
   echo "not run: the build failed" >>"$report"
 elif [[ -n "$gpu_reason" ]]; then
   echo "skipped: $gpu_reason" >>"$report"
@@ -460,7 +478,9 @@ fi
 
 # --- the offloaded update during backward ----------------------------------------------------
 section "Offloaded AdamW after backward vs during it (super_offload)"
-if ((build_failed != 0)) && [[ ! -x "$build/benchmarks/zeroshard-overlap-bench" ]]; then
+if ! asked overlap; then
+  :
+elif ((build_failed != 0)) && [[ ! -x "$build/benchmarks/zeroshard-overlap-bench" ]]; then
   echo "not run: the build failed" >>"$report"
 elif [[ -n "$gpu_reason" ]]; then
   echo "skipped: $gpu_reason" >>"$report"
@@ -479,7 +499,9 @@ fi
 # --- the libtorch adapter on the GPU ------------------------------------------------------------
 section "libtorch: the torch GPT on the GPU, zeroshard against torch::optim"
 gpt="$build/examples/torch/zeroshard-train-torch-gpt"
-if [[ -n "$gpu_reason" ]]; then
+if ! asked torch; then
+  :
+elif [[ -n "$gpu_reason" ]]; then
   echo "skipped: $gpu_reason" >>"$report"
 elif [[ ! -x "$gpt" ]]; then
   echo "not run: zeroshard-train-torch-gpt was not built (no usable libtorch; see Set-up)" \
