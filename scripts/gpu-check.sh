@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one call for a machine with a GPU: builds what the GPU checks need with every core, runs the
-# gpu-labelled tests, the CUDA kernel benchmarks and an offload training run of the largest MLP the
-# machine holds (stage 3, bf16, the optimizer on the host), and writes one report, report.md, with
+# gpu-labelled tests, the CUDA kernel benchmarks, an offload training run of the largest MLP the
+# machine holds (stage 3, bf16, the optimizer on the host) and the same model trained by DeepSpeed
+# and FSDP2 beside zeroshard (benchmarks/compare_peers), and writes one report, report.md, with
 # its logs to OUT_DIR. Without a GPU it still builds, says why it skipped the rest, and writes the
 # report. Exit status: 0 when nothing failed (skips included), 1 otherwise.
 #
@@ -9,18 +10,24 @@
 #
 # ZEROSHARD_DEPS_BUNDLE=DIR: on a machine that cannot reach a package registry, unpack the
 #   packages scripts/bundle_deps.sh downloaded into DIR (never over a file already there) instead
-#   of running scripts/install_deps.sh.
+#   of running scripts/install_deps.sh, and install DeepSpeed from DIR/wheels for the comparison.
 # GPU_CHECK_INSTALL_DEPS=0: the packages are installed already; install nothing.
 # GPU_CHECK_BUILD_DIR (build-gpu; one configured already is built as it is configured),
 # GPU_CHECK_BUDGET (s for the whole script, 570: a section that would not finish in what is left
 # is skipped and says so), GPU_CHECK_TEST_TIMEOUT (s per test, 120), GPU_CHECK_TESTS_LIMIT (s for
 # all tests, 120), GPU_CHECK_OFFLOAD_LIMIT (s for each offload run, 120), GPU_CHECK_STEPS (3),
 # GPU_CHECK_PARAMS (the offload runs' parameters; default: the largest the estimator fits),
-# GPU_CHECK_HOST_SWEEP=1 (run the host's thread sweep without a GPU too). CUDA_VISIBLE_DEVICES set
-# empty (or -1) hides the GPUs, as it does from CUDA.
+# GPU_CHECK_HOST_SWEEP=1 (run the host's thread sweep without a GPU too), GPU_CHECK_COMPARE_LIMIT
+# (s for the comparison with DeepSpeed and FSDP2, 300), GPU_CHECK_COMPARE_PARAMS (its parameters;
+# default: the offload runs'), GPU_CHECK_PYTHON (the Python with PyTorch it runs, python3),
+# GPU_CHECK_SECTIONS (a comma list of sweep, offload, compare, kernels, tests, overlap, torch: only
+# those run, e.g. the offload work in one call and the rest in a second on the same build; the
+# offload runs' size is chosen either way).
+# CUDA_VISIBLE_DEVICES set empty (or -1) hides the GPUs, as it does from CUDA.
 #
 # Order: what the offload work needs first (the host, the thread sweep, the offload runs with and
-# without super_offload), then the kernel benchmarks, the gpu tests and the overlap benchmark.
+# without super_offload, the comparison), then the kernel benchmarks, the gpu tests and the overlap
+# benchmark.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,6 +41,8 @@ budget=${GPU_CHECK_BUDGET:-570}
 test_timeout=${GPU_CHECK_TEST_TIMEOUT:-120}
 tests_limit=${GPU_CHECK_TESTS_LIMIT:-120}
 offload_limit=${GPU_CHECK_OFFLOAD_LIMIT:-120}
+compare_limit=${GPU_CHECK_COMPARE_LIMIT:-300}
+compare_python=${GPU_CHECK_PYTHON:-python3}
 steps=${GPU_CHECK_STEPS:-3}
 report="$out/report.md"
 started=$(date +%s)
@@ -51,6 +60,12 @@ fits() {
   fi
 }
 section() { printf '\n## %s\n\n' "$1" >>"$report"; }
+# Whether GPU_CHECK_SECTIONS (unset: all) names section $1; when not, the report says so.
+asked() {
+  if [[ -z "${GPU_CHECK_SECTIONS:-}" || ",$GPU_CHECK_SECTIONS," == *",$1,"* ]]; then return 0; fi
+  echo "not asked for (GPU_CHECK_SECTIONS=$GPU_CHECK_SECTIONS)" >>"$report"
+  return 1
+}
 # Runs "$@" with its output in $out/$log; the last lines go to the report when it fails.
 logged() {
   local log=$1
@@ -141,8 +156,21 @@ if [[ -f "$build/CMakeCache.txt" ]]; then
 else
   generator=()
   command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
+  # The machine's own PyTorch, where python3 imports one: the libtorch adapter then builds against
+  # its libtorch, and its gpu-labelled cases run with the others.
+  torch_prefix=()
+  if torch_line=$(python3 -c 'import torch, torch.utils; print(torch.utils.cmake_prefix_path,
+torch.__version__, torch.version.cuda)' 2>/dev/null); then
+    read -r torch_path torch_version torch_cuda <<<"$torch_line"
+    torch_prefix=(-DCMAKE_PREFIX_PATH="$torch_path")
+    echo "- PyTorch: $torch_version (CUDA $torch_cuda), its libtorch at $torch_path" >>"$report"
+  else
+    echo "- PyTorch: python3 cannot import torch; the libtorch adapter is not built" >>"$report"
+  fi
   logged configure.log cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
-    -DZEROSHARD_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$cuda_architectures" || failed=1
+    -DZEROSHARD_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$cuda_architectures" "${torch_prefix[@]}" ||
+    failed=1
+  grep -m1 'libtorch adapter skipped' "$out/configure.log" | sed 's/^-- /- /' >>"$report"
 fi
 # What the gpu label runs (with the fixtures its cases need), the kernel benchmarks, the trainer
 # and the estimator: a program is named by its path in a test's command.
@@ -164,7 +192,7 @@ for test in tests:
             wanted.add(os.path.basename(path))
 # ctest lists no command for a case whose program it cannot find yet: the example checkers.
 always = {"bench_kernels", "bench_cpu_optimizer", "zeroshard-train-mlp", "zeroshard-estimate",
-          "zeroshard-overlap-bench"}
+          "zeroshard-overlap-bench", "zeroshard-train-torch-gpt"}
 always |= {name for name in known if name.startswith("zeroshard-check-")}
 print("\n".join(sorted((wanted & known) | always)))
 EOF
@@ -180,7 +208,9 @@ build_failed=$failed
 
 # --- the host's update on every thread count ---------------------------------------------------
 section "Host update: every thread count"
-if [[ ! -x "$build/benchmarks/bench_cpu_optimizer" ]]; then
+if ! asked sweep; then
+  :
+elif [[ ! -x "$build/benchmarks/bench_cpu_optimizer" ]]; then
   echo "not run: the benchmark did not build" >>"$report"
 elif [[ -n "$gpu_reason" && "${GPU_CHECK_HOST_SWEEP:-0}" != 1 ]]; then
   echo "skipped: $gpu_reason (GPU_CHECK_HOST_SWEEP=1 runs it)" >>"$report"
@@ -264,7 +294,8 @@ EOF
   if [[ -z "${layers:-}" ]]; then
     echo "not run: the estimator gave no size (see above)" >>"$report"
     failed=1
-  else
+  # The size is chosen either way: the comparison below trains the same model.
+  elif asked offload; then
     # after/during: the whole optimizer on the host, updated after backward or during it
     # (super_offload); auto-*: the same with offload_optimizer.ratio "auto", which moves what
     # the GPU can hold after the first step to the GPU. The estimate beside them is the
@@ -337,9 +368,62 @@ EOF
   fi
 fi
 
+# --- against DeepSpeed and FSDP2 -------------------------------------------------------------
+section "Against DeepSpeed ZeRO-3 and FSDP2, optimizer on the host (benchmarks/compare_peers)"
+if ! asked compare; then
+  :
+elif [[ -n "$gpu_reason" ]]; then
+  echo "skipped: $gpu_reason" >>"$report"
+elif [[ -z "${layers:-}" ]]; then
+  echo "not run: no offload size was chosen (see above)" >>"$report"
+elif fits $((compare_limit + 30)); then
+  # DeepSpeed goes into the machine's PyTorch environment: from the bundle's wheels where there is
+  # no registry, from PyPI's sdist otherwise. Not installed, it is reported as skipped.
+  pip_install() {
+    "$compare_python" -m pip install --quiet --disable-pip-version-check "$@" ||
+      "$compare_python" -m pip install --quiet --disable-pip-version-check \
+        --break-system-packages "$@"
+  }
+  if ! "$compare_python" -c "import deepspeed" 2>/dev/null; then
+    if [[ -n "${ZEROSHARD_DEPS_BUNDLE:-}" ]]; then
+      logged deepspeed-install.log pip_install --no-index \
+        --find-links "$ZEROSHARD_DEPS_BUNDLE/wheels" deepspeed
+    else
+      logged deepspeed-install.log pip_install --no-build-isolation deepspeed==0.19.8
+    fi
+  fi
+  # The offload runs' model and batch, bf16; DeepSpeed's partial offload at the estimator's ratio
+  # above. Each framework once, alternated, 3 steps (the first left out of the times).
+  compare_layers=$layers
+  if [[ -n "${GPU_CHECK_COMPARE_PARAMS:-}" ]]; then
+    compare_layers=$(python3 -c "import sys; p, w, i, c = map(int, sys.argv[1:]); \
+print(max(3, round((p - (i * w + w + w * c + c)) / (w * w + w)) + 2))" \
+      "${GPU_CHECK_COMPARE_PARAMS%.*}" "$width" "$inputs" "$classes")
+  fi
+  frameworks=zeroshard,deepspeed
+  [[ $ratio != 1.0 ]] && frameworks+=,deepspeed-ratio
+  frameworks+=,fsdp2
+  TORCH_EXTENSIONS_DIR="$build/torch_extensions" "$compare_python" \
+    benchmarks/compare_peers/compare.py --device cuda --ranks 1 --steps "$steps" --rounds 1 \
+    --frameworks "$frameworks" --ratio "$ratio" \
+    --layers "$compare_layers" --width "$width" --inputs "$inputs" --classes "$classes" \
+    --trainer "$build/examples/mlp/zeroshard-train-mlp" --budget "$compare_limit" \
+    --work-dir "$out/compare" --json "$out/compare.json" >"$out/compare.log" 2>&1
+  compare_status=$?
+  # The table, and what failed: each framework's line of it says why, its log says the rest.
+  sed -n '/^[0-9]* rank(s) on/,$p' "$out/compare.log" | grep -v '^compare.py: ' >>"$report"
+  if ((compare_status != 0)); then
+    printf '\nfailed (exit %d); output in compare.log, each run'"'"'s log in compare/\n' \
+      "$compare_status" >>"$report"
+    failed=1
+  fi
+fi
+
 # --- kernel benchmarks ----------------------------------------------------------------------
 section "Kernel benchmarks"
-if ((build_failed != 0)) && [[ ! -x "$build/benchmarks/bench_kernels" ]]; then
+if ! asked kernels; then
+  :
+elif ((build_failed != 0)) && [[ ! -x "$build/benchmarks/bench_kernels" ]]; then
   echo "not run: the build failed" >>"$report"
 elif [[ -n "$gpu_reason" ]]; then
   echo "skipped: $gpu_reason" >>"$report"
@@ -356,7 +440,9 @@ fi
 
 # --- tests ----------------------------------------------------------------------------------
 section "ctest -L gpu"
-if ((build_failed != 0)); then
+if ! asked tests; then
+  :
+elif ((build_failed != 0)); then
   echo "not run: the build failed" >>"$report"
 elif [[ -n "$gpu_reason" ]]; then
   echo "skipped: $gpu_reason" >>"$report"
@@ -392,7 +478,9 @@ fi
 
 # --- the offloaded update during backward ----------------------------------------------------
 section "Offloaded AdamW after backward vs during it (super_offload)"
-if ((build_failed != 0)) && [[ ! -x "$build/benchmarks/zeroshard-overlap-bench" ]]; then
+if ! asked overlap; then
+  :
+elif ((build_failed != 0)) && [[ ! -x "$build/benchmarks/zeroshard-overlap-bench" ]]; then
   echo "not run: the build failed" >>"$report"
 elif [[ -n "$gpu_reason" ]]; then
   echo "skipped: $gpu_reason" >>"$report"
@@ -406,6 +494,35 @@ elif fits 90; then
   else
     echo "failed or timed out; output in super-offload.log" >>"$report"
   fi
+fi
+
+# --- the libtorch adapter on the GPU ------------------------------------------------------------
+section "libtorch: the torch GPT on the GPU, zeroshard against torch::optim"
+gpt="$build/examples/torch/zeroshard-train-torch-gpt"
+if ! asked torch; then
+  :
+elif [[ -n "$gpu_reason" ]]; then
+  echo "skipped: $gpu_reason" >>"$report"
+elif [[ ! -x "$gpt" ]]; then
+  echo "not run: zeroshard-train-torch-gpt was not built (no usable libtorch; see Set-up)" \
+    >>"$report"
+elif fits 100; then
+  # One loop, three optimizers: the same model, data and steps on one GPU; the torch GPT's
+  # gpu-labelled tests ran above.
+  echo "| optimizer | final loss (mean of the last 5 steps) | median step (ms) |" >>"$report"
+  echo "| --- | --- | --- |" >>"$report"
+  for variant in torch-optim zero0 zero3; do
+    flags=(--config examples/configs/zero0.json --torch-optim)
+    [[ $variant == zero* ]] && flags=(--config "examples/configs/$variant.json")
+    if logged "torch-gpt-$variant.log" timeout 30 "$gpt" --device cuda "${flags[@]}" \
+      --layers 8 --width 512 --heads 8 --seq-len 256 --batch 16 --steps 30 --lr 1e-3; then
+      echo "| $variant | $(sed -n 's/^final loss.*: //p' "$out/torch-gpt-$variant.log") |" \
+        "$(sed -n 's/^median step after the first: \([0-9.]*\) ms/\1/p' \
+        "$out/torch-gpt-$variant.log") |" >>"$report"
+    else
+      failed=1
+    fi
+  done
 fi
 
 section "Summary"

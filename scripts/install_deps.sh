@@ -15,6 +15,7 @@ packages=(
   gnuplot-nox
   fio  # benchmarks/run_bench_nvme.sh: the swapper's baseline
   iproute2  # ip netns: the multi-host tests' test hosts
+  python3-dev  # scripts/test_compare_peers.sh: DeepSpeedCPUAdam compiles against Python.h
 )
 
 # The tensorboard test reads the monitors' event files with TensorBoard's own reader, from PyPI.

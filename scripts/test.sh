@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs the whole test suite. MPI cases declare how many
 # processes they start (ctest's PROCESSORS), so -j2 never runs more at once than two cores take.
-# Then the libtorch adapter again against the PyPI wheel's libtorch 2.x (scripts/test_torch2.sh).
+# Then the libtorch adapter again against the PyPI wheel's libtorch 2.x (scripts/test_torch2.sh),
+# and, with that wheel, the comparison with DeepSpeed and FSDP2 as a plumbing check
+# (scripts/test_compare_peers.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,4 +16,5 @@ bash scripts/build.sh "${launchers[@]}"
 status=0
 ctest --test-dir build --output-on-failure -j2 || status=$?
 bash scripts/test_torch2.sh "${launchers[@]}" || status=$?
+bash scripts/test_compare_peers.sh || status=$?
 exit "$status"

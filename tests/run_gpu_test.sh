@@ -10,6 +10,6 @@ if ((status != 0)); then
   exit "$status"
 fi
 if grep -qE 'no usable CUDA device|zeroshard was built without CUDA' <<<"$output"; then
-  echo "SKIPPED: cases of $(basename "$1") need a GPU (reason above)"
+  echo "SKIPPED: cases of $(basename "${@: -1}") need a GPU (reason above)"
   exit 77
 fi

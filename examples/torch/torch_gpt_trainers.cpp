@@ -54,9 +54,12 @@ void TorchTrainer::average_gradients() {
     torch::Tensor grad = parameter.mutable_grad();
     if (!grad.defined()) continue;
     // The sum of each rank's sum over the window's micro-batches, made the mean per micro-batch.
+    // The program's communicator sums host memory: a GPU's gradient goes through a host copy.
     if (ranks > 1.0) {
+      torch::Tensor host = grad.to(torch::kCPU).contiguous();
       communicator_.all_reduce(
-          std::span<float>(grad.data_ptr<float>(), static_cast<std::size_t>(grad.numel())));
+          std::span<float>(host.data_ptr<float>(), static_cast<std::size_t>(host.numel())));
+      if (!host.is_same(grad)) grad.copy_(host);
     }
     grad.div_(ranks * accumulation_);
   }

@@ -18,6 +18,7 @@
 #include "torch_gpt_flags.h"
 #include "torch_gpt_model.h"
 #include "torch_gpt_trainers.h"
+#include "trainer_setup.h"  // zeroshard::examples::choose_device
 #include "zeroshard/torch.h"
 
 namespace {
@@ -43,6 +44,7 @@ struct Options {
   int batch = 0;    ///< 0: the config's train_micro_batch_size_per_gpu
   double lr = 0.0;  ///< 0: the config's optimizer.params.lr
   std::uint64_t seed = 1;
+  std::string device = "cpu";
   int final_steps = 5;
   std::vector<std::string> data;
 };
@@ -66,6 +68,11 @@ void add_flags(CLI::App& app, Options& options) {
   app.add_option("--lr", options.lr, "learning rate; overrides the config's optimizer.params.lr")
       ->check(zeroshard::cli::positive_number());
   add_integer(app, "--seed", options.seed, "seed of the weights and of the training windows", 0)
+      ->capture_default_str();
+  app.add_option("--device", options.device,
+                 "where the model trains; cuda takes the GPU the local rank picks (see "
+                 "ZEROSHARD_DEVICE) and needs a libtorch with CUDA (the PyPI torch wheel's)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
       ->capture_default_str();
   add_integer(app, "--final-steps", options.final_steps,
               "the final loss is the mean over this many last steps")
@@ -96,8 +103,8 @@ struct Curve {
 
 // The training loop, written once for both trainers (torch_gpt_trainers.h).
 template <class Trainer>
-Curve train_loop(Trainer& trainer, Gpt& model, RankBatches& batches, int steps, int accumulation,
-                 Communicator& communicator) {
+Curve train_loop(Trainer& trainer, Gpt& model, RankBatches& batches, torch::Device device,
+                 int steps, int accumulation, Communicator& communicator) {
   Curve curve;
   for (int step = 0; step < steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
@@ -105,7 +112,8 @@ Curve train_loop(Trainer& trainer, Gpt& model, RankBatches& batches, int steps, 
     double loss = 0.0;
     for (int micro = 0; micro < accumulation; ++micro) {
       const torch_gpt::Batch batch = batches.next();
-      const torch::Tensor micro_loss = model->loss(batch.tokens, batch.targets);
+      const torch::Tensor micro_loss =
+          model->loss(batch.tokens.to(device), batch.targets.to(device));
       trainer.backward(micro_loss);
       trainer.step();
       loss += micro_loss.item<double>() / accumulation;
@@ -134,6 +142,15 @@ int train(const Options& options, Communicator& communicator,
     config.train_batch_size =
         static_cast<std::int64_t>(options.batch) * config.gradient_accumulation_steps * world;
   }
+  const zeroshard::Device device = zeroshard::examples::choose_device(options.device);
+  if (device.is_cuda() && !torch::cuda::is_available()) {
+    throw zeroshard::UsageError(
+        "--device cuda: this libtorch has no usable GPU (Debian's libtorch is built for the CPU "
+        "only); build the example against a CUDA libtorch, such as the PyPI torch wheel's");
+  }
+  const torch::Device torch_device =
+      device.is_cuda() ? torch::Device(torch::kCUDA, static_cast<torch::DeviceIndex>(device.index))
+                       : torch::Device(torch::kCPU);
   const int micro_batch = static_cast<int>(config.train_micro_batch_size_per_gpu);
   const int accumulation = static_cast<int>(config.gradient_accumulation_steps);
 
@@ -143,20 +160,22 @@ int train(const Options& options, Communicator& communicator,
   GptShape shape = options.shape;
   shape.vocab = corpus.vocab();
   Gpt model = torch_gpt::make_gpt(shape, options.seed);
+  model->to(torch_device);
   const std::int64_t parameters = model->parameter_count();
   RankBatches batches(corpus, static_cast<int>(shape.seq), micro_batch, rank, world, options.seed);
   if (rank == 0) {
     std::printf(
-        "%s: %s, %d rank(s), GPT %lld layers x %lld wide x %lld heads, context %lld, vocabulary "
+        "%s: %s on %s, %d rank(s), GPT %lld layers x %lld wide x %lld heads, context %lld, "
+        "vocabulary "
         "%lld, %lld parameters, %d x %d x %d sequences per step\n",
         kProgram,
         options.torch_optim
             ? "torch::optim::AdamW"
             : ("zeroshard stage " + std::to_string(config.zero_optimization.stage)).c_str(),
-        world, static_cast<long long>(shape.layers), static_cast<long long>(shape.width),
-        static_cast<long long>(shape.heads), static_cast<long long>(shape.seq),
-        static_cast<long long>(shape.vocab), static_cast<long long>(parameters), micro_batch,
-        accumulation, world);
+        device.to_string().c_str(), world, static_cast<long long>(shape.layers),
+        static_cast<long long>(shape.width), static_cast<long long>(shape.heads),
+        static_cast<long long>(shape.seq), static_cast<long long>(shape.vocab),
+        static_cast<long long>(parameters), micro_batch, accumulation, world);
     std::fflush(stdout);
   }
 
@@ -165,7 +184,8 @@ int train(const Options& options, Communicator& communicator,
   // job rather than leave the others waiting in a collective.
   const auto run = [&](auto& trainer) {
     progress.in_lockstep = false;
-    return train_loop(trainer, model, batches, options.steps, accumulation, communicator);
+    return train_loop(trainer, model, batches, torch_device, options.steps, accumulation,
+                      communicator);
   };
   Curve curve;
   std::string memory_table;

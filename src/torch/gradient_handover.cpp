@@ -86,6 +86,7 @@ void Optimizer::State::hand_over_gradient(int index) {
                      "leave reduce_during_backward false");
   }
   param.handed_over = true;
+  detail::follow_current_stream(engine);
   at::Tensor& grad = param.backing.tensor().mutable_grad();
   if (!per_parameter_grads) {
     // .grad() was replaced since zero_grad() (set to none, say): its values join the engine's.

@@ -17,6 +17,15 @@
 
 namespace zeroshard::torch {
 
+namespace detail {
+
+/// On a GPU: the engine's work goes on torch's current stream from now on, after what it queued
+/// on its previous one. Called wherever the engine is about to queue work. A CUDA model with a
+/// libtorch without CUDA is refused (UsageError).
+void follow_current_stream(Engine& engine);
+
+}  // namespace detail
+
 struct ManagedParam {
   detail::EngineBackedTensor backing;
   Parameter parameter;

@@ -12,10 +12,6 @@
 #include <sstream>
 #include <unordered_map>
 
-#if defined(ZEROSHARD_TORCH_CUDA)
-#include <ATen/cuda/CUDAContext.h>
-#endif
-
 #include "torch/optimizer_state.h"
 
 namespace zeroshard::torch {
@@ -65,21 +61,6 @@ void refuse_activation_checkpointing(const Config& config, const OptimizerOption
                     "key");
 }
 
-// On a GPU the model's kernels run on torch's current stream; the engine's own work (gradient
-// copies into buckets, the update) is queued there too, and its collectives wait for it.
-void follow_torch_stream(Engine& engine) {
-  if (!engine.device().is_cuda()) return;
-#if defined(ZEROSHARD_TORCH_CUDA)
-  engine.set_compute_stream(
-      at::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(engine.device().index))
-          .stream());
-#else
-  throw UsageError("zeroshard::torch: the model is on " + engine.device().to_string() +
-                   " but this zeroshard::torch was built against a libtorch without CUDA; build "
-                   "it against a CUDA libtorch (the PyPI torch wheel's)");
-#endif
-}
-
 Device device_of(Module& model, const OptimizerOptions& options) {
   if (options.device) return *options.device;
   const auto parameters = model.parameters();
@@ -92,7 +73,7 @@ Engine make_engine(Module& model, Config config, OptimizerOptions& options) {
   std::unique_ptr<Communicator> communicator = std::move(options.communicator);
   if (!communicator) communicator = Communicator::from_environment(device);
   Engine engine(std::move(config), device, std::move(communicator), std::move(options.rule));
-  follow_torch_stream(engine);
+  detail::follow_current_stream(engine);
   return engine;
 }
 
@@ -409,6 +390,7 @@ at::Tensor Optimizer::step(LossClosure closure) {
     loss = closure();
   }
   State& state = *state_;
+  detail::follow_current_stream(state.engine);
   state.check_parameters_are_ours();
   state.push_learning_rates(param_groups_);
   state.drop_pending_checkpoints();
@@ -424,6 +406,7 @@ at::Tensor Optimizer::step(LossClosure closure) {
 }
 
 void Optimizer::zero_grad() {
+  detail::follow_current_stream(state_->engine);
   state_->engine.zero_grad();
   for (ManagedParam& param : state_->params) {
     if (!param.parameter.trainable()) continue;
@@ -451,12 +434,14 @@ const StepResult& Optimizer::last_step() const noexcept { return state_->last_st
 
 void Optimizer::save_checkpoint(const std::string& dir, const std::string& tag,
                                 const std::string& user_state) {
+  detail::follow_current_stream(state_->engine);
   state_->engine.save_checkpoint(dir, tag, user_state);
   state_->save_module_buffers(dir, tag);
 }
 
 CheckpointInfo Optimizer::load_checkpoint(const std::string& dir, const std::string& tag) {
   State& state = *state_;
+  detail::follow_current_stream(state.engine);
   // Gathered copies would be stale after the load: released first, gathered from the new shards.
   state.release_units_of_no_unit();
   CheckpointInfo info = state.engine.load_checkpoint(dir, tag);

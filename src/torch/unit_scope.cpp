@@ -56,6 +56,9 @@ void Optimizer::State::unregister_units() noexcept {
 void UnitScope::Unit::gather() {
   if (!owner->units_gather) return;
   Engine& engine = owner->engine;
+  // In backward this runs on autograd's thread for the device, whose current stream is the one
+  // the unit's forward ran on.
+  detail::follow_current_stream(engine);
   engine.gather(module);
   if (holders++ > 0) return;
   for (int index : params) {

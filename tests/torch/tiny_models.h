@@ -77,13 +77,14 @@ struct Batch {
 
 /// Step `step`'s whole batch; rows [begin, end) of it for one rank. The targets are a fixed
 /// function of the inputs (a random teacher layer), so that training can lower the loss.
-inline Batch batch(int step, std::int64_t begin = 0, std::int64_t end = kBatch) {
+inline Batch batch(int step, std::int64_t begin = 0, std::int64_t end = kBatch,
+                   torch::Device device = torch::kCPU) {
   torch::Generator teacher = ::at::detail::createCPUGenerator(4242);
   const torch::Tensor teacher_weight = ::at::randn({kInputs, kOutputs}, teacher);
   torch::Generator generator = ::at::detail::createCPUGenerator(1000 + step);
   torch::Tensor inputs = ::at::randn({kBatch, kInputs}, generator);
   torch::Tensor targets = torch::tanh(inputs.matmul(teacher_weight));
-  return {inputs.slice(0, begin, end), targets.slice(0, begin, end)};
+  return {inputs.slice(0, begin, end).to(device), targets.slice(0, begin, end).to(device)};
 }
 
 /// A model's parameters, flattened in module order (the order the engine registers them).
@@ -91,7 +92,7 @@ inline std::vector<float> flat_parameters(torch::nn::Module& model, bool trainab
   std::vector<float> values;
   for (const torch::Tensor& parameter : model.parameters()) {
     if (trainable_only && !parameter.requires_grad()) continue;
-    const torch::Tensor host = parameter.detach().to(torch::kFloat).contiguous();
+    const torch::Tensor host = parameter.detach().to(torch::kCPU, torch::kFloat).contiguous();
     values.insert(values.end(), host.data_ptr<float>(), host.data_ptr<float>() + host.numel());
   }
   return values;

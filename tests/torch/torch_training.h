@@ -66,7 +66,15 @@ struct Setup {
   std::function<void(TinyNet&)> prepare{};
   std::function<void(TinyNet&, zeroshard::torch::OptimizerOptions&)> configure{};
   double dropout = 0.0;
+  std::function<void()> before_forward{};  ///< called before each micro-step's forward
+  /// The model, its data and the engine on the GPU Device::from_environment() picks for the rank.
+  bool cuda = false;
 };
+
+inline torch::Device torch_device(const zeroshard::Device& device) {
+  if (!device.is_cuda()) return torch::kCPU;
+  return {torch::kCUDA, static_cast<torch::DeviceIndex>(device.index)};
+}
 
 struct TrainingRun {
   std::vector<float> parameters;  ///< the engine's fp32 master values, whole
@@ -79,10 +87,13 @@ using Inspect = std::function<void(TinyNet&, zeroshard::torch::Optimizer&)>;
 
 inline TrainingRun train_zero(const Setup& setup, const Inspect& before = {},
                               const Inspect& after = {}) {
-  auto communicator = Communicator::from_environment();
+  const zeroshard::Device device =
+      setup.cuda ? zeroshard::Device::from_environment() : zeroshard::Device::cpu();
+  auto communicator = Communicator::from_environment(device);
   const int world = communicator->size();
   const int rank = communicator->rank();
   TinyNet model = make_tiny_net(7, setup.dropout);
+  model->to(torch_device(device));
   if (setup.prepare) setup.prepare(model);
   zeroshard::torch::OptimizerOptions options;
   options.communicator = std::move(communicator);
@@ -94,15 +105,19 @@ inline TrainingRun train_zero(const Setup& setup, const Inspect& before = {},
           world),
       std::move(options));
   if (before) before(model, optimizer);
+  // fp32, or the 16-bit type of a bf16 or fp16 config: the inputs are cast to it, the loss is fp32.
+  const torch::ScalarType dtype = model->parameters().front().scalar_type();
   const std::int64_t rows = kBatch / world;
   TrainingRun run;
   const std::int64_t micro_rows = rows / setup.micro_batches;
   for (int step = 0; step < setup.steps; ++step) {
     for (int micro = 0; micro < setup.micro_batches; ++micro) {
       const std::int64_t begin = rank * rows + micro * micro_rows;
-      const Batch data = batch(step, begin, begin + micro_rows);
+      const Batch data = batch(step, begin, begin + micro_rows, torch_device(device));
       if (micro == 0) optimizer.zero_grad();
-      const torch::Tensor loss = torch::mse_loss(model->forward(data.inputs), data.targets);
+      if (setup.before_forward) setup.before_forward();
+      const torch::Tensor loss =
+          torch::mse_loss(model->forward(data.inputs.to(dtype)).to(torch::kFloat), data.targets);
       optimizer.backward(loss);
       optimizer.step();
       run.losses.push_back(loss.item<double>());
@@ -119,12 +134,13 @@ inline TrainingRun train_zero(const Setup& setup, const Inspect& before = {},
 inline std::vector<float> train_torch(
     const std::string& rule, int steps,
     const std::function<std::unique_ptr<torch::optim::Optimizer>(TinyNet&)>& make_optimizer = {},
-    const std::function<void(TinyNet&)>& prepare = {}) {
+    const std::function<void(TinyNet&)>& prepare = {}, torch::Device device = torch::kCPU) {
   TinyNet model = make_tiny_net();
+  model->to(device);
   if (prepare) prepare(model);
   auto optimizer = make_optimizer ? make_optimizer(model) : torch_optimizer(rule, *model);
   for (int step = 0; step < steps; ++step) {
-    const Batch data = batch(step);
+    const Batch data = batch(step, 0, kBatch, device);
     optimizer->zero_grad();
     torch::mse_loss(model->forward(data.inputs), data.targets).backward();
     optimizer->step();
