@@ -5,8 +5,12 @@
 // backward. Link zeroshard::torch (built where CMake finds libtorch). Guide: docs/torch.md.
 #pragma once
 
+#include <torch/data/dataloader.h>
+#include <torch/data/samplers/base.h>
+#include <torch/data/samplers/random.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/pimpl.h>
 #include <torch/optim/optimizer.h>
 
@@ -137,6 +141,11 @@ class Optimizer : public ::torch::optim::Optimizer {
   /// the next step() hang; take it on this mean, which every rank gets alike.
   double mean_over_ranks(double value);
 
+  /// This rank's rows of a global batch that every rank draws alike (a program that makes its
+  /// own data): dimension 0 split into world-size equal parts, the r-th for rank r, the
+  /// remainder rows dropped (as RankShareSampler does), so that every rank trains on as many.
+  at::Tensor rank_share(const at::Tensor& batch) const;
+
   Engine& engine();
   const Engine& engine() const;
 
@@ -147,6 +156,55 @@ class Optimizer : public ::torch::optim::Optimizer {
   explicit Optimizer(std::unique_ptr<State> state);
   std::unique_ptr<State> state_;
 };
+
+/// A sampler that hands each rank its share of the batches a torch sampler draws (the loader of
+/// make_data_loader below). For a batch of B the base sampler draws B x world indices, every
+/// rank alike, and rank r keeps the r-th of `world` equal parts; a last draw that does not split
+/// evenly loses its remainder, so every rank takes as many steps with as many rows and no
+/// collective waits for a rank that has run out. On one rank it is the base sampler. A base that
+/// draws from torch's generator (RandomSampler) draws alike where every rank seeded it alike and
+/// drew as much from it before each epoch.
+class RankShareSampler : public ::torch::data::samplers::Sampler<> {
+ public:
+  RankShareSampler(std::unique_ptr<::torch::data::samplers::Sampler<>> base, int rank, int world);
+
+  void reset(::torch::optional<std::size_t> new_size = ::torch::nullopt) override;
+  ::torch::optional<std::vector<std::size_t>> next(std::size_t batch_size) override;
+  void save(::torch::serialize::OutputArchive& archive) const override;
+  void load(::torch::serialize::InputArchive& archive) override;
+
+ private:
+  std::unique_ptr<::torch::data::samplers::Sampler<>> base_;
+  int rank_;
+  int world_;
+};
+
+/// The rank and world size make_data_loader shares batches among: those of the communicator an
+/// Optimizer builds by default (Communicator::from_environment: the MPI world under an MPI
+/// launcher; RANK and WORLD_SIZE where a launcher sets them for NCCL's bootstrap; a world of
+/// one otherwise). Collective under an MPI launcher.
+std::pair<int, int> default_rank_and_world();
+
+/// torch::data::make_data_loader(dataset, options) over the ranks of the default world (see
+/// default_rank_and_world; an optimizer over a data-parallel group of the program's own takes a
+/// RankShareSampler built with the group's rank and size): the same loader and the same
+/// `Sampler` (torch's RandomSampler by default, SequentialSampler, ...), of whose draws each rank
+/// takes its share, `options.batch_size` rows (RankShareSampler). On one rank it yields what
+/// torch's loader yields; on N ranks, the rows of torch's loader with a batch N times as large.
+/// Collective under an MPI launcher: every rank builds its loaders alike.
+template <class Sampler = ::torch::data::samplers::RandomSampler, class Dataset>
+auto make_data_loader(Dataset dataset, ::torch::data::DataLoaderOptions options = {}) {
+  const auto size = dataset.size();
+  if (!size) {
+    throw UsageError(
+        "zeroshard::torch::make_data_loader: the dataset has no size, so no sampler can be "
+        "built for it; build the sampler yourself and pass it to torch::data::make_data_loader");
+  }
+  const auto [rank, world] = default_rank_and_world();
+  return ::torch::data::make_data_loader(
+      std::move(dataset), RankShareSampler(std::make_unique<Sampler>(*size), rank, world),
+      std::move(options));
+}
 
 /// Calls around one unit's forward (stage 3): gathers the unit's parameters, and at leave()
 /// ties the output to a backward that gathers them again; the destructor releases them. A module
@@ -185,6 +243,12 @@ struct IsModuleHolder : std::false_type {};
 template <class M>
 struct IsModuleHolder<M, std::void_t<typename M::ContainedType>>
     : std::is_base_of<::torch::nn::ModuleHolder<typename M::ContainedType>, M> {};
+
+template <class M>
+struct IsSequential
+    : std::disjunction<std::is_same<M, ::torch::nn::Sequential>,
+                       std::is_same<M, std::shared_ptr<::torch::nn::SequentialImpl>>,
+                       std::is_same<M, ::torch::nn::SequentialImpl*>> {};
 
 /// The module behind a ModuleHolder (torch::nn::Conv2d), a shared_ptr or a plain pointer, callable
 /// (its forward() is not const).
@@ -230,10 +294,22 @@ auto call(const ModulePointer& module, Function&& function, Args&&... args) {
 /// module->forward(args...) with the module's parameters gathered when it is a stage-3 unit: the
 /// one change a stage-3 model makes at each unit's call site. `module` is a ModuleHolder (a
 /// torch::nn::Linear member), a shared_ptr or pointer to a module, or an AnyModule (what iterating
-/// a Sequential yields: its forward returns a tensor).
+/// a Sequential yields: its forward returns a tensor). A Sequential (its holder, shared_ptr or
+/// pointer) is called child by child, each through forward(), so that its children, units by
+/// default, are gathered one at a time: `sequential->forward(x)` would call them ungathered.
 template <class ModulePointer, class... Args>
 auto forward(const ModulePointer& module, Args&&... args) {
-  if constexpr (std::is_same_v<ModulePointer, ::torch::nn::AnyModule>) {
+  if constexpr (detail::IsSequential<ModulePointer>::value) {
+    static_assert(sizeof...(Args) == 1,
+                  "zeroshard::torch::forward: a Sequential is called with one tensor");
+    return call(
+        module,
+        [pointer = detail::module_pointer(module)](at::Tensor x) {
+          for (const auto& child : *pointer) x = forward(child, std::move(x));
+          return x;
+        },
+        std::forward<Args>(args)...);
+  } else if constexpr (std::is_same_v<ModulePointer, ::torch::nn::AnyModule>) {
     // AnyModule::forward is not const; a copy shares the module.
     return call(
         module,

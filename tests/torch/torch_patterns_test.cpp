@@ -86,6 +86,91 @@ TEST(TorchPatterns, ForwardTakesHoldersSequentialChildrenAndFunctionsOfAUnit) {
   }
 }
 
+// A Sequential called whole, as DCGAN's generator and discriminator are: forward() gathers its
+// children (units by default at stage 3) one at a time, where sequential->forward(x) would call
+// them ungathered.
+struct WholeSequentialImpl : torch::nn::Module {
+  WholeSequentialImpl()
+      : layers(register_module(
+            "layers", torch::nn::Sequential(torch::nn::Linear(kInputs, kWidth), torch::nn::Tanh(),
+                                            torch::nn::Linear(kWidth, kOutputs)))) {}
+  torch::Tensor forward(torch::Tensor x) { return zeroshard::torch::forward(layers, x); }
+  torch::nn::Sequential layers;
+};
+TORCH_MODULE(WholeSequential);
+
+TEST(TorchPatterns, ForwardCallsASequentialChildByChild) {
+  const std::vector<float> reference = train_model<WholeSequential>(-1, 5);
+  for (int stage = 0; stage <= 3; ++stage) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    EXPECT_LE(max_difference(train_model<WholeSequential>(stage, 5), reference), kRoundingBound);
+  }
+}
+
+// The rows each batch of a loader holds, batch by batch.
+template <class Loader>
+std::vector<torch::Tensor> batches_of(Loader& loader) {
+  std::vector<torch::Tensor> batches;
+  for (const auto& batch : loader) batches.push_back(batch.data.flatten());
+  return batches;
+}
+
+// zeroshard::torch::make_data_loader yields, on each rank, its share of what torch's loader
+// yields with a batch world times as large (the same draw: torch's generator seeded alike), so
+// that no row goes to two ranks and every rank takes as many steps; on one rank, torch's batches.
+// Its ranks are the optimizer's.
+template <class Sampler>
+void expect_rank_shares_of_torchs_loader() {
+  const int world = Communicator::from_environment()->size();
+  TinyNet model = make_tiny_net();
+  zeroshard::torch::Optimizer optimizer(
+      *model, Config::from_json_string(config_json(1, world, "adamw"), world));
+  const int rank = optimizer.engine().rank();
+  // 50 rows: the last draw of 4 x world rows does not split evenly among 3 or 4 ranks.
+  const auto dataset = torch::data::datasets::TensorDataset(torch::arange(50).unsqueeze(1))
+                           .map(torch::data::transforms::Stack<torch::data::TensorExample>());
+  torch::manual_seed(3);
+  auto ours = zeroshard::torch::make_data_loader<Sampler>(dataset, 4);
+  const std::vector<torch::Tensor> shares = batches_of(*ours);
+  torch::manual_seed(3);
+  auto torchs = torch::data::make_data_loader<Sampler>(dataset, 4 * world);
+  std::vector<torch::Tensor> expected;
+  for (const torch::Tensor& drawn : batches_of(*torchs)) {
+    const std::int64_t rows = drawn.size(0) / world;
+    if (rows > 0) expected.push_back(drawn.narrow(0, rank * rows, rows));
+  }
+  ASSERT_EQ(shares.size(), expected.size());
+  for (std::size_t b = 0; b < shares.size(); ++b) {
+    EXPECT_TRUE(torch::equal(shares[b], expected[b])) << "batch " << b;
+  }
+  EXPECT_EQ(optimizer.mean_over_ranks(static_cast<double>(shares.size())),
+            static_cast<double>(shares.size()));
+}
+
+TEST(TorchPatterns, MakeDataLoaderGivesEachRankItsShareOfTorchsBatches) {
+  expect_rank_shares_of_torchs_loader<torch::data::samplers::SequentialSampler>();
+  expect_rank_shares_of_torchs_loader<torch::data::samplers::RandomSampler>();
+}
+
+TEST(TorchPatterns, RankShareIsThisRanksPartOfAGlobalBatch) {
+  const int world = Communicator::from_environment()->size();
+  TinyNet model = make_tiny_net();
+  zeroshard::torch::Optimizer optimizer(
+      *model, Config::from_json_string(config_json(1, world, "adamw"), world));
+  const std::int64_t rows = 10 / world, first = optimizer.engine().rank() * rows;
+  EXPECT_TRUE(
+      torch::equal(optimizer.rank_share(torch::arange(10)), torch::arange(first, first + rows)));
+  if (world > 1) {
+    try {
+      optimizer.rank_share(torch::arange(world - 1));
+      ADD_FAILURE() << "a batch with fewer rows than ranks was split";
+    } catch (const zeroshard::UsageError& error) {
+      EXPECT_NE(std::string(error.what()).find("draw at least one row per rank"), std::string::npos)
+          << error.what();
+    }
+  }
+}
+
 // A loss computed in two halves, each backpropagated (a GAN discriminator's real and fake
 // losses): autograd accumulates, and the step equals one backward of the whole.
 TEST(TorchPatterns, SeveralBackwardsIntoOneStepAccumulate) {
