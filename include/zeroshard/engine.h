@@ -373,10 +373,10 @@ class ZEROSHARD_API Engine {
   Device device() const;
   /// On a GPU: the stream the model's kernels run on (a cudaStream_t; null, the default, is the
   /// legacy default stream). The engine queues its own work on it, and gradient reductions and
-  /// parameter gathers run on a communication stream that waits for it. Work already queued on
-  /// the previous stream is not ordered before the new one: synchronise it before switching. The
-  /// stream may be destroyed before the engine, whose destructor waits for the device and then
-  /// no longer uses it.
+  /// parameter gathers run on a communication stream that waits for it. What the engine queued on
+  /// the previous stream comes before its work on the new one (the new stream waits for it on the
+  /// device). The stream may be destroyed before the engine, whose destructor waits for the device
+  /// and then no longer uses it.
   void set_compute_stream(void* stream);
   void* compute_stream() const;
   Communicator& communicator();

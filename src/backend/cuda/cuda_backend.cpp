@@ -157,7 +157,16 @@ class CudaBackend final : public detail::ComputeBackend {
   detail::MemoryResource& memory() noexcept override { return memory_; }
   detail::MemoryResource& pinned_host_memory() noexcept override { return pinned_; }
   void* stream() const noexcept override { return stream_; }
-  void set_stream(void* stream) override { stream_ = static_cast<cudaStream_t>(stream); }
+  // What the engine queued on the stream it leaves comes before what it queues on the new one.
+  void set_stream(void* stream) override {
+    const auto next = static_cast<cudaStream_t>(stream);
+    if (next == stream_) return;
+    const DeviceGuard guard(device_.index);
+    CudaEvent left;
+    left.record(stream_);
+    left.make_wait(next);
+    stream_ = next;
+  }
   void detach_stream() noexcept override {
     const DeviceGuard guard(device_.index);
     ZEROSHARD_CUDA_CHECK_NOTHROW(cudaDeviceSynchronize());
