@@ -19,10 +19,11 @@
 # GPU_CHECK_PARAMS (the offload runs' parameters; default: the largest the estimator fits),
 # GPU_CHECK_HOST_SWEEP=1 (run the host's thread sweep without a GPU too), GPU_CHECK_COMPARE_LIMIT
 # (s for the comparison with DeepSpeed and FSDP2, 300), GPU_CHECK_COMPARE_PARAMS (its parameters;
-# default: the offload runs'), GPU_CHECK_PYTHON (the Python with PyTorch it runs, python3),
-# GPU_CHECK_SECTIONS (a comma list of sweep, offload, compare, kernels, tests, overlap, torch: only
-# those run, e.g. the offload work in one call and the rest in a second on the same build; the
-# offload runs' size is chosen either way).
+# default: the offload runs'), GPU_CHECK_PYTHON (the Python whose PyTorch the libtorch adapter
+# builds against and the comparison runs with, python3), GPU_CHECK_SECTIONS (a comma list of
+# sweep, offload, compare, kernels, tests, overlap, torch: only those run, e.g. the offload work in
+# one call and the rest in a second on the same build; the offload runs' size is chosen either
+# way).
 # CUDA_VISIBLE_DEVICES set empty (or -1) hides the GPUs, as it does from CUDA.
 #
 # Order: what the offload work needs first (the host, the thread sweep, the offload runs with and
@@ -42,7 +43,7 @@ test_timeout=${GPU_CHECK_TEST_TIMEOUT:-120}
 tests_limit=${GPU_CHECK_TESTS_LIMIT:-120}
 offload_limit=${GPU_CHECK_OFFLOAD_LIMIT:-120}
 compare_limit=${GPU_CHECK_COMPARE_LIMIT:-300}
-compare_python=${GPU_CHECK_PYTHON:-python3}
+torch_python=${GPU_CHECK_PYTHON:-python3}
 steps=${GPU_CHECK_STEPS:-3}
 report="$out/report.md"
 started=$(date +%s)
@@ -156,16 +157,17 @@ if [[ -f "$build/CMakeCache.txt" ]]; then
 else
   generator=()
   command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
-  # The machine's own PyTorch, where python3 imports one: the libtorch adapter then builds against
-  # its libtorch, and its gpu-labelled cases run with the others.
+  # The machine's own PyTorch, where GPU_CHECK_PYTHON imports one: the libtorch adapter then
+  # builds against its libtorch, and its gpu-labelled cases run with the others.
   torch_prefix=()
-  if torch_line=$(python3 -c 'import torch, torch.utils; print(torch.utils.cmake_prefix_path,
+  if torch_line=$("$torch_python" -c 'import torch, torch.utils; print(torch.utils.cmake_prefix_path,
 torch.__version__, torch.version.cuda)' 2>/dev/null); then
     read -r torch_path torch_version torch_cuda <<<"$torch_line"
     torch_prefix=(-DCMAKE_PREFIX_PATH="$torch_path")
     echo "- PyTorch: $torch_version (CUDA $torch_cuda), its libtorch at $torch_path" >>"$report"
   else
-    echo "- PyTorch: python3 cannot import torch; the libtorch adapter is not built" >>"$report"
+    echo "- PyTorch: $torch_python cannot import torch; the libtorch adapter is not built" \
+      >>"$report"
   fi
   logged configure.log cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
     -DZEROSHARD_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$cuda_architectures" "${torch_prefix[@]}" ||
@@ -380,11 +382,11 @@ elif fits $((compare_limit + 30)); then
   # DeepSpeed goes into the machine's PyTorch environment: from the bundle's wheels where there is
   # no registry, from PyPI's sdist otherwise. Not installed, it is reported as skipped.
   pip_install() {
-    "$compare_python" -m pip install --quiet --disable-pip-version-check "$@" ||
-      "$compare_python" -m pip install --quiet --disable-pip-version-check \
+    "$torch_python" -m pip install --quiet --disable-pip-version-check "$@" ||
+      "$torch_python" -m pip install --quiet --disable-pip-version-check \
         --break-system-packages "$@"
   }
-  if ! "$compare_python" -c "import deepspeed" 2>/dev/null; then
+  if ! "$torch_python" -c "import deepspeed" 2>/dev/null; then
     if [[ -n "${ZEROSHARD_DEPS_BUNDLE:-}" ]]; then
       logged deepspeed-install.log pip_install --no-index \
         --find-links "$ZEROSHARD_DEPS_BUNDLE/wheels" deepspeed
@@ -403,7 +405,7 @@ print(max(3, round((p - (i * w + w + w * c + c)) / (w * w + w)) + 2))" \
   frameworks=zeroshard,deepspeed
   [[ $ratio != 1.0 ]] && frameworks+=,deepspeed-ratio
   frameworks+=,fsdp2
-  TORCH_EXTENSIONS_DIR="$build/torch_extensions" "$compare_python" \
+  TORCH_EXTENSIONS_DIR="$build/torch_extensions" "$torch_python" \
     benchmarks/compare_peers/compare.py --device cuda --ranks 1 --steps "$steps" --rounds 1 \
     --frameworks "$frameworks" --ratio "$ratio" \
     --layers "$compare_layers" --width "$width" --inputs "$inputs" --classes "$classes" \
