@@ -49,9 +49,6 @@ class CopyEvent {
   virtual void order_compute_after() = 0;
 };
 
-/// Every pointer passed in is memory of this backend (from memory()), unless the name says host.
-/// Work is queued on stream() in call order; only the calls that return a host value (scan) or
-/// fill host memory (copy_to_host) wait for it.
 /// A device's memory as its driver counts it.
 struct DeviceMemoryUse {
   std::int64_t total = 0;
@@ -59,6 +56,9 @@ struct DeviceMemoryUse {
   std::int64_t in_use = 0;
 };
 
+/// Every pointer passed in is memory of this backend (from memory()), unless the name says host.
+/// Work is queued on stream() in call order; only the calls that return a host value (scan) or
+/// fill host memory (copy_to_host) wait for it.
 class ComputeBackend {
  public:
   virtual ~ComputeBackend() = default;
