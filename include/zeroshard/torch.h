@@ -10,7 +10,6 @@
 #include <torch/data/samplers/random.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/any.h>
-#include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/pimpl.h>
 #include <torch/optim/optimizer.h>
 
@@ -244,12 +243,6 @@ template <class M>
 struct IsModuleHolder<M, std::void_t<typename M::ContainedType>>
     : std::is_base_of<::torch::nn::ModuleHolder<typename M::ContainedType>, M> {};
 
-template <class M>
-struct IsSequential
-    : std::disjunction<std::is_same<M, ::torch::nn::Sequential>,
-                       std::is_same<M, std::shared_ptr<::torch::nn::SequentialImpl>>,
-                       std::is_same<M, ::torch::nn::SequentialImpl*>> {};
-
 /// The module behind a ModuleHolder (torch::nn::Conv2d), a shared_ptr or a plain pointer, callable
 /// (its forward() is not const).
 template <class M>
@@ -294,22 +287,13 @@ auto call(const ModulePointer& module, Function&& function, Args&&... args) {
 /// module->forward(args...) with the module's parameters gathered when it is a stage-3 unit: the
 /// one change a stage-3 model makes at each unit's call site. `module` is a ModuleHolder (a
 /// torch::nn::Linear member), a shared_ptr or pointer to a module, or an AnyModule (what iterating
-/// a Sequential yields: its forward returns a tensor). A Sequential (its holder, shared_ptr or
-/// pointer) is called child by child, each through forward(), so that its children, units by
-/// default, are gathered one at a time: `sequential->forward(x)` would call them ungathered.
+/// a Sequential yields: its forward returns a tensor). A Sequential's own forward needs none of
+/// this: while an optimizer lives, each of its entries that is a unit calls the unit through
+/// forward() (`sequential[i]` is that caller, named and printed as the layer; named_children()
+/// still yields the layers), so `sequential->forward(x)` gathers its units one at a time.
 template <class ModulePointer, class... Args>
 auto forward(const ModulePointer& module, Args&&... args) {
-  if constexpr (detail::IsSequential<ModulePointer>::value) {
-    static_assert(sizeof...(Args) == 1,
-                  "zeroshard::torch::forward: a Sequential is called with one tensor");
-    return call(
-        module,
-        [pointer = detail::module_pointer(module)](at::Tensor x) {
-          for (const auto& child : *pointer) x = forward(child, std::move(x));
-          return x;
-        },
-        std::forward<Args>(args)...);
-  } else if constexpr (std::is_same_v<ModulePointer, ::torch::nn::AnyModule>) {
+  if constexpr (std::is_same_v<ModulePointer, ::torch::nn::AnyModule>) {
     // AnyModule::forward is not const; a copy shares the module.
     return call(
         module,

@@ -116,6 +116,10 @@ struct Optimizer::State {
     return units_gather && param.unit != nullptr && param.parameter.trainable();
   }
   void release_units_of_no_unit();
+  /// Every Sequential entry of `model` that is a unit calls it through forward() from now on, so
+  /// that `sequential->forward(x)` gathers it; restore_sequentials() puts the entries back.
+  void route_sequentials_through_units(::torch::nn::Module& model);
+  void restore_sequentials() noexcept;
 
   Engine engine;
   /// Stage 3: units are gathered around their forward and backward; at stages 0-2 they exist
@@ -127,6 +131,13 @@ struct Optimizer::State {
   at::Tensor checkpoint_anchor;
   std::vector<ManagedParam> params;
   std::vector<std::unique_ptr<UnitScope::Unit>> units;
+  struct RoutedEntry {
+    std::weak_ptr<::torch::nn::Module> sequential;
+    std::size_t index = 0;
+    ::torch::nn::AnyModule unit;                  ///< the entry the program built
+    const ::torch::nn::Module* caller = nullptr;  ///< what stands in its place
+  };
+  std::vector<RoutedEntry> routed_entries;
   /// Stage 3: the engine modules of the parameters in no unit.
   std::vector<ModuleId> modules_of_no_unit;
   bool per_parameter_grads = false;  ///< stages 2-3: gradients go to bucket slots

@@ -250,6 +250,7 @@ Optimizer::State::State(Module& model, Config config, OptimizerOptions options)
     if (follows_its_unit(param)) param.backing.point_at_nothing(released_values.data_ptr());
   }
   if (options.checkpoint_units) start_checkpointing();
+  route_sequentials_through_units(model);
   for (Group& group : groups) group.lr_written = engine.lr() * group.lr_ratio;
   broadcast_module_buffers();
   std::lock_guard lock(claims_mutex);
@@ -262,6 +263,7 @@ Optimizer::State::State(Module& model, Config config, OptimizerOptions options)
 // values (stage 3: a unit's parameters stay empty, the engine alone held their shards), gradients
 // that were views of the engine's are dropped, and the hooks that call into this state go.
 Optimizer::State::~State() {
+  restore_sequentials();
   {
     std::lock_guard lock(claims_mutex);
     for (const ManagedParam& param : params) {

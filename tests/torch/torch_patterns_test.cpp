@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -86,25 +87,71 @@ TEST(TorchPatterns, ForwardTakesHoldersSequentialChildrenAndFunctionsOfAUnit) {
   }
 }
 
-// A Sequential called whole, as DCGAN's generator and discriminator are: forward() gathers its
-// children (units by default at stage 3) one at a time, where sequential->forward(x) would call
-// them ungathered.
+// A Sequential called whole, as DCGAN's generator and discriminator are: at stage 3 its
+// children are units, each gathered as the Sequential's own forward reaches it (a child called
+// ungathered would read NaN), whether the program calls `layers->forward(x)` as with torch::optim
+// or through zeroshard::torch::forward().
+template <bool kThroughZeroshard>
 struct WholeSequentialImpl : torch::nn::Module {
   WholeSequentialImpl()
       : layers(register_module(
             "layers", torch::nn::Sequential(torch::nn::Linear(kInputs, kWidth), torch::nn::Tanh(),
                                             torch::nn::Linear(kWidth, kOutputs)))) {}
-  torch::Tensor forward(torch::Tensor x) { return zeroshard::torch::forward(layers, x); }
+  torch::Tensor forward(torch::Tensor x) {
+    if constexpr (kThroughZeroshard) return zeroshard::torch::forward(layers, x);
+    return layers->forward(x);
+  }
   torch::nn::Sequential layers;
 };
-TORCH_MODULE(WholeSequential);
+template <bool kThroughZeroshard>
+using WholeSequential = torch::nn::ModuleHolder<WholeSequentialImpl<kThroughZeroshard>>;
 
-TEST(TorchPatterns, ForwardCallsASequentialChildByChild) {
-  const std::vector<float> reference = train_model<WholeSequential>(-1, 5);
+// The model is the Sequential itself, the optimizer built over `*sequential`, as in DCGAN.
+struct SequentialModel : torch::nn::Sequential {
+  SequentialModel()
+      : torch::nn::Sequential(torch::nn::Linear(kInputs, kWidth), torch::nn::Tanh(),
+                              torch::nn::Linear(kWidth, kOutputs)) {}
+};
+
+TEST(TorchPatterns, ASequentialsOwnForwardGathersItsUnits) {
+  const std::vector<float> reference = train_model<SequentialModel>(-1, 5);
   for (int stage = 0; stage <= 3; ++stage) {
     SCOPED_TRACE("stage " + std::to_string(stage));
-    EXPECT_LE(max_difference(train_model<WholeSequential>(stage, 5), reference), kRoundingBound);
+    EXPECT_LE(max_difference(train_model<WholeSequential<false>>(stage, 5), reference),
+              kRoundingBound);
+    EXPECT_LE(max_difference(train_model<WholeSequential<true>>(stage, 5), reference),
+              kRoundingBound);
+    EXPECT_LE(max_difference(train_model<SequentialModel>(stage, 5), reference), kRoundingBound);
   }
+}
+
+// While the optimizer lives, a unit's entry in the Sequential is the optimizer's caller, named
+// and printed as the layer; afterwards the program's own entries are back and hold the values
+// trained.
+TEST(TorchPatterns, ASequentialGetsItsOwnEntriesBackWithTheOptimizer) {
+  const int world = Communicator::from_environment()->size();
+  torch::manual_seed(7);
+  SequentialModel model;
+  const std::shared_ptr<torch::nn::Module> first = model->named_children()["0"];
+  std::ostringstream printed_before;
+  first->pretty_print(printed_before);
+  {
+    zeroshard::torch::Optimizer optimizer(
+        *model, Config::from_json_string(config_json(3, world, "adamw"), world));
+    EXPECT_NE(model[0].get(), first.get());
+    EXPECT_EQ(model[0]->name(), first->name());
+    EXPECT_EQ(model->named_children()["0"].get(), first.get());
+    std::ostringstream printed;
+    model[0]->pretty_print(printed);
+    EXPECT_EQ(printed.str(), printed_before.str());
+    const Batch data = batch(0, 0, kBatch);
+    optimizer.zero_grad();
+    torch::mse_loss(model->forward(data.inputs), data.targets).backward();
+    optimizer.step();
+  }
+  EXPECT_EQ(model[0].get(), first.get());
+  EXPECT_EQ(model->ptr<torch::nn::LinearImpl>(0).get(), first.get());
+  EXPECT_TRUE(model->ptr<torch::nn::LinearImpl>(0)->weight.isfinite().all().item<bool>());
 }
 
 // The rows each batch of a loader holds, batch by batch.

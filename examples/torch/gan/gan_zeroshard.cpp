@@ -19,10 +19,7 @@ struct GeneratorImpl : torch::nn::Module {
                                   torch::nn::BatchNorm1d(64), torch::nn::ReLU(),
                                   torch::nn::Linear(64, 64), torch::nn::BatchNorm1d(64),
                                   torch::nn::ReLU(), torch::nn::Linear(64, 2)))) {}
-  torch::Tensor forward(torch::Tensor x) {
-    for (auto& layer : *layers) x = zeroshard::torch::forward(layer, x);
-    return x;
-  }
+  torch::Tensor forward(torch::Tensor x) { return layers->forward(x); }
   torch::nn::Sequential layers;
 };
 TORCH_MODULE(Generator);
@@ -35,10 +32,7 @@ struct DiscriminatorImpl : torch::nn::Module {
                                   torch::nn::Linear(torch::nn::LinearOptions(64, 64).bias(false)),
                                   torch::nn::BatchNorm1d(64), torch::nn::LeakyReLU(),
                                   torch::nn::Linear(64, 1)))) {}
-  torch::Tensor forward(torch::Tensor x) {
-    for (auto& layer : *layers) x = zeroshard::torch::forward(layer, x);
-    return x;
-  }
+  torch::Tensor forward(torch::Tensor x) { return layers->forward(x); }
   torch::nn::Sequential layers;
 };
 TORCH_MODULE(Discriminator);

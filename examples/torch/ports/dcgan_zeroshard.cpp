@@ -72,16 +72,15 @@ int main([[maybe_unused]] int argc, char** argv) {
       discriminator->zero_grad();
       torch::Tensor real_images = batch.data;
       torch::Tensor real_labels = torch::empty(batch.data.size(0)).uniform_(0.8, 1.0);
-      torch::Tensor real_output = zeroshard::torch::forward(discriminator, real_images).reshape(-1);
+      torch::Tensor real_output = discriminator->forward(real_images).reshape(-1);
       torch::Tensor d_loss_real = torch::binary_cross_entropy(real_output, real_labels);
       d_loss_real.backward();
 
       // Train discriminator with fake images.
       torch::Tensor noise = torch::randn({batch.data.size(0), kNoiseSize, 1, 1});
-      torch::Tensor fake_images = zeroshard::torch::forward(generator, noise);
+      torch::Tensor fake_images = generator->forward(noise);
       torch::Tensor fake_labels = torch::zeros(batch.data.size(0));
-      torch::Tensor fake_output =
-          zeroshard::torch::forward(discriminator, fake_images.detach()).reshape(-1);
+      torch::Tensor fake_output = discriminator->forward(fake_images.detach()).reshape(-1);
       torch::Tensor d_loss_fake = torch::binary_cross_entropy(fake_output, fake_labels);
       d_loss_fake.backward();
 
@@ -91,7 +90,7 @@ int main([[maybe_unused]] int argc, char** argv) {
       // Train generator.
       generator->zero_grad();
       fake_labels.fill_(1);
-      fake_output = zeroshard::torch::forward(discriminator, fake_images).reshape(-1);
+      fake_output = discriminator->forward(fake_images).reshape(-1);
       torch::Tensor g_loss = torch::binary_cross_entropy(fake_output, fake_labels);
       g_loss.backward();
       generator_optimizer.step();
