@@ -250,9 +250,10 @@ Optimizer::State::State(Module& model, Config config, OptimizerOptions options)
     if (follows_its_unit(param)) param.backing.point_at_nothing(released_values.data_ptr());
   }
   if (options.checkpoint_units) start_checkpointing();
-  route_sequentials_through_units(model);
   for (Group& group : groups) group.lr_written = engine.lr() * group.lr_ratio;
   broadcast_module_buffers();
+  // Last: a constructor that throws runs no ~State to put the entries back.
+  route_sequentials_through_units(model);
   std::lock_guard lock(claims_mutex);
   for (const ManagedParam& param : params) {
     claims()[param.backing.tensor().unsafeGetTensorImpl()] = this;
