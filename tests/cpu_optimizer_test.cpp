@@ -512,6 +512,34 @@ TEST_P(CpuOptimizerScanPaths, GivesTheSameBitsOnAnyThreadCountAndPathAndMatchesD
   }
 }
 
+TEST_P(CpuOptimizerScanPaths, KeepsEachSixteenBitLaneAsItsElementsSquaresInElementOrder) {
+  const Isa isa = GetParam();
+  if (!supported(isa)) GTEST_SKIP() << "this CPU has no " << to_string(isa) << " path";
+  // The vector paths hold 16-bit lanes in another order than the fp32 ones (the AVX-512 path's
+  // bf16 lanes 4-7 after 8-11); a total can round alike with two lanes swapped, a lane cannot.
+  for (std::int64_t n : {std::int64_t{1}, std::int64_t{15}, std::int64_t{16}, std::int64_t{17},
+                         std::int64_t{33}, std::int64_t{1001}, std::int64_t{65535}}) {
+    const Shard shard(n, 0, 17);
+    for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+      const std::vector<unsigned char> stored = stored_as(shard.grad, dtype);
+      std::vector<float> widened(shard.grad.size());
+      convert_to_float_portable(stored.data(), dtype, widened.data(), n);
+      SquareSums sums;  // fewer than a tile's elements: they stay in its lanes
+      add_sum_of_squares(isa, stored.data(), dtype, n, sums);
+      for (int lane = 0; lane < kSquareLanes; ++lane) {
+        double want = 0.0;
+        for (std::int64_t i = lane; i < n; i += kSquareLanes) {
+          const double v = widened[static_cast<std::size_t>(i)];
+          want += v * v;
+        }
+        EXPECT_EQ(std::bit_cast<std::uint64_t>(sums.lanes[lane]),
+                  std::bit_cast<std::uint64_t>(want))
+            << to_string(isa) << ", " << to_string(dtype) << ", lane " << lane << ", n = " << n;
+      }
+    }
+  }
+}
+
 TEST_P(CpuOptimizerScanPaths, RangesAddedInTurnSumAsOneRange) {
   const Isa isa = GetParam();
   if (!supported(isa)) GTEST_SKIP() << "this CPU has no " << to_string(isa) << " path";

@@ -43,8 +43,9 @@ bool probe_support(Isa isa) noexcept {
       return true;
 #if defined(ZEROSHARD_CPU_X86)
     case Isa::kAvx2:
-      // F16C for the fp16 gradient and copy in Adam's loop; every AVX2 CPU has it.
-      return __builtin_cpu_supports("avx2") && cpu_has_f16c();
+      // F16C for the fp16 gradient and copy in Adam's loop, FMA for the norm's scan; every AVX2
+      // CPU has both.
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
     case Isa::kAvx512:
       // BW for the 16-bit lanes of the bf16 gradient and copy in the rule's loop; F16C for the
       // scan's 256-bit fp16 loads, which both vector paths share (every AVX-512 CPU has it).

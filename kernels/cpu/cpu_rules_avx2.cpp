@@ -1,5 +1,5 @@
 // The AVX2 path: the rules' loops eight lanes wide. CMakeLists.txt compiles this file alone with
-// -mavx2 -mf16c; the dispatcher calls it only on a CPU that has both.
+// -mavx2 -mfma -mf16c; the dispatcher calls it only on a CPU that has all three.
 #include <immintrin.h>
 
 #include "kernels/cpu/cpu_optimizer.h"
