@@ -1,14 +1,16 @@
 #!/bin/bash
 # The GAN example against its torch::optim twin: zeroshard's losses on 1 rank, at stages 0-3,
-# equal the twin's within the tolerance of docs/torch.md over the first 12 steps (after them the
-# adversarial game amplifies fp32 rounding: 6e-6 apart at most through step 14, 1e-3 by step 18); on 2 ranks
-# every stage gives stage 0's losses within it. Then 100 steps on 2 ranks at stages 0 and 3 must
-# bring the fakes closer to the ring (the program's exit status).
+# equal the twin's within the tolerance of docs/torch.md over the first 8 steps; on 2 ranks every
+# stage gives stage 0's losses within it. Past step 7 the adversarial game amplifies the update's
+# last-bit differences from torch's AdamW, up to 20 times a step, how soon depending on the CPU, the
+# libtorch and OMP_NUM_THREADS (docs/torch.md has the figures), so a longer window fails by
+# chance. Then 100 steps on 2 ranks at stages 0 and 3 must bring the fakes closer to the ring (the
+# program's exit status).
 # Usage: compare_gan.sh TWIN ZEROSHARD CONFIG_DIR MPIEXEC [MPIEXEC_FLAGS...]
 set -euo pipefail
 twin=$1 zeroshard=$2 configs=$3
 shift 3
-steps=12
+steps=8
 tolerance=1e-4  # relative, on each printed loss
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
