@@ -193,7 +193,8 @@ for test in tests:
         if path.startswith(sys.argv[2] + "/"):
             wanted.add(os.path.basename(path))
 # ctest lists no command for a case whose program it cannot find yet: the example checkers.
-always = {"bench_kernels", "bench_cpu_optimizer", "zeroshard-train-mlp", "zeroshard-estimate",
+always = {"bench_kernels", "bench_cpu_optimizer", "zeroshard-offload-step-bench",
+          "zeroshard-train-mlp", "zeroshard-estimate",
           "zeroshard-overlap-bench", "zeroshard-train-torch-gpt"}
 always |= {name for name in known if name.startswith("zeroshard-check-")}
 # Those the build does not define (the torch GPT without a usable libtorch) are left out.
@@ -227,6 +228,16 @@ elif fits 150; then
       >>"$report"
   else
     failed=1
+  fi
+  # An offloaded step's update phase (scan, norm waits, rule) against the bare pass over as many
+  # elements, on the same thread counts: what the engine adds to the kernels above.
+  if fits 60; then
+    if logged offload-step.log timeout 60 \
+      "$build/benchmarks/zeroshard-offload-step-bench" --rounds 5 --check; then
+      printf '```\n%s\n```\n' "$(cat "$out/offload-step.log")" >>"$report"
+    else
+      failed=1
+    fi
   fi
 fi
 
