@@ -11,7 +11,7 @@
 #include "backend/compute_backend.h"
 #include "kernels/cpu/block_quantizer.h"
 #include "kernels/cpu/cpu_optimizer.h"
-#include "memory/host_first_touch.h"  // zero_host
+#include "memory/host_first_touch.h"  // zero_host, copy_host
 #include "precision/half_conversion.h"
 #include "util/check.h"
 #include "util/cpu_team.h"
@@ -74,7 +74,8 @@ class CpuBackend final : public ComputeBackend {
     zero_host(data, bytes);
   }
   void copy(void* destination, const void* source, std::size_t bytes) override {
-    if (bytes > 0) std::memcpy(destination, source, bytes);
+    const CpuTeamScope team(team_);
+    copy_host(destination, source, bytes);
   }
   void copy_to_host(void* host, const void* source, std::size_t bytes) override {
     copy(host, source, bytes);

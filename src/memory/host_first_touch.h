@@ -20,4 +20,9 @@ inline constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
 /// memset(data, 0, bytes), over the OpenMP team in tiles from kFirstTouchThreadedFrom bytes on.
 void zero_host(void* data, std::size_t bytes) noexcept;
 
+/// memcpy(destination, source, bytes) for non-overlapping arrays, spread as zero_host(): a CPU
+/// rank's copy between tiers (an offloaded update's write-back through staging) is as many bytes
+/// as a 16-bit array of the update, which one thread would copy at a fraction of the host's speed.
+void copy_host(void* destination, const void* source, std::size_t bytes) noexcept;
+
 }  // namespace zeroshard::detail
