@@ -1,13 +1,15 @@
 // Zeroing host arrays on the OpenMP team in the CPU update's tiles and static schedule, so that
-// each page is first touched (and, on a NUMA host, placed) by the thread that will update it.
+// each page is first touched (and, on a NUMA host, placed) by the thread that will update it; and
+// copying them in the same tiles, each by the thread that touched it.
 #pragma once
 
 #include <cstddef>
 
 namespace zeroshard::detail {
 
-/// Bytes from which zero_host() spreads over the team: 2^20 elements of 2 bytes, the smallest
-/// array of an update the CPU rules thread (kernels/cpu/cpu_optimizer.cpp checks the match).
+/// Bytes from which zero_host() and copy_host() spread over the team: 2^20 elements of 2 bytes, the
+/// smallest array of an update the CPU rules thread (kernels/cpu/cpu_optimizer.cpp checks the
+/// match).
 inline constexpr std::size_t kFirstTouchThreadedFrom = std::size_t{2} << 20;
 /// Bytes per tile: 2^16 fp32 elements, the update's tile of the master weights and states. A
 /// 16-bit array's tiles hold twice the update's elements; the static schedule still hands each
