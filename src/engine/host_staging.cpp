@@ -46,7 +46,14 @@ char* HostStaging::acquire() {
   return half.buffer.as<char>();
 }
 
+char* HostStaging::acquire_for(void* destination) {
+  char* half = acquire();
+  written_in_place_ = backend_.memory().location() == MemoryLocation::kHost;
+  return written_in_place_ ? static_cast<char*>(destination) : half;
+}
+
 void HostStaging::to_device(void* destination, std::size_t bytes) {
+  if (std::exchange(written_in_place_, false)) return;
   Half& half = halves_[current_];
   backend_.copy_from_host_async(destination, half.buffer.data(), bytes, *half.done);
 }

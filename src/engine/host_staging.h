@@ -30,7 +30,13 @@ class HostStaging {
   /// The half the next copy uses (the halves take turns), once its previous copy has finished and
   /// what was to be done with the bytes it brought has been done.
   char* acquire();
-  /// Copies `bytes` of the acquired half to `destination` (device memory).
+  /// acquire() for bytes that to_device() then copies to `destination`: the memory to write them
+  /// in, the acquired half, or, where the device's memory is the host's (a CPU rank), `destination`
+  /// itself: there the copy would be a second pass over the bytes, which cost the offloaded update
+  /// a fifth more time. The halves still take turns and land what they brought as on a GPU.
+  char* acquire_for(void* destination);
+  /// Copies `bytes` of the acquired half to `destination` (device memory), unless acquire_for()
+  /// had them written there.
   void to_device(void* destination, std::size_t bytes);
   /// Copies `bytes` of `source` (device memory) into the acquired half; `land` reads them there
   /// once they have arrived, at the latest when the half is acquired again or at land_all().
@@ -59,8 +65,9 @@ class HostStaging {
   StepTimes& times_;
   std::size_t half_bytes_;
   Half halves_[2];
-  int next_ = 0;     ///< the half acquire() hands out next: the older copy
-  int current_ = 1;  ///< the half acquire() handed out last
+  int next_ = 0;                   ///< the half acquire() hands out next: the older copy
+  int current_ = 1;                ///< the half acquire() handed out last
+  bool written_in_place_ = false;  ///< acquire_for() handed out the destination itself
 };
 
 }  // namespace zeroshard::detail

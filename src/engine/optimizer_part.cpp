@@ -151,8 +151,9 @@ OptimizerPart::~OptimizerPart() {
   }
 }
 
-// Offloaded, the parameters in the device tier are written through staging on either backend (on
-// the CPU the copies are host copies), so the CPU tests run the GPU's order of operations.
+// Offloaded, the parameters in the device tier are written through staging on either backend, so
+// the CPU tests run the GPU's order of operations (on the CPU the halves hand out the parameters
+// themselves: HostStaging::acquire_for).
 bool OptimizerPart::writes_back_through_staging() const {
   return offloaded() &&
          context_.config.zero_optimization.offload_param.device == OffloadDevice::kNone;
@@ -522,7 +523,7 @@ void OptimizerPart::update_sub_group(std::int64_t begin, std::int64_t end, int p
   if (!writes_params) {
     io.param_copy = overlap_params_.as<char>() + (begin - owned_begin_) * context_.dsize;
   } else if (staged) {
-    io.param_copy = staging_->acquire();
+    io.param_copy = staging_->acquire_for(params_.owned_at(begin));
   } else if (writes_params && params_.swaps()) {
     // Straight into the parameter file's cached tile: update_swapped() ends chunks at tiles.
     io.param_copy = params_.writable_owned(begin, slice.size);
