@@ -562,6 +562,39 @@ TEST_P(CpuOptimizerScanPaths, RangesAddedInTurnSumAsOneRange) {
   }
 }
 
+TEST_P(CpuOptimizerScanPaths, TileSumsTakenApartAddAsTheScanAddsThem) {
+  const Isa isa = GetParam();
+  if (!supported(isa)) GTEST_SKIP() << "this CPU has no " << to_string(isa) << " path";
+  // The engine takes some tiles' sums as their gradients land and scans the rest at the step: a
+  // range scanned with a tile left unfinished, then tiles added from tile_square_sums(), whole
+  // tiles scanned again, and a tail, sums as the one range does. 20 tiles pass the threading
+  // threshold.
+  constexpr std::int64_t kTile = kSquareTile;
+  const std::int64_t n = 20 * kTile + 5 * kTile + 777;
+  const Shard shard(n, 0, 21);
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+    const std::vector<unsigned char> stored = stored_as(shard.grad, dtype);
+    const auto at = [&](std::int64_t i) { return stored.data() + i * size_of(dtype); };
+    const double whole = sum_of_squares(isa, stored.data(), dtype, n);
+    std::vector<double> tiles(20);
+    tile_square_sums(isa, at(kTile), dtype, 20, tiles.data());
+    for (std::int64_t t = 0; t < 20; ++t) {
+      const double alone = sum_of_squares(isa, at((1 + t) * kTile), dtype, kTile);
+      EXPECT_EQ(std::bit_cast<std::uint64_t>(tiles[static_cast<std::size_t>(t)]),
+                std::bit_cast<std::uint64_t>(alone))
+          << to_string(isa) << ", " << to_string(dtype) << ", tile " << t;
+    }
+    SquareSums sums;
+    add_sum_of_squares(isa, at(0), dtype, 1000, sums);
+    add_sum_of_squares(isa, at(1000), dtype, kTile - 1000, sums);
+    sums.add_tiles(tiles);
+    add_sum_of_squares(isa, at(21 * kTile), dtype, 4 * kTile, sums);
+    add_sum_of_squares(isa, at(25 * kTile), dtype, n - 25 * kTile, sums);
+    EXPECT_EQ(std::bit_cast<std::uint64_t>(sums.total()), std::bit_cast<std::uint64_t>(whole))
+        << to_string(isa) << ", " << to_string(dtype);
+  }
+}
+
 TEST_P(CpuOptimizerScanPaths, FindsANonFiniteValueInAnyTileOnAnyThreadCount) {
   const Isa isa = GetParam();
   if (!supported(isa)) GTEST_SKIP() << "this CPU has no " << to_string(isa) << " path";

@@ -24,7 +24,7 @@ namespace {
 constexpr std::int64_t kThreadedFrom = std::int64_t{1} << 20;
 // A tile is a multiple of 16 elements, so every tile but the last starts on a 64-byte boundary
 // when the slice does, and no two threads write the same cache line.
-constexpr std::int64_t kTile = std::int64_t{1} << 16;
+constexpr std::int64_t kTile = kSquareTile;
 // The conversions work on chunks small enough that the widened gradient and the updated weights
 // are still in L1 when the rule and the narrowing read them: 4 KiB per fp32 array (measured
 // faster than 2048 and 4096 on a 32 KiB L1). A multiple of 16 that divides kTile, so chunks keep
@@ -283,41 +283,60 @@ double lane_sum(const double* lanes) {
   return sum;
 }
 
+// Adds the squares of values[begin, end) into `lanes` on `table`'s path. Must not throw: it runs
+// inside OpenMP regions.
+void add_range(const KernelTable& table, const void* values, DType dtype, std::int64_t begin,
+               std::int64_t end, double* lanes) noexcept {
+  const auto* bytes = static_cast<const unsigned char*>(values);
+  const auto size = static_cast<std::int64_t>(size_of(dtype));
+  const auto in_loop = dtype == DType::kBFloat16  ? table.square_sums_bf16
+                       : dtype == DType::kFloat16 ? table.square_sums_fp16
+                                                  : nullptr;
+  if (dtype == DType::kFloat32) {
+    table.square_sums(static_cast<const float*>(values) + begin, end - begin, lanes);
+  } else if (in_loop != nullptr) {
+    in_loop(bytes + begin * size, end - begin, lanes);
+  } else {
+    // Widened a chunk at a time into L1; chunks are multiples of 16, so the lanes see each
+    // element where one call over the widened tile would put it.
+    alignas(64) float widened[kChunk];
+    for (std::int64_t at = begin; at < end; at += kChunk) {
+      const std::int64_t count = std::min(kChunk, end - at);
+      convert_to_float(bytes + at * size, dtype, widened, count);
+      table.square_sums(widened, count, lanes);
+    }
+  }
+}
+
 }  // namespace
 
 double SquareSums::total() const { return in_tile > 0 ? tiles + lane_sum(lanes) : tiles; }
 
+void SquareSums::add_tiles(std::span<const double> tile_sums) {
+  for (double sum : tile_sums) tiles += sum;
+}
+
+void tile_square_sums(Isa isa, const void* values, DType dtype, std::int64_t tiles, double* sums) {
+  if (tiles <= 0) return;
+  const KernelTable& table = kernels(isa);  // refused here, before any thread starts
+  for_each_tile(tiles * kTile, [&](std::int64_t t, std::int64_t begin, std::int64_t end) {
+    double lanes[kSquareLanes] = {};
+    add_range(table, values, dtype, begin, end, lanes);
+    sums[t] = lane_sum(lanes);
+  });
+}
+
 void add_sum_of_squares(Isa isa, const void* values, DType dtype, std::int64_t n,
                         SquareSums& sums) {
   if (n <= 0) return;
-  const KernelTable& table = kernels(isa);  // refused here, before any thread starts
-  const auto square_sums = table.square_sums;
-  const auto in_loop = dtype == DType::kBFloat16  ? table.square_sums_bf16
-                       : dtype == DType::kFloat16 ? table.square_sums_fp16
-                                                  : nullptr;
+  const KernelTable& table = kernels(isa);
   const auto* bytes = static_cast<const unsigned char*>(values);
   const auto size = static_cast<std::int64_t>(size_of(dtype));
-  const auto add_range = [&](std::int64_t begin, std::int64_t end, double* lanes) noexcept {
-    if (dtype == DType::kFloat32) {
-      square_sums(static_cast<const float*>(values) + begin, end - begin, lanes);
-    } else if (in_loop != nullptr) {
-      in_loop(bytes + begin * size, end - begin, lanes);
-    } else {
-      // Widened a chunk at a time into L1; chunks are multiples of 16, so the lanes see each
-      // element where one call over the widened tile would put it.
-      alignas(64) float widened[kChunk];
-      for (std::int64_t at = begin; at < end; at += kChunk) {
-        const std::int64_t count = std::min(kChunk, end - at);
-        convert_to_float(bytes + at * size, dtype, widened, count);
-        square_sums(widened, count, lanes);
-      }
-    }
-  };
   // The tile an earlier range left unfinished takes this range's first elements.
   std::int64_t done = 0;
   if (sums.in_tile > 0) {
     done = std::min(n, kTile - sums.in_tile);
-    add_range(0, done, sums.lanes);
+    add_range(table, values, dtype, 0, done, sums.lanes);
     sums.in_tile += done;
     if (sums.in_tile == kTile) {
       sums.tiles += lane_sum(sums.lanes);
@@ -328,16 +347,12 @@ void add_sum_of_squares(Isa isa, const void* values, DType dtype, std::int64_t n
   const std::int64_t whole_tiles = (n - done) / kTile;
   if (whole_tiles > 0) {
     std::vector<double> partials(static_cast<std::size_t>(whole_tiles));
-    for_each_tile(whole_tiles * kTile, [&](std::int64_t t, std::int64_t begin, std::int64_t end) {
-      double lanes[kSquareLanes] = {};
-      add_range(done + begin, done + end, lanes);
-      partials[static_cast<std::size_t>(t)] = lane_sum(lanes);
-    });
-    for (double partial : partials) sums.tiles += partial;
+    tile_square_sums(isa, bytes + done * size, dtype, whole_tiles, partials.data());
+    sums.add_tiles(partials);
     done += whole_tiles * kTile;
   }
   if (done < n) {
-    add_range(done, n, sums.lanes);
+    add_range(table, values, dtype, done, n, sums.lanes);
     sums.in_tile += n - done;
   }
 }

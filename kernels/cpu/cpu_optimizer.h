@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "zeroshard/dtype.h"
 
@@ -86,8 +87,11 @@ inline constexpr int kSquareLanes = 16;
 /// depend on the path, the stage or how the shard was split into calls at multiples of 16.
 void add_square_sums(Isa isa, const float* values, std::int64_t n, double* lanes);
 
+/// The elements of one tile of a gradient norm's sum of squares (SquareSums).
+inline constexpr std::int64_t kSquareTile = std::int64_t{1} << 16;
+
 /// A gradient norm's sum of squares over ranges added one after another as if they were one:
-/// each tile of 2^16 elements, counted from the first range's start, summed in its own lanes
+/// each tile of kSquareTile elements, counted from the first range's start, summed in its own lanes
 /// (added in lane order), the tiles' sums added in tile order. So a shard whose parts lie in
 /// different memories sums, bit for bit, as one range would, when every range but the last is a
 /// multiple of 16 elements long.
@@ -96,6 +100,9 @@ struct SquareSums {
   double lanes[kSquareLanes] = {};  ///< the tile in progress
   std::int64_t in_tile = 0;         ///< elements the tile in progress holds
   double total() const;
+  /// Adds the sums of whole tiles (tile_square_sums()) that follow the finished ones, as
+  /// add_sum_of_squares() would add them; no tile may be in progress.
+  void add_tiles(std::span<const double> tile_sums);
 };
 
 /// Adds the squares of values[0, n), stored as `dtype` and widened to double, to `sums`. Large
@@ -105,6 +112,9 @@ struct SquareSums {
 void add_sum_of_squares(Isa isa, const void* values, DType dtype, std::int64_t n, SquareSums& sums);
 /// add_sum_of_squares() of one range into empty sums: their total.
 double sum_of_squares(Isa isa, const void* values, DType dtype, std::int64_t n);
+/// The sum of each of `tiles` whole tiles of values (tiles x kSquareTile elements) into
+/// sums[0, tiles), bit for bit as add_sum_of_squares() finds it for a tile; over the team.
+void tile_square_sums(Isa isa, const void* values, DType dtype, std::int64_t tiles, double* sums);
 
 enum class SgdKind { kPlain, kMomentum, kNesterov };
 
