@@ -344,7 +344,8 @@ for line in open(log):
         trainer[int(m[1])] = (float(m[2]), float(m[3]))
     m = re.match(r".*step (\d+) \| lr .*reduce ([\d.e+-]+) ms \| update ([\d.e+-]+) ms \| gather "
                  r"([\d.e+-]+) ms(?:.*update = scan ([\d.e+-]+) ms \+ norm waits ([\d.e+-]+) ms "
-                 r"\+ rule ([\d.e+-]+) ms)?(?:.*copy wait ([\d.e+-]+) ms)?", line)
+                 r"\+ rule ([\d.e+-]+) ms)?(?:.*copy wait ([\d.e+-]+) ms)?"
+                 r"(?:.*scan as gradients landed ([\d.e+-]+) ms, ([\d.e+-]+) tiles)?", line)
     if m:
         engine[int(m[1])] = [float(x) if x else 0.0 for x in m.groups()[1:]]
 print(f"MLP of {layers} layers of width {width}: {int(params) / 1e9:.2f}B parameters; "
@@ -353,18 +354,20 @@ for line in open(log):
     if 'offload_optimizer.ratio "auto": ' in line:
         print(f"Chosen after the first step: `{line.strip()}`\n")
 print("| step | ms/step | forward + backward | step() | reduce | CPU update | of it: scan | "
-      "norm waits | rule | host-device copy wait | gather |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+      "norm waits | rule | host-device copy wait | gather | scan as landed (tiles) |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for step, (total, stepping) in sorted(trainer.items()):
-    reduce, update, gather, scan, norm, rule, wait = engine.get(step, [0.0] * 7)
+    reduce, update, gather, scan, norm, rule, wait, landed, tiles = engine.get(step, [0.0] * 9)
     print(f"| {step} | {total:.0f} | {total - stepping:.0f} | {stepping:.0f} | {reduce:.0f} | "
           f"{update - wait:.0f} | {scan:.0f} | {norm:.0f} | {rule:.0f} | {wait:.0f} | "
-          f"{gather:.0f} |")
+          f"{gather:.0f} | {landed:.0f} ({tiles:.0f}) |")
 print("\nforward + backward: the model's GPU compute and its gathers; CPU update: the update's "
       "time less its waits on copies (scan: the gradient-norm scan; norm waits: the wait for "
       "super_offload's thread and the ranks' sum; rule: the update rule's pass, or keeping the "
       "overlapped one); copy wait: the host blocked on device-host copies in backward and the "
-      "update. The update's rate: parameters / (rule time).\n")
+      "update; scan as landed: the scan's tiles summed as their gradients landed during "
+      "backward, which the step's scan adds instead of reading them. The update's rate: "
+      "parameters / (rule time).\n")
 if os.path.exists(report_path):
     memory = json.load(open(report_path))["memory"][0]
     print("| memory per rank | measured peak | estimate | measured / estimate |")

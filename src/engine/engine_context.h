@@ -86,6 +86,10 @@ struct StepTimes {
   double scan = 0.0;
   double norm_wait = 0.0;
   double rule = 0.0;
+  /// Offload: the scan's square sums taken of gradients as they landed, outside the update, and
+  /// how many tiles the steps' scans added from them instead of reading the gradients again.
+  double landed_scan = 0.0;
+  std::int64_t landed_tiles = 0;
   double gather = 0.0;
   /// Swap files: what the update waited for reads and writes (I/O it did not hide).
   double swap_read_wait = 0.0;

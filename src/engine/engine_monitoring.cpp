@@ -65,6 +65,7 @@ void EngineState::monitor_step(const StepResult& result) {
       {"Time/gather_ms", ms(times_.gather - before.gather)}};
   if (optimizer_->offloaded()) {
     step.times_ms.emplace_back("Time/copy_wait_ms", ms(times_.copy_wait - before.copy_wait));
+    step.times_ms.emplace_back("Time/landed_scan_ms", ms(times_.landed_scan - before.landed_scan));
   }
   if (optimizer_->swaps()) {
     step.times_ms.emplace_back("Time/swap_read_wait_ms",

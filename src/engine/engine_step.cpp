@@ -299,7 +299,10 @@ void EngineState::print_progress(const StepResult& result) {
        << " ms + rule " << times_.rule * per_step << " ms";
     if (optimizer_->offloaded()) {
       os << " | host-device copy wait " << times_.copy_wait * per_step
-         << " ms (of backward and the update)";
+         << " ms (of backward and the update) | scan as gradients landed "
+         << times_.landed_scan * per_step << " ms, "
+         << static_cast<double>(times_.landed_tiles) / static_cast<double>(every) << " tiles of "
+         << cpu_optimizer::kSquareTile << " a step";
     }
     if (optimizer_->swaps()) {
       os << " | NVMe read wait " << times_.swap_read_wait * per_step << " ms, write wait "

@@ -4,6 +4,7 @@
 #include "engine/optimizer_part.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <exception>
 #include <mutex>
@@ -121,6 +122,12 @@ OptimizerPart::OptimizerPart(const EngineContext& context, const UpdateRule& rul
     parallel_overlap_ = dynamic_cast<const BuiltinRule*>(&rule_) != nullptr;
     update_thread_ = std::make_unique<WorkThread>();
   }
+  if (offloaded() && context_.config.gradient_accumulation_steps == 1) {
+    // With more micro-steps a window's gradients land again, added to; they are scanned at step().
+    const auto tiles = static_cast<std::size_t>(owned / cpu_optimizer::kSquareTile);
+    landed_sums_.resize(tiles);
+    landed_known_.resize(tiles);
+  }
   array_pointers_.resize(static_cast<std::size_t>(rule_.state_count()) + 1);
   if (context_.dtype != DType::kFloat32) {
     // A backend whose rule cannot read 16-bit gradients widens them here one chunk at a time,
@@ -202,6 +209,7 @@ void OptimizerPart::accept_reduced(std::int64_t lo, std::int64_t hi, const void*
   void* destination = grad_shard_.as<char>() + (lo - owned_begin_) * size_of(grad_shard_dtype_);
   if (data == destination) {  // reduced in place (reduce_target)
     queue_overlapped(lo, hi);
+    note_landed(lo, hi);
     return;
   }
   // The first micro-step of a window stores its parts; later ones add to them.
@@ -220,6 +228,7 @@ void OptimizerPart::accept_reduced(std::int64_t lo, std::int64_t hi, const void*
                               count);
     }
     if (overlapped) queue_overlapped(lo, hi);
+    note_landed(lo, hi);
   };
   if (!staging_) {
     land(data);
@@ -232,15 +241,16 @@ void OptimizerPart::accept_reduced(std::int64_t lo, std::int64_t hi, const void*
   const char* host = staging_->acquire();
   const auto bytes = static_cast<std::size_t>(count) * size_of(dtype);
   if (replace_ && dtype == grad_shard_dtype_) {
-    std::function<void()> queue;
-    if (overlap_.begun) queue = [this, lo, hi] { queue_overlapped(lo, hi); };
-    staging_->to_host(data, destination, bytes, std::move(queue));
+    staging_->to_host(data, destination, bytes, [this, lo, hi, overlapped = overlap_.begun] {
+      if (overlapped) queue_overlapped(lo, hi);
+      note_landed(lo, hi);
+    });
   } else {
     staging_->to_host(data, bytes, [land, host] { land(host); });
   }
-  // The overlapped update takes a part as soon as it has landed: the CPU backend's copies have
-  // finished already, a GPU's may have.
-  if (overlap_.begun) staging_->land_finished();
+  // The overlapped update and the scan's sums take a part as soon as it has landed: the CPU
+  // backend's copies have finished already, a GPU's may have.
+  if (overlap_.begun || !landed_known_.empty()) staging_->land_finished();
 }
 
 void OptimizerPart::land_gradients() {
@@ -251,9 +261,32 @@ void OptimizerPart::finish_write_back() {
   if (staging_) staging_->order_compute_after();
 }
 
+void OptimizerPart::note_landed(std::int64_t lo, std::int64_t hi) {
+  if (landed_known_.empty()) return;
+  const auto start = std::chrono::steady_clock::now();
+  constexpr std::int64_t kTile = cpu_optimizer::kSquareTile;
+  const auto tiles = static_cast<std::int64_t>(landed_known_.size());
+  const std::int64_t from = lo - owned_begin_;
+  const std::int64_t to = hi - owned_begin_;
+  const std::int64_t touched = std::min(tiles, (to + kTile - 1) / kTile);
+  for (std::int64_t k = from / kTile; k < touched; ++k) landed_known_[k] = 0;
+  const std::int64_t first = (from + kTile - 1) / kTile;
+  const std::int64_t end = std::min(tiles, to / kTile);
+  if (first >= end) return;
+  const GradView view = gradients();
+  const CpuTeamScope team(host_team_);
+  cpu_optimizer::tile_square_sums(
+      cpu_optimizer::active_isa(),
+      view.base + (owned_begin_ + first * kTile - view.first) * size_of(view.dtype), view.dtype,
+      end - first, landed_sums_.data() + first);
+  std::fill(landed_known_.begin() + first, landed_known_.begin() + end, 1);
+  context_.times.landed_scan += seconds_since(start);
+}
+
 void OptimizerPart::zero_gradients() {
   drop_overlapped_update();
   land_gradients();
+  std::fill(landed_known_.begin(), landed_known_.end(), 0);
   if (!arrived_) {
     replace_ = true;
     return;
@@ -272,8 +305,35 @@ OptimizerPart::GradView OptimizerPart::gradients() const {
 void OptimizerPart::scan(std::int64_t lo, std::int64_t hi, GradientScan& scan) {
   land_gradients();
   const GradView view = gradients();
-  update_backend_->scan(view.base + (lo - view.first) * size_of(view.dtype), view.dtype, hi - lo,
-                        scan);
+  const auto scan_range = [&](std::int64_t begin, std::int64_t end) {
+    if (begin >= end) return;
+    update_backend_->scan(view.base + (begin - view.first) * size_of(view.dtype), view.dtype,
+                          end - begin, scan);
+  };
+  // The tile an earlier range left unfinished is finished first. Then, where the scan's tiles are
+  // the landing's, a tile whose sum was taken as it landed is added as the scan would add it.
+  constexpr std::int64_t kTile = cpu_optimizer::kSquareTile;
+  const std::int64_t unfinished = scan.host.in_tile > 0 ? kTile - scan.host.in_tile : 0;
+  std::int64_t begin = std::min(hi, lo + unfinished);
+  scan_range(lo, begin);
+  const auto tiles = static_cast<std::int64_t>(landed_known_.size());
+  std::int64_t tile = (begin - owned_begin_) / kTile;
+  if (tiles > 0 && (begin - owned_begin_) % kTile == 0) {
+    while (tile < tiles && begin + kTile <= hi) {
+      if (landed_known_[tile]) {
+        scan.host.add_tiles({&landed_sums_[tile], 1});
+        ++context_.times.landed_tiles;
+        begin += kTile;
+        ++tile;
+        continue;
+      }
+      std::int64_t end = begin;
+      for (; tile < tiles && end + kTile <= hi && !landed_known_[tile]; ++tile) end += kTile;
+      scan_range(begin, end);
+      begin = end;
+    }
+  }
+  scan_range(begin, hi);
 }
 
 float* OptimizerPart::master_at(std::int64_t flat) {

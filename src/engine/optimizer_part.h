@@ -184,6 +184,9 @@ class OptimizerPart final {
   bool rounds_params_from_master() const;
   /// Every reduced gradient in flight to the host is added into the shard.
   void land_gradients();
+  /// The reduced gradients of [lo, hi) have landed in the shard: takes the square sums of the
+  /// scan tiles they fill (landed_sums_), and forgets those they fill only in part.
+  void note_landed(std::int64_t lo, std::int64_t hi);
   /// The parameters' copies to the device are ordered before the compute stream's next work.
   void finish_write_back();
 
@@ -207,7 +210,12 @@ class OptimizerPart final {
   /// The shard holds nothing of this accumulation window, so arrivals store instead of adding:
   /// it is never zeroed in a pass of its own.
   bool replace_ = true;
-  bool arrived_ = false;   ///< some part has arrived in the micro-step in progress
+  bool arrived_ = false;  ///< some part has arrived in the micro-step in progress
+  /// Offloaded with one micro-step per window: tile k of the gradient-norm scan counted from
+  /// owned_begin_ (cpu_optimizer::kSquareTile elements), its square sum taken as its gradients
+  /// landed, while backward went on, when landed_known_[k]; scan() adds it as it stands.
+  std::vector<double> landed_sums_;
+  std::vector<std::uint8_t> landed_known_;
   TrackedBuffer scratch_;  ///< fp32 working chunk for 16-bit gradients (communication bytes)
   /// Offloaded: pinned host memory where reduced gradients arrive and updated 16-bit parameters
   /// leave, each half on the copy stream while the host works on the other.
