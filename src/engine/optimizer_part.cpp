@@ -310,6 +310,11 @@ void OptimizerPart::scan(std::int64_t lo, std::int64_t hi, GradientScan& scan) {
     update_backend_->scan(view.base + (begin - view.first) * size_of(view.dtype), view.dtype,
                           end - begin, scan);
   };
+  // A device's scan adds one total per call: its range stays one call.
+  if (landed_known_.empty()) {
+    scan_range(lo, hi);
+    return;
+  }
   // The tile an earlier range left unfinished is finished first. Then, where the scan's tiles are
   // the landing's, a tile whose sum was taken as it landed is added as the scan would add it.
   constexpr std::int64_t kTile = cpu_optimizer::kSquareTile;
@@ -318,7 +323,7 @@ void OptimizerPart::scan(std::int64_t lo, std::int64_t hi, GradientScan& scan) {
   scan_range(lo, begin);
   const auto tiles = static_cast<std::int64_t>(landed_known_.size());
   std::int64_t tile = (begin - owned_begin_) / kTile;
-  if (tiles > 0 && (begin - owned_begin_) % kTile == 0) {
+  if ((begin - owned_begin_) % kTile == 0) {
     while (tile < tiles && begin + kTile <= hi) {
       if (landed_known_[tile]) {
         scan.host.add_tiles({&landed_sums_[tile], 1});
