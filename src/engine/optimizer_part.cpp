@@ -275,10 +275,9 @@ void OptimizerPart::note_landed(std::int64_t lo, std::int64_t hi) {
   if (first >= end) return;
   const GradView view = gradients();
   const CpuTeamScope team(host_team_);
-  cpu_optimizer::tile_square_sums(
-      cpu_optimizer::active_isa(),
-      view.base + (owned_begin_ + first * kTile - view.first) * size_of(view.dtype), view.dtype,
-      end - first, landed_sums_.data() + first);
+  cpu_optimizer::tile_square_sums(cpu_optimizer::active_isa(),
+                                  view.at(owned_begin_ + first * kTile), view.dtype, end - first,
+                                  landed_sums_.data() + first);
   std::fill(landed_known_.begin() + first, landed_known_.begin() + end, 1);
   context_.times.landed_scan += seconds_since(start);
 }
@@ -307,8 +306,7 @@ void OptimizerPart::scan(std::int64_t lo, std::int64_t hi, GradientScan& scan) {
   const GradView view = gradients();
   const auto scan_range = [&](std::int64_t begin, std::int64_t end) {
     if (begin >= end) return;
-    update_backend_->scan(view.base + (begin - view.first) * size_of(view.dtype), view.dtype,
-                          end - begin, scan);
+    update_backend_->scan(view.at(begin), view.dtype, end - begin, scan);
   };
   // A device's scan adds one total per call: its range stays one call.
   if (landed_known_.empty()) {
@@ -324,17 +322,20 @@ void OptimizerPart::scan(std::int64_t lo, std::int64_t hi, GradientScan& scan) {
   const auto tiles = static_cast<std::int64_t>(landed_known_.size());
   std::int64_t tile = (begin - owned_begin_) / kTile;
   if ((begin - owned_begin_) % kTile == 0) {
+    // Runs of whole tiles, each all summed as they landed or none.
     while (tile < tiles && begin + kTile <= hi) {
-      if (landed_known_[tile]) {
-        scan.host.add_tiles({&landed_sums_[tile], 1});
-        ++context_.times.landed_tiles;
-        begin += kTile;
-        ++tile;
-        continue;
-      }
+      const std::uint8_t known = landed_known_[tile];
+      const std::int64_t run_first = tile;
       std::int64_t end = begin;
-      for (; tile < tiles && end + kTile <= hi && !landed_known_[tile]; ++tile) end += kTile;
-      scan_range(begin, end);
+      for (; tile < tiles && end + kTile <= hi && landed_known_[tile] == known; ++tile) {
+        end += kTile;
+      }
+      if (known) {
+        scan.host.add_tiles({landed_sums_.data() + run_first, landed_sums_.data() + tile});
+        context_.times.landed_tiles += tile - run_first;
+      } else {
+        scan_range(begin, end);
+      }
       begin = end;
     }
   }
@@ -575,7 +576,7 @@ void OptimizerPart::update_sub_group(std::int64_t begin, std::int64_t end, int p
   slice.states = arrays.subspan(1);
   const GradView view = gradients();
   FusedStepIo io;
-  io.grad = view.base + (begin - view.first) * size_of(view.dtype);
+  io.grad = view.at(begin);
   io.grad_dtype = view.dtype;
   io.grad_factor = grad_factor;
   io.param_copy_dtype = context_.dtype;

@@ -148,6 +148,8 @@ class OptimizerPart final {
     const char* base;  ///< element `first` of the range
     std::int64_t first;
     DType dtype;
+    /// The gradient of flat element `flat`.
+    const char* at(std::int64_t flat) const { return base + (flat - first) * size_of(dtype); }
   };
   GradView gradients() const;
   float* master_at(std::int64_t flat);
