@@ -224,11 +224,17 @@ TEST(MemoryEstimator, OffloadMovesMasterWeightsStatesAndGradientShardToTheHost) 
   EXPECT_EQ(e.at(MemoryCategory::kMasterWeights, MemoryTier::kHost), 4 * p / 4);
   EXPECT_EQ(e.at(MemoryCategory::kOptimizerStates, MemoryTier::kHost), 8 * p / 4);
   // The gradient shard, in fp16 as without offload; the scratch the update widens 16-bit
-  // gradients in, beside it; and two staging halves of the larger of a bucket's share (the whole
-  // shard, 16-bit) and a write-back tile (the whole shard too, below 4M elements).
+  // gradients in, beside it; two staging halves of the larger of a bucket's share (the whole
+  // shard, 16-bit) and a write-back tile (the whole shard too, below 4M elements); and the norm
+  // scan's sum and flag for each of the shard's 15 whole tiles of 65,536.
   EXPECT_EQ(e.at(MemoryCategory::kGradients, MemoryTier::kHost), 2 * p / 4);
   EXPECT_EQ(e.at(MemoryCategory::kCommunication, MemoryTier::kHost),
+            4 * kGradientScratchElements + 2 * 2 * p / 4 + 9 * 15);
+  // With more micro-steps per window the scan takes no sums as gradients land.
+  in.gradient_accumulation_steps = 2;
+  EXPECT_EQ(estimate(in).at(MemoryCategory::kCommunication, MemoryTier::kHost),
             4 * kGradientScratchElements + 2 * 2 * p / 4);
+  in.gradient_accumulation_steps = 1;
   EXPECT_EQ(e.total(MemoryTier::kNvme), 0);
   // grad_accum_dtype fp32 keeps that shard in fp32, as it does on the device without offload.
   in.fp32_grad_accumulation = true;
@@ -258,10 +264,11 @@ TEST(MemoryEstimator, CountsTheOffloadStagingHalvesOfAGpuConfig) {
     const MemoryEstimate without = estimate_from_config(resident, p, 4);
     EXPECT_TRUE(with.valid) << with.reason;
     // The scratch moves to the host with the update; everything else in communication stays.
+    // The norm scan's sums of the 16M-element shard's 244 whole tiles are not staging.
     return with.at(MemoryCategory::kCommunication, MemoryTier::kHost) +
            with.at(MemoryCategory::kCommunication, MemoryTier::kDevice) -
            without.at(MemoryCategory::kCommunication, MemoryTier::kHost) -
-           without.at(MemoryCategory::kCommunication, MemoryTier::kDevice);
+           without.at(MemoryCategory::kCommunication, MemoryTier::kDevice) - 9 * 244;
   };
   // A 4M-element fp16 write-back tile (8 MiB) outweighs the share of a 2M-element bucket, which
   // may lie within one rank's 16M-element shard: 2M elements, 4 MB.
@@ -310,11 +317,12 @@ TEST(MemoryEstimator, NvmeOffloadAddsPinnedSwapBuffers) {
   EXPECT_EQ(e.at(MemoryCategory::kParameters, MemoryTier::kNvme), 2 * 16 * param_record);
   EXPECT_EQ(e.at(MemoryCategory::kParameters, MemoryTier::kHost), 2 * 200'000 + 5 * param_record);
   // Host: 4 records of each file, the parameters above, the bf16 gradient shard beside the
-  // update, the update's fp32 scratch, and two staging halves of a bucket's bf16 share (the
-  // parameters, in host memory and on NVMe, are not written back through them).
+  // update, the update's fp32 scratch, two staging halves of a bucket's bf16 share (the
+  // parameters, in host memory and on NVMe, are not written back through them), and the norm
+  // scan's sums of the shard's 15 whole tiles.
   EXPECT_EQ(e.total(MemoryTier::kHost), 4 * (master_record + states_record) + 2 * 200'000 +
                                             5 * param_record + 2 * p / 4 +
-                                            4 * kGradientScratchElements + 2 * 2 * p / 4);
+                                            4 * kGradientScratchElements + 2 * 2 * p / 4 + 9 * 15);
 }
 
 TEST(MemoryEstimator, RejectsOffloadWhereDeepSpeedDoes) {

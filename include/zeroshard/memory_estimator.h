@@ -57,6 +57,9 @@ struct EstimateInput {
   double offload_ratio = 1.0;
   /// offload_optimizer.super_offload: a second master and states beside the host's share.
   bool super_offload = false;
+  /// gradient_accumulation_steps: with 1, the offloaded update's gradient-norm scan keeps a square
+  /// sum and a flag (9 bytes) per 65,536 elements of the host's share, taken as they land.
+  std::int64_t gradient_accumulation_steps = 1;
   OffloadDevice offload_param = OffloadDevice::kNone;
   std::int64_t reduce_bucket_size = 500000000;
   bool reduce_scatter = true;

@@ -89,6 +89,11 @@ void add_square_sums(Isa isa, const float* values, std::int64_t n, double* lanes
 
 /// The elements of one tile of a gradient norm's sum of squares (SquareSums).
 inline constexpr std::int64_t kSquareTile = std::int64_t{1} << 16;
+/// Bytes of the square sums kept for `elements` values' whole tiles, as their gradients land: a
+/// double and a flag each.
+inline constexpr std::int64_t tile_sums_bytes(std::int64_t elements) {
+  return elements / kSquareTile * static_cast<std::int64_t>(sizeof(double) + sizeof(std::uint8_t));
+}
 
 /// A gradient norm's sum of squares over ranges added one after another as if they were one:
 /// each tile of kSquareTile elements, counted from the first range's start, summed in its own lanes

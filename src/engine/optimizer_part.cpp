@@ -124,9 +124,15 @@ OptimizerPart::OptimizerPart(const EngineContext& context, const UpdateRule& rul
   }
   if (offloaded() && context_.config.gradient_accumulation_steps == 1) {
     // With more micro-steps a window's gradients land again, added to; they are scanned at step().
+    // Scan working memory, charged to communication as the device's norm reduction scratch is.
     const auto tiles = static_cast<std::size_t>(owned / cpu_optimizer::kSquareTile);
-    landed_sums_.resize(tiles);
-    landed_known_.resize(tiles);
+    if (tiles > 0) {
+      landed_ = context_.allocate(Tier::kPageableHost, MemoryCategory::kCommunication,
+                                  static_cast<std::size_t>(cpu_optimizer::tile_sums_bytes(owned)));
+      landed_sums_ = {landed_.as<double>(), tiles};
+      landed_known_ = {reinterpret_cast<std::uint8_t*>(landed_sums_.data() + tiles), tiles};
+      std::fill(landed_known_.begin(), landed_known_.end(), 0);
+    }
   }
   array_pointers_.resize(static_cast<std::size_t>(rule_.state_count()) + 1);
   if (context_.dtype != DType::kFloat32) {

@@ -216,8 +216,9 @@ class OptimizerPart final {
   /// Offloaded with one micro-step per window: tile k of the gradient-norm scan counted from
   /// owned_begin_ (cpu_optimizer::kSquareTile elements), its square sum taken as its gradients
   /// landed, while backward went on, when landed_known_[k]; scan() adds it as it stands.
-  std::vector<double> landed_sums_;
-  std::vector<std::uint8_t> landed_known_;
+  std::span<double> landed_sums_;
+  std::span<std::uint8_t> landed_known_;
+  TrackedBuffer landed_;   ///< landed_sums_, then landed_known_ (communication bytes)
   TrackedBuffer scratch_;  ///< fp32 working chunk for 16-bit gradients (communication bytes)
   /// Offloaded: pinned host memory where reduced gradients arrive and updated 16-bit parameters
   /// leave, each half on the copy stream while the host works on the other.

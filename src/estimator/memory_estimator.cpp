@@ -6,6 +6,7 @@
 #include <string>
 
 #include "comm/quantized_reduce_scatter.h"  // quantized_reduce_scatter_bytes
+#include "kernels/cpu/cpu_optimizer.h"      // tile_sums_bytes
 #include "layout/host_staging_size.h"       // host_staging_half_bytes
 #include "layout/quantized_block_format.h"  // quantized_units
 #include "layout/shard_layout.h"
@@ -309,6 +310,14 @@ constexpr Rule kRules[] = {
        return 2 * detail::host_staging_half_bytes(t.receive * (widened ? 4 : t.d),
                                                   t.in.offload_param == OffloadDevice::kNone,
                                                   t.host_share(), t.in.sub_group_size, t.d);
+     },
+     on_host},
+    // One micro-step per window: the offloaded scan's sums of the host share's whole tiles, taken
+    // as their gradients land (a working buffer, as the device's norm reduction scratch is).
+    {MemoryCategory::kCommunication,
+     [](const Terms& t) -> std::int64_t {
+       if (!t.has_host_part() || t.in.gradient_accumulation_steps != 1) return 0;
+       return detail::cpu_optimizer::tile_sums_bytes(t.host_share());
      },
      on_host},
     // NVMe optimizer offload: buffer_count pinned records of each swap file (master, states).
@@ -654,6 +663,7 @@ EstimateInput estimate_input_from_config(const Config& config, std::int64_t para
   // "auto" is chosen from a measured peak: the estimate is the first step's, at 1.
   in.offload_ratio = zero.offload_optimizer.ratio.value_or(1.0);
   in.super_offload = zero.offload_optimizer.super_offload;
+  in.gradient_accumulation_steps = config.gradient_accumulation_steps;
   in.offload_param = zero.offload_param.device;
   in.reduce_bucket_size = zero.reduce_bucket_size;
   in.reduce_scatter = zero.reduce_scatter;
