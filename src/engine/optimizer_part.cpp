@@ -149,7 +149,8 @@ OptimizerPart::OptimizerPart(const EngineContext& context, const UpdateRule& rul
 std::int64_t OptimizerPart::host_bytes() const noexcept {
   if (!offloaded()) return 0;
   std::size_t bytes = grad_shard_.bytes() + master_.bytes() + scratch_.bytes() +
-                      overlap_params_.bytes() + (staging_ ? 2 * staging_->half_bytes() : 0);
+                      overlap_params_.bytes() + landed_.bytes() +
+                      (staging_ ? 2 * staging_->half_bytes() : 0);
   for (const TrackedBuffer& buffer : states_) bytes += buffer.bytes();
   for (const TrackedBuffer& buffer : next_arrays_) bytes += buffer.bytes();
   return static_cast<std::int64_t>(bytes);

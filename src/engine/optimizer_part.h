@@ -43,7 +43,8 @@ class OptimizerPart final {
   OptimizerPart& operator=(const OptimizerPart&) = delete;
 
   bool offloaded() const noexcept { return update_backend_ != &context_.backend; }
-  /// Bytes of host memory this part holds when offloaded (its arrays, working chunk and staging).
+  /// Bytes of host memory this part holds when offloaded (its arrays, working chunk, staging and
+  /// the scan's landed sums).
   std::int64_t host_bytes() const noexcept;
   /// offload_optimizer.device nvme: the master weights and states live in swap files.
   bool swaps() const noexcept { return swapped_ != nullptr; }
